@@ -1,0 +1,2 @@
+//! felix-quic: the Felix protocol over QUIC.
+pub mod wire;
