@@ -1,3 +1,753 @@
-//! Frame codec of Felix protocol v1.
+//! Frame codec of Felix protocol v1 (see docs/protocol.md).
+//!
+//! Every frame is a 10-byte header followed by a body:
+//! `magic "FX" | version u8 | kind u8 | flags u16 LE | length u32 LE | body[length]`.
+//! Bodies are hand-laid little-endian. Decoders read the fields they know and ignore any
+//! trailing bytes, so a newer peer may append fields; a newer message kind decodes as
+//! [`Frame::Unknown`] and is skipped. New behaviour is only used once both sides announced
+//! its feature bit in `Hello`/`HelloOk`.
+//!
+//! Record batches (publish and delivery) keep their records as one raw region of
+//! `[len u32 LE][payload]` entries, so the broker re-frames a publish as a delivery without
+//! touching payloads and one delivery frame is shared (as `Bytes`) by every subscriber.
+
 pub mod error;
+pub mod hash;
+
 pub use error::{ErrorCode, Retry};
+
+use bytes::{BufMut, Bytes, BytesMut};
+use std::fmt;
+
+/// Frame magic.
+pub const MAGIC: [u8; 2] = *b"FX";
+/// Protocol version spoken by this build.
+pub const VERSION: u8 = 1;
+/// Header length in bytes.
+pub const HEADER_LEN: usize = 10;
+/// Default maximum frame length (header + body).
+pub const DEFAULT_MAX_FRAME_BYTES: usize = 16 * 1024 * 1024;
+/// Per-record length prefix.
+pub const RECORD_PREFIX_LEN: usize = 4;
+/// Maximum length of a name (tenant, namespace, stream).
+pub const NAME_BYTES_MAX: usize = 64;
+
+/// Feature bits negotiated at the handshake. Unknown bits are ignored.
+pub mod features {
+    /// Batched publish and delivery frames (always on in v1).
+    pub const BATCH: u64 = 1 << 0;
+    /// Lag notices on subscription streams (always on in v1).
+    pub const LAG_NOTICE: u64 = 1 << 1;
+    /// Every feature this build implements.
+    pub const ALL: u64 = BATCH | LAG_NOTICE;
+}
+
+/// Frame kinds. Numbers are stable.
+pub mod kind {
+    pub const HELLO: u8 = 1;
+    pub const HELLO_OK: u8 = 2;
+    pub const PUBLISH: u8 = 3;
+    pub const PUBLISH_ACK: u8 = 4;
+    pub const ERROR: u8 = 5;
+    pub const SUBSCRIBE: u8 = 6;
+    pub const SUBSCRIBE_OK: u8 = 7;
+    pub const SUB_STREAM: u8 = 8;
+    pub const DELIVERY: u8 = 9;
+    pub const LAG: u8 = 10;
+    pub const UNSUBSCRIBE: u8 = 11;
+    pub const SUB_END: u8 = 12;
+    pub const DESCRIBE_STREAM: u8 = 13;
+    pub const STREAM_INFO: u8 = 14;
+}
+
+/// A decode failure. Every malformed input maps to one of these; decoding never panics.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    #[error("bad magic {0:02x?}")]
+    BadMagic([u8; 2]),
+    #[error("unsupported protocol version {0}")]
+    UnsupportedVersion(u8),
+    #[error("frame of {len} bytes exceeds the maximum of {max}")]
+    FrameTooLarge { len: usize, max: usize },
+    #[error("frame body truncated: needed {needed} more bytes in {field}")]
+    Truncated { field: &'static str, needed: usize },
+    #[error("field {field} has invalid value {value}")]
+    InvalidValue { field: &'static str, value: u64 },
+    #[error("field {0} is not UTF-8")]
+    InvalidUtf8(&'static str),
+    #[error("record region malformed: {0}")]
+    InvalidRecords(&'static str),
+}
+
+impl WireError {
+    /// The registry code a receiver answers with.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            WireError::FrameTooLarge { .. } => ErrorCode::FrameTooLarge,
+            WireError::UnsupportedVersion(_) => ErrorCode::UnsupportedVersion,
+            _ => ErrorCode::InvalidFrame,
+        }
+    }
+}
+
+/// How a publish picks its shard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ShardSelector {
+    /// The broker picks round robin.
+    RoundRobin,
+    /// This exact shard.
+    Shard(u32),
+    /// Hash of this routing key (see [`hash::shard_for_key`]).
+    Key(Bytes),
+}
+
+/// Where a subscription starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartAt {
+    /// The next record appended after the subscription is registered.
+    Latest,
+    /// The oldest retained record.
+    Earliest,
+    /// This exact offset (clamped to what is retained, with a lag notice for the gap).
+    Offset(u64),
+}
+
+/// Subscriber queue policy when the queue is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QueuePolicy {
+    /// Drop the incoming batch (the subscriber keeps the oldest). Default.
+    DropNew,
+    /// Evict the oldest queued batches (the subscriber keeps the newest).
+    DropOld,
+    /// Hold the publisher (bounded by the publish timeout) until there is room.
+    Block,
+}
+
+impl QueuePolicy {
+    fn to_u8(self) -> u8 {
+        match self {
+            QueuePolicy::DropNew => 0,
+            QueuePolicy::DropOld => 1,
+            QueuePolicy::Block => 2,
+        }
+    }
+    fn from_u8(v: u8) -> Result<Self, WireError> {
+        Ok(match v {
+            0 => QueuePolicy::DropNew,
+            1 => QueuePolicy::DropOld,
+            2 => QueuePolicy::Block,
+            v => return Err(WireError::InvalidValue { field: "policy", value: v as u64 }),
+        })
+    }
+    /// Stable lowercase name.
+    pub fn name(self) -> &'static str {
+        match self {
+            QueuePolicy::DropNew => "drop_new",
+            QueuePolicy::DropOld => "drop_old",
+            QueuePolicy::Block => "block",
+        }
+    }
+    /// Parse a name as printed by [`QueuePolicy::name`] (also accepts `dropnew`, `DropNew`...).
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.to_ascii_lowercase().replace(['_', '-'], "").as_str() {
+            "dropnew" => Some(QueuePolicy::DropNew),
+            "dropold" => Some(QueuePolicy::DropOld),
+            "block" => Some(QueuePolicy::Block),
+            _ => None,
+        }
+    }
+}
+
+/// A stream address: every data-plane operation carries tenant and namespace.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StreamName {
+    pub tenant: String,
+    pub namespace: String,
+    pub stream: String,
+}
+
+impl StreamName {
+    pub fn new(tenant: &str, namespace: &str, stream: &str) -> Self {
+        StreamName { tenant: tenant.into(), namespace: namespace.into(), stream: stream.into() }
+    }
+}
+
+impl fmt::Display for StreamName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}/{}", self.tenant, self.namespace, self.stream)
+    }
+}
+
+/// Validate a tenant/namespace/stream name: 1..=64 bytes of `[A-Za-z0-9_.-]`, not starting
+/// with `.` (one path segment, safe as a directory name and a URL segment).
+pub fn validate_name(s: &str) -> Result<(), String> {
+    if s.is_empty() || s.len() > NAME_BYTES_MAX {
+        return Err(format!("name must be 1..={NAME_BYTES_MAX} bytes, got {}", s.len()));
+    }
+    if s.starts_with('.') {
+        return Err(format!("name {s:?} must not start with '.'"));
+    }
+    if let Some(c) = s.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))) {
+        return Err(format!("name {s:?} contains {c:?}; allowed: A-Z a-z 0-9 _ - ."));
+    }
+    Ok(())
+}
+
+/// A validated raw record region: `count` entries of `[len u32 LE][payload]`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Records {
+    count: u32,
+    bytes: Bytes,
+}
+
+impl fmt::Debug for Records {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Records {{ count: {}, bytes: {} }}", self.count, self.bytes.len())
+    }
+}
+
+impl Records {
+    /// Check that `bytes` holds exactly `count` well-formed entries.
+    pub fn from_region(count: u32, bytes: Bytes) -> Result<Self, WireError> {
+        let mut pos = 0usize;
+        for _ in 0..count {
+            if bytes.len() - pos < RECORD_PREFIX_LEN {
+                return Err(WireError::InvalidRecords("record length prefix truncated"));
+            }
+            let len = u32::from_le_bytes(bytes[pos..pos + 4].try_into().unwrap()) as usize;
+            pos += RECORD_PREFIX_LEN;
+            if bytes.len() - pos < len {
+                return Err(WireError::InvalidRecords("record payload truncated"));
+            }
+            pos += len;
+        }
+        if pos != bytes.len() {
+            return Err(WireError::InvalidRecords("bytes after the last record"));
+        }
+        Ok(Records { count, bytes })
+    }
+
+    /// Encode payloads into a region.
+    pub fn encode<I, P>(payloads: I) -> Self
+    where
+        I: IntoIterator<Item = P>,
+        P: AsRef<[u8]>,
+    {
+        let mut buf = BytesMut::new();
+        let mut count = 0u32;
+        for p in payloads {
+            let p = p.as_ref();
+            buf.put_u32_le(p.len() as u32);
+            buf.put_slice(p);
+            count += 1;
+        }
+        Records { count, bytes: buf.freeze() }
+    }
+
+    pub fn empty() -> Self {
+        Records { count: 0, bytes: Bytes::new() }
+    }
+    pub fn count(&self) -> u32 {
+        self.count
+    }
+    /// Bytes of the region including length prefixes.
+    pub fn region_len(&self) -> usize {
+        self.bytes.len()
+    }
+    /// The raw region (shared, no copy).
+    pub fn region(&self) -> &Bytes {
+        &self.bytes
+    }
+    /// Payload bytes excluding prefixes.
+    pub fn payload_bytes(&self) -> usize {
+        self.bytes.len() - RECORD_PREFIX_LEN * self.count as usize
+    }
+    /// Iterate payloads as zero-copy slices of the region.
+    pub fn iter(&self) -> RecordIter {
+        RecordIter { bytes: self.bytes.clone(), pos: 0 }
+    }
+    /// The largest single payload.
+    pub fn max_payload(&self) -> usize {
+        self.iter().map(|p| p.len()).max().unwrap_or(0)
+    }
+}
+
+/// Iterator over payloads of a validated [`Records`] region.
+pub struct RecordIter {
+    bytes: Bytes,
+    pos: usize,
+}
+
+impl Iterator for RecordIter {
+    type Item = Bytes;
+    fn next(&mut self) -> Option<Bytes> {
+        if self.pos >= self.bytes.len() {
+            return None;
+        }
+        // The region was validated at construction, so these slices are in bounds.
+        let len = u32::from_le_bytes(self.bytes[self.pos..self.pos + 4].try_into().unwrap()) as usize;
+        let start = self.pos + RECORD_PREFIX_LEN;
+        self.pos = start + len;
+        Some(self.bytes.slice(start..start + len))
+    }
+}
+
+/// Limits a peer announces in its hello.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub max_frame_bytes: u32,
+    pub max_payload_bytes: u32,
+    pub max_subscriptions: u32,
+}
+
+/// Every Felix frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Frame {
+    Hello { features: u64, max_frame_bytes: u32, client: String },
+    HelloOk { features: u64, limits: Limits, core: u16, server: String },
+    Publish {
+        request_id: u64,
+        stream: StreamName,
+        shard: ShardSelector,
+        /// Whether the publisher wants a `PublishAck`.
+        ack: bool,
+        records: Records,
+    },
+    PublishAck { request_id: u64, shard: u32, first_offset: u64, count: u32 },
+    Error { request_id: u64, code: u16, message: String },
+    Subscribe {
+        request_id: u64,
+        stream: StreamName,
+        shard: u32,
+        start: StartAt,
+        policy: QueuePolicy,
+        /// Queue bound in records; 0 = broker default.
+        queue_records_max: u32,
+        /// Queue bound in bytes; 0 = broker default.
+        queue_bytes_max: u64,
+    },
+    SubscribeOk { request_id: u64, subscription_id: u64, shard: u32, next_offset: u64 },
+    /// First frame on a server-opened subscription stream: which subscription it carries.
+    SubStream { subscription_id: u64 },
+    /// A batch of consecutive records of one shard. Carries no per-subscription field, so one
+    /// encoded frame is shared by every subscriber.
+    Delivery { shard: u32, first_offset: u64, records: Records },
+    /// The subscriber lost `lost` records starting at `from_offset`; the next delivery starts
+    /// at or after `from_offset + lost`.
+    Lag { from_offset: u64, lost: u64 },
+    Unsubscribe { request_id: u64, subscription_id: u64 },
+    /// The subscription ended (last frame on its stream); `code` 0 means a normal end.
+    SubEnd { subscription_id: u64, code: u16, message: String },
+    DescribeStream { request_id: u64, stream: StreamName },
+    StreamInfo { request_id: u64, shards: u32, durable: bool },
+    /// A kind this build does not know (from a newer peer); skipped by receivers.
+    Unknown { kind: u8, flags: u16, body: Bytes },
+}
+
+// ---------- encoding ----------
+
+fn put_str(b: &mut BytesMut, s: &str) {
+    let s = s.as_bytes();
+    let n = s.len().min(u16::MAX as usize);
+    b.put_u16_le(n as u16);
+    b.put_slice(&s[..n]);
+}
+
+fn put_stream(b: &mut BytesMut, s: &StreamName) {
+    put_str(b, &s.tenant);
+    put_str(b, &s.namespace);
+    put_str(b, &s.stream);
+}
+
+fn header(b: &mut BytesMut, kind: u8, body_len: usize) {
+    b.put_slice(&MAGIC);
+    b.put_u8(VERSION);
+    b.put_u8(kind);
+    b.put_u16_le(0);
+    b.put_u32_le(body_len as u32);
+}
+
+/// Encode the header and fixed fields of a delivery frame; the record region follows it on
+/// the wire unchanged, so the caller can send `head` and `records.region()` as two zero-copy
+/// buffers. `head ++ region` is exactly `Frame::Delivery.encode()`.
+pub fn encode_delivery_head(shard: u32, first_offset: u64, records: &Records) -> Bytes {
+    let body_len = 4 + 8 + 4 + 4 + records.region_len();
+    let mut b = BytesMut::with_capacity(HEADER_LEN + 20);
+    header(&mut b, kind::DELIVERY, body_len);
+    b.put_u32_le(shard);
+    b.put_u64_le(first_offset);
+    b.put_u32_le(records.count());
+    b.put_u32_le(records.region_len() as u32);
+    b.freeze()
+}
+
+impl Frame {
+    /// The kind number of this frame.
+    pub fn kind(&self) -> u8 {
+        match self {
+            Frame::Hello { .. } => kind::HELLO,
+            Frame::HelloOk { .. } => kind::HELLO_OK,
+            Frame::Publish { .. } => kind::PUBLISH,
+            Frame::PublishAck { .. } => kind::PUBLISH_ACK,
+            Frame::Error { .. } => kind::ERROR,
+            Frame::Subscribe { .. } => kind::SUBSCRIBE,
+            Frame::SubscribeOk { .. } => kind::SUBSCRIBE_OK,
+            Frame::SubStream { .. } => kind::SUB_STREAM,
+            Frame::Delivery { .. } => kind::DELIVERY,
+            Frame::Lag { .. } => kind::LAG,
+            Frame::Unsubscribe { .. } => kind::UNSUBSCRIBE,
+            Frame::SubEnd { .. } => kind::SUB_END,
+            Frame::DescribeStream { .. } => kind::DESCRIBE_STREAM,
+            Frame::StreamInfo { .. } => kind::STREAM_INFO,
+            Frame::Unknown { kind, .. } => *kind,
+        }
+    }
+
+    /// Build an error frame from a registry code.
+    pub fn error(request_id: u64, code: ErrorCode, message: impl Into<String>) -> Frame {
+        Frame::Error { request_id, code: code.number(), message: message.into() }
+    }
+
+    /// Encode header and body into one buffer.
+    pub fn encode(&self) -> Bytes {
+        let mut body = BytesMut::new();
+        let mut flags = 0u16;
+        match self {
+            Frame::Hello { features, max_frame_bytes, client } => {
+                body.put_u64_le(*features);
+                body.put_u32_le(*max_frame_bytes);
+                put_str(&mut body, client);
+            }
+            Frame::HelloOk { features, limits, core, server } => {
+                body.put_u64_le(*features);
+                body.put_u32_le(limits.max_frame_bytes);
+                body.put_u32_le(limits.max_payload_bytes);
+                body.put_u32_le(limits.max_subscriptions);
+                body.put_u16_le(*core);
+                put_str(&mut body, server);
+            }
+            Frame::Publish { request_id, stream, shard, ack, records } => {
+                body.put_u64_le(*request_id);
+                put_stream(&mut body, stream);
+                match shard {
+                    ShardSelector::RoundRobin => body.put_u8(0),
+                    ShardSelector::Shard(s) => {
+                        body.put_u8(1);
+                        body.put_u32_le(*s);
+                    }
+                    ShardSelector::Key(k) => {
+                        body.put_u8(2);
+                        let n = k.len().min(u16::MAX as usize);
+                        body.put_u16_le(n as u16);
+                        body.put_slice(&k[..n]);
+                    }
+                }
+                body.put_u8(*ack as u8);
+                body.put_u32_le(records.count());
+                body.put_u32_le(records.region_len() as u32);
+                body.put_slice(records.region());
+            }
+            Frame::PublishAck { request_id, shard, first_offset, count } => {
+                body.put_u64_le(*request_id);
+                body.put_u32_le(*shard);
+                body.put_u64_le(*first_offset);
+                body.put_u32_le(*count);
+            }
+            Frame::Error { request_id, code, message } => {
+                body.put_u64_le(*request_id);
+                body.put_u16_le(*code);
+                put_str(&mut body, message);
+            }
+            Frame::Subscribe { request_id, stream, shard, start, policy, queue_records_max, queue_bytes_max } => {
+                body.put_u64_le(*request_id);
+                put_stream(&mut body, stream);
+                body.put_u32_le(*shard);
+                let (tag, off) = match start {
+                    StartAt::Latest => (0u8, 0u64),
+                    StartAt::Earliest => (1, 0),
+                    StartAt::Offset(o) => (2, *o),
+                };
+                body.put_u8(tag);
+                body.put_u64_le(off);
+                body.put_u8(policy.to_u8());
+                body.put_u32_le(*queue_records_max);
+                body.put_u64_le(*queue_bytes_max);
+            }
+            Frame::SubscribeOk { request_id, subscription_id, shard, next_offset } => {
+                body.put_u64_le(*request_id);
+                body.put_u64_le(*subscription_id);
+                body.put_u32_le(*shard);
+                body.put_u64_le(*next_offset);
+            }
+            Frame::SubStream { subscription_id } => body.put_u64_le(*subscription_id),
+            Frame::Delivery { shard, first_offset, records } => {
+                let head = encode_delivery_head(*shard, *first_offset, records);
+                let mut out = BytesMut::with_capacity(head.len() + records.region_len());
+                out.put_slice(&head);
+                out.put_slice(records.region());
+                return out.freeze();
+            }
+            Frame::Lag { from_offset, lost } => {
+                body.put_u64_le(*from_offset);
+                body.put_u64_le(*lost);
+            }
+            Frame::Unsubscribe { request_id, subscription_id } => {
+                body.put_u64_le(*request_id);
+                body.put_u64_le(*subscription_id);
+            }
+            Frame::SubEnd { subscription_id, code, message } => {
+                body.put_u64_le(*subscription_id);
+                body.put_u16_le(*code);
+                put_str(&mut body, message);
+            }
+            Frame::DescribeStream { request_id, stream } => {
+                body.put_u64_le(*request_id);
+                put_stream(&mut body, stream);
+            }
+            Frame::StreamInfo { request_id, shards, durable } => {
+                body.put_u64_le(*request_id);
+                body.put_u32_le(*shards);
+                body.put_u8(*durable as u8);
+            }
+            Frame::Unknown { flags: f, body: b, .. } => {
+                flags = *f;
+                body.put_slice(b);
+            }
+        }
+        let mut out = BytesMut::with_capacity(HEADER_LEN + body.len());
+        header(&mut out, self.kind(), body.len());
+        out[4..6].copy_from_slice(&flags.to_le_bytes());
+        out.put_slice(&body);
+        out.freeze()
+    }
+}
+
+// ---------- decoding ----------
+
+/// A bounds-checked little-endian reader over a body.
+struct Reader {
+    buf: Bytes,
+    pos: usize,
+}
+
+impl Reader {
+    fn take(&mut self, n: usize, field: &'static str) -> Result<Bytes, WireError> {
+        let left = self.buf.len() - self.pos;
+        if left < n {
+            return Err(WireError::Truncated { field, needed: n - left });
+        }
+        let out = self.buf.slice(self.pos..self.pos + n);
+        self.pos += n;
+        Ok(out)
+    }
+    fn u8(&mut self, f: &'static str) -> Result<u8, WireError> {
+        Ok(self.take(1, f)?[0])
+    }
+    fn u16(&mut self, f: &'static str) -> Result<u16, WireError> {
+        Ok(u16::from_le_bytes(self.take(2, f)?[..].try_into().unwrap()))
+    }
+    fn u32(&mut self, f: &'static str) -> Result<u32, WireError> {
+        Ok(u32::from_le_bytes(self.take(4, f)?[..].try_into().unwrap()))
+    }
+    fn u64(&mut self, f: &'static str) -> Result<u64, WireError> {
+        Ok(u64::from_le_bytes(self.take(8, f)?[..].try_into().unwrap()))
+    }
+    fn bool(&mut self, f: &'static str) -> Result<bool, WireError> {
+        match self.u8(f)? {
+            0 => Ok(false),
+            1 => Ok(true),
+            v => Err(WireError::InvalidValue { field: f, value: v as u64 }),
+        }
+    }
+    fn string(&mut self, f: &'static str) -> Result<String, WireError> {
+        let n = self.u16(f)? as usize;
+        let b = self.take(n, f)?;
+        String::from_utf8(b.to_vec()).map_err(|_| WireError::InvalidUtf8(f))
+    }
+    fn stream(&mut self) -> Result<StreamName, WireError> {
+        Ok(StreamName {
+            tenant: self.string("tenant")?,
+            namespace: self.string("namespace")?,
+            stream: self.string("stream")?,
+        })
+    }
+    fn records(&mut self) -> Result<Records, WireError> {
+        let count = self.u32("record_count")?;
+        let len = self.u32("records_bytes")? as usize;
+        let region = self.take(len, "records")?;
+        Records::from_region(count, region)
+    }
+}
+
+/// Parse a header; returns `(kind, flags, body_len)`.
+pub fn decode_header(h: &[u8; HEADER_LEN], max_frame_bytes: usize) -> Result<(u8, u16, usize), WireError> {
+    if h[0..2] != MAGIC {
+        return Err(WireError::BadMagic([h[0], h[1]]));
+    }
+    if h[2] != VERSION {
+        return Err(WireError::UnsupportedVersion(h[2]));
+    }
+    let flags = u16::from_le_bytes([h[4], h[5]]);
+    let len = u32::from_le_bytes([h[6], h[7], h[8], h[9]]) as usize;
+    if len.saturating_add(HEADER_LEN) > max_frame_bytes {
+        return Err(WireError::FrameTooLarge { len: len + HEADER_LEN, max: max_frame_bytes });
+    }
+    Ok((h[3], flags, len))
+}
+
+/// Decode a body of a known header.
+pub fn decode_body(kind_: u8, flags: u16, body: Bytes) -> Result<Frame, WireError> {
+    let mut r = Reader { buf: body, pos: 0 };
+    let f = match kind_ {
+        kind::HELLO => Frame::Hello {
+            features: r.u64("features")?,
+            max_frame_bytes: r.u32("max_frame_bytes")?,
+            client: r.string("client")?,
+        },
+        kind::HELLO_OK => Frame::HelloOk {
+            features: r.u64("features")?,
+            limits: Limits {
+                max_frame_bytes: r.u32("max_frame_bytes")?,
+                max_payload_bytes: r.u32("max_payload_bytes")?,
+                max_subscriptions: r.u32("max_subscriptions")?,
+            },
+            core: r.u16("core")?,
+            server: r.string("server")?,
+        },
+        kind::PUBLISH => {
+            let request_id = r.u64("request_id")?;
+            let stream = r.stream()?;
+            let shard = match r.u8("shard_selector")? {
+                0 => ShardSelector::RoundRobin,
+                1 => ShardSelector::Shard(r.u32("shard")?),
+                2 => {
+                    let n = r.u16("key")? as usize;
+                    ShardSelector::Key(r.take(n, "key")?)
+                }
+                v => return Err(WireError::InvalidValue { field: "shard_selector", value: v as u64 }),
+            };
+            let ack = r.bool("ack")?;
+            let records = r.records()?;
+            Frame::Publish { request_id, stream, shard, ack, records }
+        }
+        kind::PUBLISH_ACK => Frame::PublishAck {
+            request_id: r.u64("request_id")?,
+            shard: r.u32("shard")?,
+            first_offset: r.u64("first_offset")?,
+            count: r.u32("count")?,
+        },
+        kind::ERROR => Frame::Error {
+            request_id: r.u64("request_id")?,
+            code: r.u16("code")?,
+            message: r.string("message")?,
+        },
+        kind::SUBSCRIBE => {
+            let request_id = r.u64("request_id")?;
+            let stream = r.stream()?;
+            let shard = r.u32("shard")?;
+            let tag = r.u8("start")?;
+            let off = r.u64("start_offset")?;
+            let start = match tag {
+                0 => StartAt::Latest,
+                1 => StartAt::Earliest,
+                2 => StartAt::Offset(off),
+                v => return Err(WireError::InvalidValue { field: "start", value: v as u64 }),
+            };
+            Frame::Subscribe {
+                request_id,
+                stream,
+                shard,
+                start,
+                policy: QueuePolicy::from_u8(r.u8("policy")?)?,
+                queue_records_max: r.u32("queue_records_max")?,
+                queue_bytes_max: r.u64("queue_bytes_max")?,
+            }
+        }
+        kind::SUBSCRIBE_OK => Frame::SubscribeOk {
+            request_id: r.u64("request_id")?,
+            subscription_id: r.u64("subscription_id")?,
+            shard: r.u32("shard")?,
+            next_offset: r.u64("next_offset")?,
+        },
+        kind::SUB_STREAM => Frame::SubStream { subscription_id: r.u64("subscription_id")? },
+        kind::DELIVERY => Frame::Delivery {
+            shard: r.u32("shard")?,
+            first_offset: r.u64("first_offset")?,
+            records: r.records()?,
+        },
+        kind::LAG => Frame::Lag { from_offset: r.u64("from_offset")?, lost: r.u64("lost")? },
+        kind::UNSUBSCRIBE => Frame::Unsubscribe {
+            request_id: r.u64("request_id")?,
+            subscription_id: r.u64("subscription_id")?,
+        },
+        kind::SUB_END => Frame::SubEnd {
+            subscription_id: r.u64("subscription_id")?,
+            code: r.u16("code")?,
+            message: r.string("message")?,
+        },
+        kind::DESCRIBE_STREAM => Frame::DescribeStream { request_id: r.u64("request_id")?, stream: r.stream()? },
+        kind::STREAM_INFO => Frame::StreamInfo {
+            request_id: r.u64("request_id")?,
+            shards: r.u32("shards")?,
+            durable: r.bool("durable")?,
+        },
+        k => Frame::Unknown { kind: k, flags, body: r.buf },
+    };
+    Ok(f)
+}
+
+/// Decode exactly one whole frame from `buf` (header + body; trailing bytes are an error).
+pub fn decode_frame(buf: &[u8], max_frame_bytes: usize) -> Result<Frame, WireError> {
+    if buf.len() < HEADER_LEN {
+        return Err(WireError::Truncated { field: "header", needed: HEADER_LEN - buf.len() });
+    }
+    let (k, flags, len) = decode_header(buf[..HEADER_LEN].try_into().unwrap(), max_frame_bytes)?;
+    let body = &buf[HEADER_LEN..];
+    if body.len() < len {
+        return Err(WireError::Truncated { field: "body", needed: len - body.len() });
+    }
+    if body.len() > len {
+        return Err(WireError::InvalidValue { field: "frame_length", value: len as u64 });
+    }
+    decode_body(k, flags, Bytes::copy_from_slice(body))
+}
+
+/// Incremental decoder for one QUIC stream: push bytes as they arrive, pull whole frames.
+/// It rejects an oversized frame as soon as its header is seen, before buffering the body.
+#[derive(Debug)]
+pub struct FrameReader {
+    buf: BytesMut,
+    max_frame_bytes: usize,
+}
+
+impl FrameReader {
+    pub fn new(max_frame_bytes: usize) -> Self {
+        FrameReader { buf: BytesMut::new(), max_frame_bytes }
+    }
+    /// Append received bytes.
+    pub fn push(&mut self, data: &[u8]) {
+        self.buf.extend_from_slice(data);
+    }
+    /// Bytes buffered but not yet returned as frames.
+    pub fn buffered(&self) -> usize {
+        self.buf.len()
+    }
+    /// Next whole frame, `Ok(None)` if more bytes are needed. After an error the stream is
+    /// unusable (framing is lost) and the caller must reset it.
+    pub fn next_frame(&mut self) -> Result<Option<Frame>, WireError> {
+        if self.buf.len() < HEADER_LEN {
+            return Ok(None);
+        }
+        let (k, flags, len) = decode_header(self.buf[..HEADER_LEN].try_into().unwrap(), self.max_frame_bytes)?;
+        if self.buf.len() < HEADER_LEN + len {
+            self.buf.reserve(HEADER_LEN + len - self.buf.len());
+            return Ok(None);
+        }
+        let mut frame = self.buf.split_to(HEADER_LEN + len);
+        let body = frame.split_off(HEADER_LEN).freeze();
+        decode_body(k, flags, body).map(Some)
+    }
+}
+
+#[cfg(test)]
+mod tests;
