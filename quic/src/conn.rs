@@ -1,0 +1,361 @@
+//! Runtime-agnostic connection core: a quiche connection plus Felix framing per QUIC stream.
+//!
+//! No clock and no socket here: drivers feed packets in ([`FelixConn::recv`]), pull packets
+//! out ([`FelixConn::poll_transmit`]), and call [`FelixConn::on_timeout`] when
+//! [`FelixConn::timeout`] expires. Outgoing frames are queued per stream as `Bytes` and handed
+//! to quiche with `stream_send_zc`, so a delivery frame shared by many subscribers is never
+//! copied on its way into quiche.
+
+use crate::wire::{Frame, FrameReader, WireError};
+use bytes::{Buf, Bytes};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::time::Duration;
+
+/// quiche buffer factory whose stream buffers are `Bytes` (cheap clone, zero-copy split).
+#[derive(Debug, Clone, Default)]
+pub struct BytesFactory;
+
+/// A `Bytes` buffer quiche can keep and split without copying.
+#[derive(Debug, Clone, Default)]
+pub struct ZcBuf(pub Bytes);
+
+impl AsRef<[u8]> for ZcBuf {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl quiche::BufSplit for ZcBuf {
+    fn split_at(&mut self, at: usize) -> Self {
+        ZcBuf(self.0.split_off(at))
+    }
+}
+
+impl quiche::BufFactory for BytesFactory {
+    type Buf = ZcBuf;
+    type DgramBuf = Vec<u8>;
+    fn buf_from_slice(buf: &[u8]) -> ZcBuf {
+        ZcBuf(Bytes::copy_from_slice(buf))
+    }
+    fn dgram_buf_from_slice(buf: &[u8]) -> Vec<u8> {
+        buf.to_vec()
+    }
+}
+
+/// The quiche connection type used by Felix.
+pub type QuicConn = quiche::Connection<BytesFactory>;
+
+/// What happened on the connection's streams.
+#[derive(Debug)]
+pub enum ConnEvent {
+    /// A whole frame arrived on `stream`.
+    Frame { stream: u64, frame: Frame },
+    /// The stream's bytes are not valid Felix framing; the stream has been shut down for
+    /// reading. The app should answer with an `Error` frame if it can.
+    BadFrame { stream: u64, error: WireError },
+    /// The peer finished its side of `stream` (after all its frames were delivered).
+    Finished { stream: u64 },
+    /// The peer reset `stream`.
+    Reset { stream: u64, code: u64 },
+}
+
+#[derive(Default)]
+struct OutStream {
+    queue: VecDeque<Bytes>,
+    queued_bytes: usize,
+    fin_pending: bool,
+}
+
+/// A Felix connection over quiche.
+pub struct FelixConn {
+    q: QuicConn,
+    readers: HashMap<u64, FrameReader>,
+    broken: HashSet<u64>,
+    paused: HashSet<u64>,
+    out: HashMap<u64, OutStream>,
+    dirty: BTreeSet<u64>,
+    next_bidi: u64,
+    next_uni: u64,
+    max_frame_bytes: usize,
+    scratch: Vec<u8>,
+}
+
+impl FelixConn {
+    /// Wrap a quiche connection. `is_server` selects the stream-id spaces this side opens.
+    pub fn new(q: QuicConn, is_server: bool, max_frame_bytes: usize) -> Self {
+        let (bidi, uni) = if is_server { (1, 3) } else { (0, 2) };
+        FelixConn {
+            q,
+            readers: HashMap::new(),
+            broken: HashSet::new(),
+            paused: HashSet::new(),
+            out: HashMap::new(),
+            dirty: BTreeSet::new(),
+            next_bidi: bidi,
+            next_uni: uni,
+            max_frame_bytes,
+            scratch: vec![0; 64 * 1024],
+        }
+    }
+
+    /// The underlying quiche connection (for stats and trace ids).
+    pub fn quic(&self) -> &QuicConn {
+        &self.q
+    }
+
+    /// Feed one received UDP payload.
+    pub fn recv(&mut self, buf: &mut [u8], info: quiche::RecvInfo) -> Result<usize, quiche::Error> {
+        self.q.recv(buf, info)
+    }
+
+    /// Allocate a new locally-initiated bidirectional stream id.
+    pub fn open_bidi(&mut self) -> u64 {
+        let id = self.next_bidi;
+        self.next_bidi += 4;
+        id
+    }
+
+    /// Allocate a new locally-initiated unidirectional stream id.
+    pub fn open_uni(&mut self) -> u64 {
+        let id = self.next_uni;
+        self.next_uni += 4;
+        id
+    }
+
+    /// Stop reading `stream` (back-pressure: QUIC flow control then holds the peer).
+    pub fn pause(&mut self, stream: u64) {
+        self.paused.insert(stream);
+    }
+
+    /// Resume reading `stream`.
+    pub fn resume(&mut self, stream: u64) {
+        self.paused.remove(&stream);
+    }
+
+    /// Read every readable, unpaused stream and decode whole frames into `events`.
+    pub fn poll_readable(&mut self, events: &mut Vec<ConnEvent>) {
+        let ids: Vec<u64> = self.q.readable().collect();
+        for id in ids {
+            if self.paused.contains(&id) {
+                continue;
+            }
+            self.read_stream(id, events);
+        }
+    }
+
+    /// Read one stream now (e.g. right after resuming it).
+    pub fn read_stream(&mut self, id: u64, events: &mut Vec<ConnEvent>) {
+        loop {
+            if self.paused.contains(&id) {
+                return;
+            }
+            match self.q.stream_recv(id, &mut self.scratch) {
+                Ok((n, fin)) => {
+                    if self.broken.contains(&id) {
+                        if fin {
+                            self.broken.remove(&id);
+                        }
+                        continue;
+                    }
+                    let max = self.max_frame_bytes;
+                    let r = self.readers.entry(id).or_insert_with(|| FrameReader::new(max));
+                    r.push(&self.scratch[..n]);
+                    loop {
+                        match r.next_frame() {
+                            Ok(Some(frame)) => events.push(ConnEvent::Frame { stream: id, frame }),
+                            Ok(None) => break,
+                            Err(error) => {
+                                self.readers.remove(&id);
+                                self.broken.insert(id);
+                                // Stop the peer sending more on this stream; the rest of the
+                                // connection is unaffected.
+                                let _ = self.q.stream_shutdown(id, quiche::Shutdown::Read, error.code().number() as u64);
+                                events.push(ConnEvent::BadFrame { stream: id, error });
+                                break;
+                            }
+                        }
+                    }
+                    if fin {
+                        let leftover = self.readers.remove(&id).map(|r| r.buffered()).unwrap_or(0);
+                        if leftover > 0 && !self.broken.contains(&id) {
+                            events.push(ConnEvent::BadFrame {
+                                stream: id,
+                                error: WireError::Truncated { field: "frame at stream end", needed: 1 },
+                            });
+                        }
+                        self.broken.remove(&id);
+                        events.push(ConnEvent::Finished { stream: id });
+                        return;
+                    }
+                    // A paused stream may have been paused by a handler between reads; the
+                    // caller sees the events and decides.
+                    if !events.is_empty() && self.paused.contains(&id) {
+                        return;
+                    }
+                }
+                Err(quiche::Error::Done) => return,
+                Err(quiche::Error::StreamReset(code)) => {
+                    self.readers.remove(&id);
+                    self.broken.remove(&id);
+                    events.push(ConnEvent::Reset { stream: id, code });
+                    return;
+                }
+                Err(_) => return,
+            }
+        }
+    }
+
+    /// Queue a frame (already encoded) on `stream`.
+    pub fn send_bytes(&mut self, stream: u64, data: Bytes) {
+        if data.is_empty() {
+            return;
+        }
+        let o = self.out.entry(stream).or_default();
+        o.queued_bytes += data.len();
+        o.queue.push_back(data);
+        self.dirty.insert(stream);
+    }
+
+    /// Queue one frame on `stream`.
+    pub fn send_frame(&mut self, stream: u64, frame: &Frame) {
+        self.send_bytes(stream, frame.encode());
+    }
+
+    /// Finish `stream` after everything queued on it has been written.
+    pub fn finish(&mut self, stream: u64) {
+        self.out.entry(stream).or_default().fin_pending = true;
+        self.dirty.insert(stream);
+    }
+
+    /// Abandon `stream` in both directions with an application error code.
+    pub fn reset_stream(&mut self, stream: u64, code: u64) {
+        self.out.remove(&stream);
+        self.dirty.remove(&stream);
+        let _ = self.q.stream_shutdown(stream, quiche::Shutdown::Write, code);
+        let _ = self.q.stream_shutdown(stream, quiche::Shutdown::Read, code);
+    }
+
+    /// Bytes queued on `stream` that quiche has not taken yet.
+    pub fn queued_bytes(&self, stream: u64) -> usize {
+        self.out.get(&stream).map(|o| o.queued_bytes).unwrap_or(0)
+    }
+
+    /// How much more quiche would accept on `stream` now (flow control and congestion).
+    pub fn stream_capacity(&mut self, stream: u64) -> usize {
+        self.q.stream_capacity(stream).unwrap_or(0)
+    }
+
+    /// Move queued frames into quiche as far as flow control allows. Returns the streams
+    /// that drained completely (so the app can refill them).
+    pub fn flush_streams(&mut self) -> Vec<u64> {
+        let mut drained = Vec::new();
+        let ids: Vec<u64> = self.dirty.iter().copied().collect();
+        for id in ids {
+            let Some(o) = self.out.get_mut(&id) else {
+                self.dirty.remove(&id);
+                continue;
+            };
+            let mut failed = false;
+            loop {
+                let last = o.queue.len() == 1;
+                let Some(front) = o.queue.front_mut() else { break };
+                let fin = last && o.fin_pending;
+                // quiche drops the buffer on Err(Done), so hand it a cheap clone.
+                match self.q.stream_send_zc(id, ZcBuf(front.clone()), fin) {
+                    Ok((n, _rest)) => {
+                        o.queued_bytes -= n;
+                        if n == front.len() {
+                            o.queue.pop_front();
+                            if fin {
+                                o.fin_pending = false;
+                            }
+                        } else {
+                            front.advance(n);
+                            break;
+                        }
+                    }
+                    Err(quiche::Error::Done) => break,
+                    Err(_) => {
+                        failed = true;
+                        break;
+                    }
+                }
+            }
+            if failed {
+                self.out.remove(&id);
+                self.dirty.remove(&id);
+                continue;
+            }
+            if o.queue.is_empty() {
+                if o.fin_pending {
+                    match self.q.stream_send_zc(id, ZcBuf(Bytes::new()), true) {
+                        Ok(_) => o.fin_pending = false,
+                        Err(quiche::Error::Done) => continue,
+                        Err(_) => o.fin_pending = false,
+                    }
+                }
+                self.out.remove(&id);
+                self.dirty.remove(&id);
+                drained.push(id);
+            }
+        }
+        drained
+    }
+
+    /// Streams with frames still waiting for quiche.
+    pub fn has_queued(&self) -> bool {
+        !self.dirty.is_empty()
+    }
+
+    /// Next UDP payload to send, written into `out`.
+    pub fn poll_transmit(&mut self, out: &mut [u8]) -> Option<(usize, quiche::SendInfo)> {
+        match self.q.send(out) {
+            Ok(v) => Some(v),
+            Err(quiche::Error::Done) => None,
+            Err(e) => {
+                tracing::debug!(error = %e, "quiche send failed; closing");
+                let _ = self.q.close(false, 0x1, b"send error");
+                None
+            }
+        }
+    }
+
+    pub fn timeout(&self) -> Option<Duration> {
+        self.q.timeout()
+    }
+    pub fn on_timeout(&mut self) {
+        self.q.on_timeout()
+    }
+    pub fn is_established(&self) -> bool {
+        self.q.is_established()
+    }
+    pub fn is_closed(&self) -> bool {
+        self.q.is_closed()
+    }
+    pub fn is_draining(&self) -> bool {
+        self.q.is_draining()
+    }
+    /// Start a clean application close with `code` and `reason`.
+    pub fn close(&mut self, code: u64, reason: &str) {
+        let _ = self.q.close(true, code, reason.as_bytes());
+    }
+    /// The peer's close reason, if it closed.
+    pub fn peer_error(&self) -> Option<String> {
+        self.q
+            .peer_error()
+            .map(|e| format!("code {} {}", e.error_code, String::from_utf8_lossy(&e.reason)))
+    }
+    /// Whether the peer still lets this side open a unidirectional stream.
+    pub fn can_open_uni(&self) -> bool {
+        self.q.peer_streams_left_uni() > 0
+    }
+}
+
+/// Generate a connection id of `len` bytes whose first byte is `core` (the broker routes
+/// packets to the core named in the destination connection id).
+pub fn connection_id_for_core(core: u8, len: usize) -> Vec<u8> {
+    let mut id = vec![0u8; len];
+    boring::rand::rand_bytes(&mut id).expect("BoringSSL RNG");
+    id[0] = core;
+    id
+}

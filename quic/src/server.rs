@@ -1,0 +1,257 @@
+//! Runtime-agnostic server endpoint of one core: the connection table, accepting new
+//! connections, routing packets by the core id in their destination connection id, and
+//! collecting outgoing packets. Time is passed in (`now`), never read here.
+
+use crate::conn::{connection_id_for_core, BytesFactory, FelixConn};
+use crate::CONN_ID_LEN;
+use std::collections::{BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+/// Stable handle of a connection on its core.
+pub type ConnKey = u64;
+
+/// What to do with a received datagram.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Route {
+    /// Fed to the connection `key` (`new` if it was just accepted).
+    Conn { key: ConnKey, new: bool },
+    /// Belongs to a connection of another core: hand the packet to that core.
+    Forward(u8),
+    /// Send this reply (version negotiation) back to the sender.
+    Reply(Vec<u8>),
+    /// Not ours or not valid: ignored (QUIC tolerates loss; nothing is answered to junk).
+    Dropped,
+}
+
+/// A connection and its bookkeeping.
+pub struct ConnEntry {
+    pub conn: FelixConn,
+    pub peer: SocketAddr,
+    cids: Vec<Vec<u8>>,
+    deadline: Option<Instant>,
+}
+
+/// One core's QUIC endpoint.
+pub struct Endpoint {
+    core: u8,
+    cores: u8,
+    config: quiche::Config,
+    local: SocketAddr,
+    max_frame_bytes: usize,
+    accepting: bool,
+    conns: HashMap<ConnKey, ConnEntry>,
+    by_cid: HashMap<Vec<u8>, ConnKey>,
+    next_key: ConnKey,
+    dirty: BTreeSet<ConnKey>,
+    max_conns: usize,
+}
+
+impl Endpoint {
+    pub fn new(core: u8, cores: u8, config: quiche::Config, local: SocketAddr, max_frame_bytes: usize) -> Self {
+        Endpoint {
+            core,
+            cores,
+            config,
+            local,
+            max_frame_bytes,
+            accepting: true,
+            conns: HashMap::new(),
+            by_cid: HashMap::new(),
+            next_key: 1,
+            dirty: BTreeSet::new(),
+            max_conns: 100_000,
+        }
+    }
+
+    pub fn core(&self) -> u8 {
+        self.core
+    }
+
+    /// Stop accepting new connections (drain); existing ones keep working. The socket stays
+    /// open so the kernel never remaps live connections to another core.
+    pub fn set_accepting(&mut self, on: bool) {
+        self.accepting = on;
+    }
+
+    /// Cap on connections on this core.
+    pub fn set_max_conns(&mut self, n: usize) {
+        self.max_conns = n;
+    }
+
+    pub fn conn_count(&self) -> usize {
+        self.conns.len()
+    }
+
+    pub fn get(&mut self, key: ConnKey) -> Option<&mut ConnEntry> {
+        self.conns.get_mut(&key)
+    }
+
+    pub fn keys(&self) -> Vec<ConnKey> {
+        self.conns.keys().copied().collect()
+    }
+
+    /// Mark a connection as having output to send.
+    pub fn mark_dirty(&mut self, key: ConnKey) {
+        self.dirty.insert(key);
+    }
+
+    /// Handle a datagram received on this core's socket (`forwarded` when another core
+    /// handed it over, in which case it is never forwarded again).
+    pub fn on_datagram(&mut self, buf: &mut [u8], from: SocketAddr, forwarded: bool) -> Route {
+        let hdr = match quiche::Header::from_slice(buf, CONN_ID_LEN) {
+            Ok(h) => h,
+            Err(_) => return Route::Dropped,
+        };
+        let dcid = hdr.dcid.to_vec();
+        if let Some(&key) = self.by_cid.get(&dcid) {
+            let to = self.local;
+            let e = self.conns.get_mut(&key).expect("cid table and conn table agree");
+            if let Err(err) = e.conn.recv(buf, quiche::RecvInfo { from, to }) {
+                tracing::trace!(error = %err, "packet refused by connection");
+            }
+            e.peer = from;
+            self.dirty.insert(key);
+            return Route::Conn { key, new: false };
+        }
+        if hdr.ty != quiche::Type::Initial {
+            if !forwarded && dcid.len() == CONN_ID_LEN && dcid[0] != self.core && dcid[0] < self.cores {
+                return Route::Forward(dcid[0]);
+            }
+            return Route::Dropped;
+        }
+        if !quiche::version_is_supported(hdr.version) {
+            let mut out = vec![0u8; crate::MAX_UDP_PAYLOAD];
+            return match quiche::negotiate_version(&hdr.scid, &hdr.dcid, &mut out) {
+                Ok(n) => {
+                    out.truncate(n);
+                    Route::Reply(out)
+                }
+                Err(_) => Route::Dropped,
+            };
+        }
+        if !self.accepting || self.conns.len() >= self.max_conns {
+            return Route::Dropped;
+        }
+        let scid_bytes = connection_id_for_core(self.core, CONN_ID_LEN);
+        let scid = quiche::ConnectionId::from_ref(&scid_bytes);
+        let q = match quiche::accept_with_buf_factory::<BytesFactory>(&scid, None, self.local, from, &mut self.config) {
+            Ok(q) => q,
+            Err(_) => return Route::Dropped,
+        };
+        let key = self.next_key;
+        self.next_key += 1;
+        let mut conn = FelixConn::new(q, true, self.max_frame_bytes);
+        let to = self.local;
+        let _ = conn.recv(buf, quiche::RecvInfo { from, to });
+        self.by_cid.insert(scid_bytes.clone(), key);
+        // The client retransmits its Initial to the original DCID until it hears back.
+        self.by_cid.insert(dcid.clone(), key);
+        self.conns.insert(key, ConnEntry { conn, peer: from, cids: vec![scid_bytes, dcid], deadline: None });
+        self.dirty.insert(key);
+        Route::Conn { key, new: true }
+    }
+
+    /// Earliest connection deadline, relative to `now`.
+    pub fn next_timeout(&self, now: Instant) -> Option<Duration> {
+        self.conns.values().filter_map(|e| e.deadline).min().map(|d| d.saturating_duration_since(now))
+    }
+
+    /// Fire every expired connection timer.
+    pub fn on_timeouts(&mut self, now: Instant) {
+        for (k, e) in self.conns.iter_mut() {
+            if let Some(d) = e.deadline {
+                if d <= now {
+                    e.conn.on_timeout();
+                    e.deadline = None;
+                    self.dirty.insert(*k);
+                }
+            }
+        }
+    }
+
+    /// Connections with pending output.
+    pub fn take_dirty(&mut self) -> Vec<ConnKey> {
+        std::mem::take(&mut self.dirty).into_iter().collect()
+    }
+
+    /// Write as many packets of connection `key` as fit into `batch`; returns true when the
+    /// connection has nothing more to send right now.
+    pub fn transmit(&mut self, key: ConnKey, now: Instant, batch: &mut TxBatch) -> bool {
+        let Some(e) = self.conns.get_mut(&key) else { return true };
+        let mut done = false;
+        while let Some(slot) = batch.slot() {
+            match e.conn.poll_transmit(slot) {
+                Some((n, info)) => batch.commit(n, info.to),
+                None => {
+                    done = true;
+                    break;
+                }
+            }
+        }
+        e.deadline = e.conn.timeout().map(|t| now + t);
+        if !done {
+            self.dirty.insert(key);
+        }
+        done
+    }
+
+    /// Remove closed connections and return their keys.
+    pub fn reap_closed(&mut self) -> Vec<ConnKey> {
+        let closed: Vec<ConnKey> = self.conns.iter().filter(|(_, e)| e.conn.is_closed()).map(|(k, _)| *k).collect();
+        for k in &closed {
+            if let Some(e) = self.conns.remove(k) {
+                for c in e.cids {
+                    self.by_cid.remove(&c);
+                }
+            }
+            self.dirty.remove(k);
+        }
+        closed
+    }
+}
+
+/// A batch of outgoing UDP payloads in one buffer (so a GSO-capable socket layer can send
+/// runs of equal-size packets to one peer with a single sendmsg).
+pub struct TxBatch {
+    buf: Vec<u8>,
+    /// (offset, len, destination) of each packet.
+    pub packets: Vec<(usize, usize, SocketAddr)>,
+    used: usize,
+    max_packets: usize,
+}
+
+impl TxBatch {
+    pub fn new(max_packets: usize) -> Self {
+        TxBatch {
+            buf: vec![0; max_packets * crate::MAX_UDP_PAYLOAD],
+            packets: Vec::with_capacity(max_packets),
+            used: 0,
+            max_packets,
+        }
+    }
+    fn slot(&mut self) -> Option<&mut [u8]> {
+        if self.packets.len() >= self.max_packets {
+            return None;
+        }
+        Some(&mut self.buf[self.used..self.used + crate::MAX_UDP_PAYLOAD])
+    }
+    fn commit(&mut self, n: usize, to: SocketAddr) {
+        self.packets.push((self.used, n, to));
+        self.used += crate::MAX_UDP_PAYLOAD;
+    }
+    pub fn is_full(&self) -> bool {
+        self.packets.len() >= self.max_packets
+    }
+    pub fn is_empty(&self) -> bool {
+        self.packets.is_empty()
+    }
+    pub fn packet(&self, i: usize) -> (&[u8], SocketAddr) {
+        let (o, n, to) = self.packets[i];
+        (&self.buf[o..o + n], to)
+    }
+    pub fn clear(&mut self) {
+        self.packets.clear();
+        self.used = 0;
+    }
+}

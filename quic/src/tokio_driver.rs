@@ -1,0 +1,122 @@
+//! tokio driver for clients: one task owns the UDP socket and the [`FelixConn`]; the
+//! application plugs in a [`Handler`] that receives stream events and commands.
+
+use crate::conn::{BytesFactory, ConnEvent, FelixConn};
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::net::UdpSocket;
+use tokio::sync::mpsc;
+
+/// Application logic driven by the connection task.
+pub trait Handler: Send + 'static {
+    type Cmd: Send + 'static;
+    /// The handshake completed.
+    fn on_established(&mut self, conn: &mut FelixConn);
+    /// A stream event.
+    fn on_event(&mut self, conn: &mut FelixConn, ev: ConnEvent);
+    /// A command from the application side.
+    fn on_command(&mut self, conn: &mut FelixConn, cmd: Self::Cmd);
+    /// Called before every flush (to refill streams, resume paused ones...).
+    fn before_flush(&mut self, conn: &mut FelixConn, events: &mut Vec<ConnEvent>);
+    /// The connection is gone; `reason` says why.
+    fn on_closed(&mut self, reason: String);
+}
+
+/// Open a client connection and spawn its task. Returns the command sender.
+pub async fn spawn_client<H: Handler>(
+    peer: SocketAddr,
+    server_name: Option<&str>,
+    config: &mut quiche::Config,
+    max_frame_bytes: usize,
+    handler: H,
+) -> std::io::Result<mpsc::UnboundedSender<H::Cmd>> {
+    let bind: SocketAddr = if peer.is_ipv4() { "0.0.0.0:0".parse().unwrap() } else { "[::]:0".parse().unwrap() };
+    let std_sock = std::net::UdpSocket::bind(bind)?;
+    let s2 = socket2::Socket::from(std_sock);
+    let _ = s2.set_recv_buffer_size(8 << 20);
+    let _ = s2.set_send_buffer_size(8 << 20);
+    s2.set_nonblocking(true)?;
+    let sock = UdpSocket::from_std(s2.into())?;
+    let local = sock.local_addr()?;
+    let scid_bytes = crate::conn::connection_id_for_core(0, crate::CONN_ID_LEN);
+    let scid = quiche::ConnectionId::from_ref(&scid_bytes);
+    let q = quiche::connect_with_buffer_factory::<BytesFactory>(server_name, &scid, local, peer, config)
+        .map_err(|e| std::io::Error::other(format!("quiche connect: {e}")))?;
+    let conn = FelixConn::new(q, false, max_frame_bytes);
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(run(sock, local, conn, handler, rx));
+    Ok(tx)
+}
+
+async fn run<H: Handler>(
+    sock: UdpSocket,
+    local: SocketAddr,
+    mut conn: FelixConn,
+    mut h: H,
+    mut rx: mpsc::UnboundedReceiver<H::Cmd>,
+) {
+    let mut inbuf = vec![0u8; 65536];
+    let mut out = vec![0u8; crate::MAX_UDP_PAYLOAD];
+    let mut events = Vec::new();
+    let mut established = false;
+    let mut cmds_open = true;
+    loop {
+        // Output first: streams into quiche, quiche into packets.
+        h.before_flush(&mut conn, &mut events);
+        for ev in events.drain(..) {
+            h.on_event(&mut conn, ev);
+        }
+        conn.flush_streams();
+        while let Some((n, info)) = conn.poll_transmit(&mut out) {
+            if let Err(e) = sock.send_to(&out[..n], info.to).await {
+                tracing::debug!(error = %e, "udp send failed");
+            }
+        }
+        if conn.is_closed() {
+            let reason = conn.peer_error().unwrap_or_else(|| {
+                if conn.quic().is_timed_out() { "idle timeout".into() } else { "closed".into() }
+            });
+            h.on_closed(reason);
+            return;
+        }
+        let timeout = conn.timeout().unwrap_or(Duration::from_secs(3600));
+        tokio::select! {
+            r = sock.recv_from(&mut inbuf) => {
+                if let Ok((n, from)) = r {
+                    let _ = conn.recv(&mut inbuf[..n], quiche::RecvInfo { from, to: local });
+                    // Drain whatever else is already queued on the socket before flushing.
+                    for _ in 0..64 {
+                        match sock.try_recv_from(&mut inbuf) {
+                            Ok((n, from)) => { let _ = conn.recv(&mut inbuf[..n], quiche::RecvInfo { from, to: local }); }
+                            Err(_) => break,
+                        }
+                    }
+                    if !established && conn.is_established() {
+                        established = true;
+                        h.on_established(&mut conn);
+                    }
+                    conn.poll_readable(&mut events);
+                    for ev in events.drain(..) {
+                        h.on_event(&mut conn, ev);
+                    }
+                }
+            }
+            c = rx.recv(), if cmds_open => {
+                match c {
+                    Some(c) => {
+                        h.on_command(&mut conn, c);
+                        while let Ok(c) = rx.try_recv() {
+                            h.on_command(&mut conn, c);
+                        }
+                    }
+                    None => {
+                        // Every handle dropped: close cleanly.
+                        cmds_open = false;
+                        conn.close(0, "client dropped");
+                    }
+                }
+            }
+            _ = tokio::time::sleep(timeout) => conn.on_timeout(),
+        }
+    }
+}
