@@ -1,1 +1,129 @@
-fn main() {}
+use clap::Parser;
+use felix_broker::catalog::Catalog;
+use felix_broker::config::{Config, Flags};
+use felix_broker::core::{run_core, CoreSettings, MeshMsg};
+use felix_broker::metrics::{self, CoreCounters, Ops};
+use felix_quic::tls::{self, CertPaths, TransportConfig};
+use glommio::channels::channel_mesh::MeshBuilder;
+use glommio::{LocalExecutorBuilder, Placement};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let flags = Flags::parse();
+    let cfg = match Config::resolve(&flags) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("felix-broker: invalid configuration: {e}");
+            std::process::exit(2);
+        }
+    };
+    if flags.print_config {
+        println!("{}", serde_json::to_string_pretty(&cfg).unwrap());
+        return;
+    }
+    if let Err(e) = run(cfg) {
+        eprintln!("felix-broker: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cfg: Config) -> Result<(), String> {
+    let catalog = match &cfg.catalog {
+        Some(p) => Catalog::from_yaml(&std::fs::read_to_string(p).map_err(|e| format!("catalog {}: {e}", p.display()))?)
+            .map_err(|e| format!("catalog {}: {e}", p.display()))?,
+        None => Catalog::default_catalog(),
+    };
+    let catalog = Arc::new(catalog);
+    let cert = match (&cfg.tls_cert, &cfg.tls_key) {
+        (Some(c), Some(k)) => CertPaths { cert: c.clone(), key: k.clone() },
+        _ => {
+            let (p, created) = tls::ensure_dev_cert(&cfg.data_dir.join("tls")).map_err(|e| e.to_string())?;
+            if created {
+                tracing::info!(cert = %p.cert.display(), "generated self-signed development certificate");
+            }
+            p
+        }
+    };
+    let transport = TransportConfig { idle_timeout_ms: cfg.idle_timeout_ms, ..Default::default() };
+    // Validate TLS files before starting cores, so a bad file is one clear error.
+    tls::server_config(&cert, &transport).map_err(|e| e.to_string())?;
+
+    // Block SIGTERM/SIGINT in every thread; the main thread waits for them with sigwait.
+    let sigset = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    };
+
+    let mut sockets = Vec::new();
+    let mut listen = cfg.listen;
+    for i in 0..cfg.cores {
+        let s = felix_quic::glommio_driver::bind_reuseport(listen, 8 << 20).map_err(|e| format!("bind {listen}: {e}"))?;
+        if i == 0 {
+            // With port 0 the first socket picks the port; the others join it.
+            listen = s.local_addr().ok().and_then(|a| a.as_socket()).unwrap_or(listen);
+        }
+        sockets.push(s);
+    }
+    let metrics_listener = std::net::TcpListener::bind(cfg.metrics_listen).map_err(|e| format!("bind {}: {e}", cfg.metrics_listen))?;
+    let metrics_addr = metrics_listener.local_addr().map_err(|e| e.to_string())?;
+    let counters: Vec<Arc<CoreCounters>> = (0..cfg.cores).map(|_| Arc::new(CoreCounters::default())).collect();
+    let ops = Arc::new(Ops { cores: counters.clone(), ready: AtomicBool::new(false) });
+    metrics::serve(metrics_listener, ops.clone());
+
+    let shutdown = Arc::new(AtomicBool::new(false));
+    let mesh = MeshBuilder::<MeshMsg, _>::full(cfg.cores, 1024);
+    let online = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let mut handles = Vec::new();
+    for (i, sock) in sockets.into_iter().enumerate() {
+        let mesh = mesh.clone();
+        let cert = cert.clone();
+        let transport = transport.clone();
+        let settings = CoreSettings {
+            cores: cfg.cores as u8,
+            max_frame_bytes: cfg.max_frame_bytes,
+            max_payload_bytes: 1 << 20,
+            max_subscriptions: 1024,
+            catalog: catalog.clone(),
+            counters: counters[i].clone(),
+            shutdown: shutdown.clone(),
+        };
+        let placement = if cfg.cores <= online { Placement::Fixed(i) } else { Placement::Unbound };
+        let data_dir = cfg.data_dir.clone();
+        let h = LocalExecutorBuilder::new(placement)
+            .name(&format!("felix-core-{i}"))
+            .io_memory(cfg.io_memory_bytes)
+            .spawn(move || async move {
+                if let Err(e) = felix_broker::dma::seed_dma_probe(&data_dir).await {
+                    tracing::warn!(error = %e, "DMA probe seed failed; durable reads may fail");
+                }
+                let qc = tls::server_config(&cert, &transport).expect("validated at start");
+                let mesh = mesh.join().await.expect("core mesh join");
+                run_core(sock, qc, settings, mesh).await;
+            })
+            .map_err(|e| format!("start core {i}: {e}"))?;
+        handles.push(h);
+    }
+    ops.ready.store(true, Ordering::Release);
+    println!("felix-broker ready quic={listen} metrics={metrics_addr} cores={}", cfg.cores);
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+
+    let mut sig: libc::c_int = 0;
+    unsafe { libc::sigwait(&sigset, &mut sig) };
+    tracing::info!(signal = sig, "shutting down");
+    ops.ready.store(false, Ordering::Release);
+    shutdown.store(true, Ordering::Release);
+    for h in handles {
+        let _ = h.join();
+    }
+    Ok(())
+}

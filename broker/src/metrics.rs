@@ -1,0 +1,85 @@
+//! Per-core counters (each core writes only its own, relaxed atomics, no locks) and the ops
+//! HTTP listener serving them as Prometheus text plus /livez and /readyz.
+
+use std::io::{Read, Write};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+macro_rules! counters {
+    ($($name:ident: $help:literal,)*) => {
+        /// Counters of one core.
+        #[derive(Default, Debug)]
+        pub struct CoreCounters { $(pub $name: AtomicU64,)* }
+        impl CoreCounters {
+            fn render(&self, core: usize, out: &mut String) {
+                $( out.push_str(&format!("felix_{}{{core=\"{}\"}} {}\n", stringify!($name), core, self.$name.load(Ordering::Relaxed))); )*
+            }
+            fn help(out: &mut String) {
+                $( out.push_str(&format!("# HELP felix_{} {}\n# TYPE felix_{} counter\n", stringify!($name), $help, stringify!($name))); )*
+            }
+        }
+    };
+}
+
+counters! {
+    connections_accepted: "QUIC connections accepted on this core",
+    connections_closed: "QUIC connections closed on this core",
+    packets_received: "UDP datagrams received on this core's socket",
+    packets_forwarded_out: "datagrams handed to another core over the mesh (connection lives there)",
+    packets_forwarded_in: "datagrams received from another core over the mesh",
+    frames_received: "Felix frames decoded",
+    bad_frames: "malformed frames answered with a typed error",
+    errors_sent: "Error frames sent",
+}
+
+impl CoreCounters {
+    pub fn inc(c: &AtomicU64) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Shared state of the ops listener.
+pub struct Ops {
+    pub cores: Vec<Arc<CoreCounters>>,
+    pub ready: AtomicBool,
+}
+
+impl Ops {
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        CoreCounters::help(&mut s);
+        for (i, c) in self.cores.iter().enumerate() {
+            c.render(i, &mut s);
+        }
+        s
+    }
+}
+
+/// Serve /metrics, /livez, /readyz on `listener` from a plain thread (never a data core).
+pub fn serve(listener: std::net::TcpListener, ops: Arc<Ops>) {
+    std::thread::Builder::new()
+        .name("felix-ops".into())
+        .spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut s) = stream else { continue };
+                let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(2)));
+                let mut buf = [0u8; 2048];
+                let n = s.read(&mut buf).unwrap_or(0);
+                let req = String::from_utf8_lossy(&buf[..n]);
+                let path = req.split_whitespace().nth(1).unwrap_or("/");
+                let (status, body) = match path {
+                    "/metrics" => ("200 OK", ops.render()),
+                    "/livez" => ("200 OK", "ok\n".to_string()),
+                    "/readyz" if ops.ready.load(Ordering::Acquire) => ("200 OK", "ready\n".to_string()),
+                    "/readyz" => ("503 Service Unavailable", "not ready\n".to_string()),
+                    _ => ("404 Not Found", "not found\n".to_string()),
+                };
+                let _ = write!(
+                    s,
+                    "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        })
+        .expect("spawn ops thread");
+}
