@@ -63,9 +63,16 @@ pub fn serve(listener: std::net::TcpListener, ops: Arc<Ops>) {
             for stream in listener.incoming() {
                 let Ok(mut s) = stream else { continue };
                 let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(2)));
-                let mut buf = [0u8; 2048];
-                let n = s.read(&mut buf).unwrap_or(0);
-                let req = String::from_utf8_lossy(&buf[..n]);
+                // Read until the end of the request head (bounded), however it is split.
+                let mut buf = Vec::with_capacity(1024);
+                let mut chunk = [0u8; 1024];
+                while buf.len() < 16 * 1024 && !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut chunk) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                let req = String::from_utf8_lossy(&buf);
                 let path = req.split_whitespace().nth(1).unwrap_or("/");
                 let (status, body) = match path {
                     "/metrics" => ("200 OK", ops.render()),

@@ -1,0 +1,17 @@
+# Recipes mirror scripts/ (Debian 12 has no `just` package: `cargo install just --locked`).
+
+# Start a standalone broker with embedded defaults.
+run *ARGS:
+    ./scripts/run.sh {{ARGS}}
+
+# The whole test suite (what CI runs).
+test:
+    ./scripts/test.sh
+
+# Install system packages and tools.
+setup:
+    ./scripts/setup.sh
+
+# Check the TLA+ models (when tla/check.sh exists).
+tla:
+    tla/check.sh
