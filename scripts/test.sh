@@ -2,6 +2,7 @@
 # The whole test suite. Uses a target dir outside the clone so reruns are incremental.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+./scripts/setup.sh
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/cache/felix-target}"
 mkdir -p "$CARGO_TARGET_DIR" 2>/dev/null || export CARGO_TARGET_DIR="$HOME/.cache/felix-target"
 cargo build --workspace --all-targets

@@ -58,7 +58,10 @@ impl Catalog {
                 validate_name(n)?;
             }
             if s.shards == 0 || s.shards > SHARDS_MAX {
-                return Err(format!("stream {}: shards must be 1..={SHARDS_MAX}", s.stream));
+                return Err(format!(
+                    "stream {}: shards must be 1..={SHARDS_MAX}",
+                    s.stream
+                ));
             }
             let name = StreamName::new(&s.tenant, &s.namespace, &s.stream);
             if index.insert(name.clone(), i).is_some() {
@@ -77,12 +80,28 @@ impl Catalog {
             return Ok((i, &self.streams[i]));
         }
         if !self.streams.iter().any(|s| s.tenant == name.tenant) {
-            return Err((ErrorCode::UnknownTenant, format!("tenant {} does not exist", name.tenant)));
+            return Err((
+                ErrorCode::UnknownTenant,
+                format!("tenant {} does not exist", name.tenant),
+            ));
         }
-        if !self.streams.iter().any(|s| s.tenant == name.tenant && s.namespace == name.namespace) {
-            return Err((ErrorCode::UnknownNamespace, format!("namespace {}/{} does not exist", name.tenant, name.namespace)));
+        if !self
+            .streams
+            .iter()
+            .any(|s| s.tenant == name.tenant && s.namespace == name.namespace)
+        {
+            return Err((
+                ErrorCode::UnknownNamespace,
+                format!(
+                    "namespace {}/{} does not exist",
+                    name.tenant, name.namespace
+                ),
+            ));
         }
-        Err((ErrorCode::UnknownStream, format!("stream {name} does not exist")))
+        Err((
+            ErrorCode::UnknownStream,
+            format!("stream {name} does not exist"),
+        ))
     }
 
     pub fn streams(&self) -> &[StreamDef] {
@@ -117,18 +136,49 @@ mod tests {
     #[test]
     fn lookup_errors_are_typed() {
         let c = Catalog::default_catalog();
-        assert!(c.lookup(&StreamName::new("default", "default", "events")).is_ok());
-        assert_eq!(c.lookup(&StreamName::new("nope", "default", "events")).unwrap_err().0, ErrorCode::UnknownTenant);
-        assert_eq!(c.lookup(&StreamName::new("default", "x", "events")).unwrap_err().0, ErrorCode::UnknownNamespace);
-        assert_eq!(c.lookup(&StreamName::new("default", "default", "x")).unwrap_err().0, ErrorCode::UnknownStream);
-        assert_eq!(c.lookup(&StreamName::new("a/b", "default", "x")).unwrap_err().0, ErrorCode::InvalidName);
+        assert!(c
+            .lookup(&StreamName::new("default", "default", "events"))
+            .is_ok());
+        assert_eq!(
+            c.lookup(&StreamName::new("nope", "default", "events"))
+                .unwrap_err()
+                .0,
+            ErrorCode::UnknownTenant
+        );
+        assert_eq!(
+            c.lookup(&StreamName::new("default", "x", "events"))
+                .unwrap_err()
+                .0,
+            ErrorCode::UnknownNamespace
+        );
+        assert_eq!(
+            c.lookup(&StreamName::new("default", "default", "x"))
+                .unwrap_err()
+                .0,
+            ErrorCode::UnknownStream
+        );
+        assert_eq!(
+            c.lookup(&StreamName::new("a/b", "default", "x"))
+                .unwrap_err()
+                .0,
+            ErrorCode::InvalidName
+        );
     }
 
     #[test]
     fn yaml_catalog_refuses_bad_input() {
-        assert!(Catalog::from_yaml("streams:\n  - {tenant: t, namespace: n, stream: s, shards: 2}\n").is_ok());
-        assert!(Catalog::from_yaml("streams:\n  - {tenant: t, namespace: n, stream: s, shards: 0}\n").is_err());
-        assert!(Catalog::from_yaml("streams:\n  - {tenant: t, namespace: n, stream: s, bogus: 1}\n").is_err());
+        assert!(Catalog::from_yaml(
+            "streams:\n  - {tenant: t, namespace: n, stream: s, shards: 2}\n"
+        )
+        .is_ok());
+        assert!(Catalog::from_yaml(
+            "streams:\n  - {tenant: t, namespace: n, stream: s, shards: 0}\n"
+        )
+        .is_err());
+        assert!(Catalog::from_yaml(
+            "streams:\n  - {tenant: t, namespace: n, stream: s, bogus: 1}\n"
+        )
+        .is_err());
         assert!(Catalog::from_yaml("streams:\n  - {tenant: t, namespace: n, stream: s}\n  - {tenant: t, namespace: n, stream: s}\n").is_err());
     }
 
@@ -136,7 +186,10 @@ mod tests {
     fn even_shards_spread_over_two_cores() {
         // A two-broker placement gives this broker shards 0, 2, 4, ...: both cores get some.
         let n = StreamName::new("default", "default", "events");
-        let cores: std::collections::HashSet<u32> = (0..16).step_by(2).map(|s| core_for_shard(&n, s, 2)).collect();
+        let cores: std::collections::HashSet<u32> = (0..16)
+            .step_by(2)
+            .map(|s| core_for_shard(&n, s, 2))
+            .collect();
         assert_eq!(cores.len(), 2);
         for s in 0..64 {
             assert!(core_for_shard(&n, s, 3) < 3);

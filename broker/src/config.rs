@@ -84,23 +84,46 @@ impl Config {
     pub fn resolve(flags: &Flags) -> Result<Config, String> {
         let file = match &flags.config {
             Some(p) => {
-                let text = std::fs::read_to_string(p).map_err(|e| format!("config {}: {e}", p.display()))?;
-                serde_saphyr::from_str::<FileConfig>(&text).map_err(|e| format!("config {}: {e}", p.display()))?
+                let text = std::fs::read_to_string(p)
+                    .map_err(|e| format!("config {}: {e}", p.display()))?;
+                serde_saphyr::from_str::<FileConfig>(&text)
+                    .map_err(|e| format!("config {}: {e}", p.display()))?
             }
             None => FileConfig::default(),
         };
-        let online = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        let online = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
         let c = Config {
-            listen: flags.listen.or(file.listen).unwrap_or_else(|| "127.0.0.1:7400".parse().unwrap()),
-            metrics_listen: flags.metrics_listen.or(file.metrics_listen).unwrap_or_else(|| "127.0.0.1:7401".parse().unwrap()),
+            listen: flags
+                .listen
+                .or(file.listen)
+                .unwrap_or_else(|| "127.0.0.1:7400".parse().unwrap()),
+            metrics_listen: flags
+                .metrics_listen
+                .or(file.metrics_listen)
+                .unwrap_or_else(|| "127.0.0.1:7401".parse().unwrap()),
             cores: flags.cores.or(file.cores).unwrap_or(online),
-            data_dir: flags.data_dir.clone().or(file.data_dir).unwrap_or_else(|| PathBuf::from("felix-data")),
+            data_dir: flags
+                .data_dir
+                .clone()
+                .or(file.data_dir)
+                .unwrap_or_else(|| PathBuf::from("felix-data")),
             catalog: flags.catalog.clone().or(file.catalog),
             tls_cert: flags.tls_cert.clone().or(file.tls_cert),
             tls_key: flags.tls_key.clone().or(file.tls_key),
-            max_frame_bytes: flags.max_frame_bytes.or(file.max_frame_bytes).unwrap_or(felix_quic::wire::DEFAULT_MAX_FRAME_BYTES),
-            idle_timeout_ms: flags.idle_timeout_ms.or(file.idle_timeout_ms).unwrap_or(30_000),
-            io_memory_bytes: flags.io_memory_bytes.or(file.io_memory_bytes).unwrap_or(1 << 20),
+            max_frame_bytes: flags
+                .max_frame_bytes
+                .or(file.max_frame_bytes)
+                .unwrap_or(felix_quic::wire::DEFAULT_MAX_FRAME_BYTES),
+            idle_timeout_ms: flags
+                .idle_timeout_ms
+                .or(file.idle_timeout_ms)
+                .unwrap_or(30_000),
+            io_memory_bytes: flags
+                .io_memory_bytes
+                .or(file.io_memory_bytes)
+                .unwrap_or(1 << 20),
         };
         if c.cores == 0 || c.cores > 255 {
             return Err(format!("cores must be 1..=255, got {}", c.cores));
@@ -109,10 +132,16 @@ impl Config {
             return Err("tls_cert and tls_key must be set together".into());
         }
         if c.max_frame_bytes < 1024 {
-            return Err(format!("max_frame_bytes must be at least 1024, got {}", c.max_frame_bytes));
+            return Err(format!(
+                "max_frame_bytes must be at least 1024, got {}",
+                c.max_frame_bytes
+            ));
         }
         if c.io_memory_bytes < 512 * 1024 {
-            return Err(format!("io_memory_bytes must be at least 512 KiB (glommio's minimum), got {}", c.io_memory_bytes));
+            return Err(format!(
+                "io_memory_bytes must be at least 512 KiB (glommio's minimum), got {}",
+                c.io_memory_bytes
+            ));
         }
         Ok(c)
     }
@@ -127,15 +156,25 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("c.yaml");
         std::fs::write(&p, "cores: 3\nidle_timeout_ms: 5000\n").unwrap();
-        let f = Flags { config: Some(p.clone()), cores: Some(1), ..Default::default() };
+        let f = Flags {
+            config: Some(p.clone()),
+            cores: Some(1),
+            ..Default::default()
+        };
         let c = Config::resolve(&f).unwrap();
         assert_eq!(c.cores, 1, "flag beats file");
         assert_eq!(c.idle_timeout_ms, 5000, "file beats default");
         std::fs::write(&p, "corez: 3\n").unwrap();
-        assert!(Config::resolve(&f).unwrap_err().contains("corez"), "unknown key named");
+        assert!(
+            Config::resolve(&f).unwrap_err().contains("corez"),
+            "unknown key named"
+        );
         std::fs::write(&p, "cores: many\n").unwrap();
         assert!(Config::resolve(&f).is_err(), "wrong type refused");
-        let f = Flags { tls_cert: Some("x".into()), ..Default::default() };
+        let f = Flags {
+            tls_cert: Some("x".into()),
+            ..Default::default()
+        };
         assert!(Config::resolve(&f).unwrap_err().contains("tls_key"));
     }
 }

@@ -60,7 +60,13 @@ pub async fn run_core(
     let id = senders.peer_id() as u8;
     let sock = Rc::new(GlommioUdp::new(sock));
     let local = sock.local_addr().expect("bound socket");
-    let ep = Endpoint::new(id, settings.cores, quic_config, local, settings.max_frame_bytes);
+    let ep = Endpoint::new(
+        id,
+        settings.cores,
+        quic_config,
+        local,
+        settings.max_frame_bytes,
+    );
     let n = settings.cores as usize;
     let state = Rc::new(RefCell::new(CoreState {
         id,
@@ -103,7 +109,10 @@ pub async fn run_core(
                 loop {
                     let next = {
                         let mut st = state.borrow_mut();
-                        st.mesh_overflow.iter_mut().enumerate().find_map(|(i, q)| q.pop_front().map(|m| (i, m)))
+                        st.mesh_overflow
+                            .iter_mut()
+                            .enumerate()
+                            .find_map(|(i, q)| q.pop_front().map(|m| (i, m)))
                     };
                     let Some((to, msg)) = next else { break };
                     if senders.send_to(to, msg).await.is_err() {
@@ -146,7 +155,12 @@ pub async fn run_core(
     flusher(state, sock, wake_rx, wake).await;
 }
 
-async fn flusher(state: Rc<RefCell<CoreState>>, sock: Rc<GlommioUdp>, wake_rx: WakeRx, _wake: Wake) {
+async fn flusher(
+    state: Rc<RefCell<CoreState>>,
+    sock: Rc<GlommioUdp>,
+    wake_rx: WakeRx,
+    _wake: Wake,
+) {
     let mut batch = TxBatch::new(64);
     let mut closing_since: Option<Instant> = None;
     loop {
@@ -157,7 +171,10 @@ async fn flusher(state: Rc<RefCell<CoreState>>, sock: Rc<GlommioUdp>, wake_rx: W
             st.ep.set_accepting(false);
             for k in st.ep.keys() {
                 if let Some(e) = st.ep.get(k) {
-                    e.conn.close(ErrorCode::ShuttingDown.number() as u64, "broker shutting down");
+                    e.conn.close(
+                        ErrorCode::ShuttingDown.number() as u64,
+                        "broker shutting down",
+                    );
                 }
                 st.ep.mark_dirty(k);
             }
@@ -193,7 +210,11 @@ async fn flusher(state: Rc<RefCell<CoreState>>, sock: Rc<GlommioUdp>, wake_rx: W
             }
         }
         let timeout = state.borrow().ep.next_timeout(Instant::now());
-        let timeout = Some(timeout.unwrap_or(Duration::from_millis(100)).min(Duration::from_millis(100)));
+        let timeout = Some(
+            timeout
+                .unwrap_or(Duration::from_millis(100))
+                .min(Duration::from_millis(100)),
+        );
         wake_rx.wait(timeout).await;
     }
 }
@@ -242,7 +263,15 @@ impl CoreState {
             Route::Conn { key, new } => self.after_recv(key, new),
             Route::Forward(core) => {
                 CoreCounters::inc(&self.s.counters.packets_forwarded_out);
-                self.mesh_send(core as usize, MeshMsg::Packet { buf: buf.to_vec(), from }, senders, pump);
+                self.mesh_send(
+                    core as usize,
+                    MeshMsg::Packet {
+                        buf: buf.to_vec(),
+                        from,
+                    },
+                    senders,
+                    pump,
+                );
             }
             Route::Reply(r) => return Some(r),
             Route::Dropped => {}
@@ -273,7 +302,9 @@ impl CoreState {
             max_subscriptions: self.s.max_subscriptions,
         };
         let catalog = self.s.catalog.clone();
-        let Some(session) = self.sessions.get_mut(&key) else { return };
+        let Some(session) = self.sessions.get_mut(&key) else {
+            return;
+        };
         let Some(e) = self.ep.get(key) else { return };
         let conn: &mut FelixConn = &mut e.conn;
         match ev {
@@ -294,11 +325,17 @@ impl CoreState {
                                     features: f & features::ALL,
                                     limits,
                                     core: id as u16,
-                                    server: concat!("felix-broker/", env!("CARGO_PKG_VERSION")).into(),
+                                    server: concat!("felix-broker/", env!("CARGO_PKG_VERSION"))
+                                        .into(),
                                 },
                             );
                         }
-                        _ => err(conn, 0, ErrorCode::InvalidRequest, "the first frame must be Hello".into()),
+                        _ => err(
+                            conn,
+                            0,
+                            ErrorCode::InvalidRequest,
+                            "the first frame must be Hello".into(),
+                        ),
                     }
                     return;
                 }

@@ -10,12 +10,18 @@ use std::path::Path;
 pub async fn seed_dma_probe(dir: &Path) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     let seed = dir.join(".dma-seed");
-    let ok = std::fs::metadata(&seed).map(|m| m.len() >= 4096).unwrap_or(false);
+    let ok = std::fs::metadata(&seed)
+        .map(|m| m.len() >= 4096)
+        .unwrap_or(false);
     if !ok {
         std::fs::write(&seed, vec![0x46u8; 4096])?;
     }
-    let f = glommio::io::DmaFile::open(&seed).await.map_err(|e| std::io::Error::other(e.to_string()))?;
-    f.close().await.map_err(|e| std::io::Error::other(e.to_string()))?;
+    let f = glommio::io::DmaFile::open(&seed)
+        .await
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    f.close()
+        .await
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
     Ok(())
 }
 
@@ -35,12 +41,24 @@ mod tests {
             .spawn(move || async move {
                 super::seed_dma_probe(&d).await.unwrap();
                 let p = d.join("segment-0");
-                let f = OpenOptions::new().read(true).write(true).create(true).dma_open(&p).await.unwrap();
+                let f = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .dma_open(&p)
+                    .await
+                    .unwrap();
                 let mut buf = f.alloc_dma_buffer(4096);
-                buf.as_bytes_mut().iter_mut().enumerate().for_each(|(i, b)| *b = (i % 251) as u8);
+                buf.as_bytes_mut()
+                    .iter_mut()
+                    .enumerate()
+                    .for_each(|(i, b)| *b = (i % 251) as u8);
                 assert_eq!(f.write_at(buf, 0).await.unwrap(), 4096);
                 f.fdatasync().await.unwrap();
-                let r = f.read_at_aligned(0, 4096).await.expect("DMA read after write must work");
+                let r = f
+                    .read_at_aligned(0, 4096)
+                    .await
+                    .expect("DMA read after write must work");
                 assert_eq!(r.len(), 4096);
                 assert!(r.iter().enumerate().all(|(i, b)| *b == (i % 251) as u8));
                 f.close().await.unwrap();

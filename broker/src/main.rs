@@ -11,7 +11,9 @@ use std::sync::Arc;
 
 fn main() {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     let flags = Flags::parse();
@@ -34,22 +36,31 @@ fn main() {
 
 fn run(cfg: Config) -> Result<(), String> {
     let catalog = match &cfg.catalog {
-        Some(p) => Catalog::from_yaml(&std::fs::read_to_string(p).map_err(|e| format!("catalog {}: {e}", p.display()))?)
-            .map_err(|e| format!("catalog {}: {e}", p.display()))?,
+        Some(p) => Catalog::from_yaml(
+            &std::fs::read_to_string(p).map_err(|e| format!("catalog {}: {e}", p.display()))?,
+        )
+        .map_err(|e| format!("catalog {}: {e}", p.display()))?,
         None => Catalog::default_catalog(),
     };
     let catalog = Arc::new(catalog);
     let cert = match (&cfg.tls_cert, &cfg.tls_key) {
-        (Some(c), Some(k)) => CertPaths { cert: c.clone(), key: k.clone() },
+        (Some(c), Some(k)) => CertPaths {
+            cert: c.clone(),
+            key: k.clone(),
+        },
         _ => {
-            let (p, created) = tls::ensure_dev_cert(&cfg.data_dir.join("tls")).map_err(|e| e.to_string())?;
+            let (p, created) =
+                tls::ensure_dev_cert(&cfg.data_dir.join("tls")).map_err(|e| e.to_string())?;
             if created {
                 tracing::info!(cert = %p.cert.display(), "generated self-signed development certificate");
             }
             p
         }
     };
-    let transport = TransportConfig { idle_timeout_ms: cfg.idle_timeout_ms, ..Default::default() };
+    let transport = TransportConfig {
+        idle_timeout_ms: cfg.idle_timeout_ms,
+        ..Default::default()
+    };
     // Validate TLS files before starting cores, so a bad file is one clear error.
     tls::server_config(&cert, &transport).map_err(|e| e.to_string())?;
 
@@ -66,22 +77,35 @@ fn run(cfg: Config) -> Result<(), String> {
     let mut sockets = Vec::new();
     let mut listen = cfg.listen;
     for i in 0..cfg.cores {
-        let s = felix_quic::glommio_driver::bind_reuseport(listen, 8 << 20).map_err(|e| format!("bind {listen}: {e}"))?;
+        let s = felix_quic::glommio_driver::bind_reuseport(listen, 8 << 20)
+            .map_err(|e| format!("bind {listen}: {e}"))?;
         if i == 0 {
             // With port 0 the first socket picks the port; the others join it.
-            listen = s.local_addr().ok().and_then(|a| a.as_socket()).unwrap_or(listen);
+            listen = s
+                .local_addr()
+                .ok()
+                .and_then(|a| a.as_socket())
+                .unwrap_or(listen);
         }
         sockets.push(s);
     }
-    let metrics_listener = std::net::TcpListener::bind(cfg.metrics_listen).map_err(|e| format!("bind {}: {e}", cfg.metrics_listen))?;
+    let metrics_listener = std::net::TcpListener::bind(cfg.metrics_listen)
+        .map_err(|e| format!("bind {}: {e}", cfg.metrics_listen))?;
     let metrics_addr = metrics_listener.local_addr().map_err(|e| e.to_string())?;
-    let counters: Vec<Arc<CoreCounters>> = (0..cfg.cores).map(|_| Arc::new(CoreCounters::default())).collect();
-    let ops = Arc::new(Ops { cores: counters.clone(), ready: AtomicBool::new(false) });
+    let counters: Vec<Arc<CoreCounters>> = (0..cfg.cores)
+        .map(|_| Arc::new(CoreCounters::default()))
+        .collect();
+    let ops = Arc::new(Ops {
+        cores: counters.clone(),
+        ready: AtomicBool::new(false),
+    });
     metrics::serve(metrics_listener, ops.clone());
 
     let shutdown = Arc::new(AtomicBool::new(false));
     let mesh = MeshBuilder::<MeshMsg, _>::full(cfg.cores, 1024);
-    let online = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let online = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     let mut handles = Vec::new();
     for (i, sock) in sockets.into_iter().enumerate() {
         let mesh = mesh.clone();
@@ -96,7 +120,11 @@ fn run(cfg: Config) -> Result<(), String> {
             counters: counters[i].clone(),
             shutdown: shutdown.clone(),
         };
-        let placement = if cfg.cores <= online { Placement::Fixed(i) } else { Placement::Unbound };
+        let placement = if cfg.cores <= online {
+            Placement::Fixed(i)
+        } else {
+            Placement::Unbound
+        };
         let data_dir = cfg.data_dir.clone();
         let h = LocalExecutorBuilder::new(placement)
             .name(&format!("felix-core-{i}"))
@@ -113,7 +141,10 @@ fn run(cfg: Config) -> Result<(), String> {
         handles.push(h);
     }
     ops.ready.store(true, Ordering::Release);
-    println!("felix-broker ready quic={listen} metrics={metrics_addr} cores={}", cfg.cores);
+    println!(
+        "felix-broker ready quic={listen} metrics={metrics_addr} cores={}",
+        cfg.cores
+    );
     use std::io::Write;
     let _ = std::io::stdout().flush();
 

@@ -18,15 +18,29 @@ impl Drop for Broker {
 fn start() -> Broker {
     let dir = tempfile::tempdir().unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_felix-broker"))
-        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--cores", "2"])
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--cores",
+            "2",
+        ])
         .arg("--data-dir")
         .arg(dir.path())
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
     let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let addr = line.split_whitespace().find_map(|w| w.strip_prefix("quic=")).expect("ready line").parse().unwrap();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("quic="))
+        .expect("ready line")
+        .parse()
+        .unwrap();
     Broker(child, addr, dir)
 }
 
@@ -34,18 +48,37 @@ fn start() -> Broker {
 async fn client_describe_errors_and_close() {
     let b = start();
     let ca = b.2.path().join("tls/dev-cert.pem");
-    let c = Client::connect(ClientConfig::new(b.1, Some(ca))).await.unwrap();
-    let info = c.describe_stream(&StreamName::new("default", "default", "events")).await.unwrap();
+    let c = Client::connect(ClientConfig::new(b.1, Some(ca)))
+        .await
+        .unwrap();
+    let info = c
+        .describe_stream(&StreamName::new("default", "default", "events"))
+        .await
+        .unwrap();
     assert_eq!(info.shards, 4);
-    match c.describe_stream(&StreamName::new("default", "default", "nope")).await {
-        Err(Error::Broker { code: ErrorCode::UnknownStream, .. }) => {}
+    match c
+        .describe_stream(&StreamName::new("default", "default", "nope"))
+        .await
+    {
+        Err(Error::Broker {
+            code: ErrorCode::UnknownStream,
+            ..
+        }) => {}
         other => panic!("expected unknown_stream, got {other:?}"),
     }
-    match c.describe_stream(&StreamName::new("bad/name", "default", "x")).await {
-        Err(Error::Broker { code: ErrorCode::InvalidName, .. }) => {}
+    match c
+        .describe_stream(&StreamName::new("bad/name", "default", "x"))
+        .await
+    {
+        Err(Error::Broker {
+            code: ErrorCode::InvalidName,
+            ..
+        }) => {}
         other => panic!("expected invalid_name, got {other:?}"),
     }
-    c.close().await.expect("clean close within the close timeout");
+    c.close()
+        .await
+        .expect("clean close within the close timeout");
 }
 
 #[tokio::test]
@@ -72,10 +105,19 @@ fn felixctl_describe_json() {
         .arg(&ca)
         .output()
         .expect("felixctl built alongside (cargo build --workspace)");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["shards"], 4);
-    let out = Command::new(&exe).args(["--broker", &b.1.to_string(), "describe", "nope"]).arg("--ca").arg(&ca).output().unwrap();
+    let out = Command::new(&exe)
+        .args(["--broker", &b.1.to_string(), "describe", "nope"])
+        .arg("--ca")
+        .arg(&ca)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown_stream"));
 }

@@ -29,7 +29,14 @@ impl Drop for Broker {
 fn start_broker(cores: usize) -> Broker {
     let dir = tempfile::tempdir().unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_felix-broker"))
-        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--cores", &cores.to_string()])
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--cores",
+            &cores.to_string(),
+        ])
         .arg("--data-dir")
         .arg(dir.path())
         .env("RUST_LOG", "warn")
@@ -43,9 +50,22 @@ fn start_broker(cores: usize) -> Broker {
             let _ = tx.send(line);
         }
     });
-    let line = rx.recv_timeout(Duration::from_secs(30)).expect("broker prints its ready line");
-    let field = |k: &str| line.split_whitespace().find_map(|w| w.strip_prefix(k)).unwrap().parse().unwrap();
-    Broker { quic: field("quic="), metrics: field("metrics="), child, _dir: dir }
+    let line = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("broker prints its ready line");
+    let field = |k: &str| {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(k))
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    Broker {
+        quic: field("quic="),
+        metrics: field("metrics="),
+        child,
+        _dir: dir,
+    }
 }
 
 /// Test handler: frames out over the command channel, frames in over an mpsc.
@@ -81,23 +101,53 @@ impl Handler for H {
     fn on_closed(&mut self, _r: String) {}
 }
 
-async fn connect(b: &Broker, ca: &std::path::Path) -> (mpsc::UnboundedSender<Cmd>, mpsc::UnboundedReceiver<(u64, Frame)>) {
-    let mut cfg = client_config(&Verify::CaFile(ca.to_path_buf()), &TransportConfig::default()).unwrap();
+async fn connect(
+    b: &Broker,
+    ca: &std::path::Path,
+) -> (
+    mpsc::UnboundedSender<Cmd>,
+    mpsc::UnboundedReceiver<(u64, Frame)>,
+) {
+    let mut cfg = client_config(
+        &Verify::CaFile(ca.to_path_buf()),
+        &TransportConfig::default(),
+    )
+    .unwrap();
     let (itx, irx) = mpsc::unbounded_channel();
     let (etx, erx) = tokio::sync::oneshot::channel();
-    let tx = spawn_client(b.quic, Some("localhost"), &mut cfg, DEFAULT_MAX_FRAME_BYTES, H { inbox: itx, established: Some(etx) })
+    let tx = spawn_client(
+        b.quic,
+        Some("localhost"),
+        &mut cfg,
+        DEFAULT_MAX_FRAME_BYTES,
+        H {
+            inbox: itx,
+            established: Some(etx),
+        },
+    )
+    .await
+    .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), erx)
         .await
+        .expect("handshake in time")
         .unwrap();
-    tokio::time::timeout(Duration::from_secs(10), erx).await.expect("handshake in time").unwrap();
     (tx, irx)
 }
 
 async fn next(rx: &mut mpsc::UnboundedReceiver<(u64, Frame)>) -> (u64, Frame) {
-    tokio::time::timeout(Duration::from_secs(10), rx.recv()).await.expect("answer in time").expect("connection open")
+    tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("answer in time")
+        .expect("connection open")
 }
 
 fn hello() -> Bytes {
-    Frame::Hello { features: features::ALL | (1 << 40), max_frame_bytes: 1 << 24, client: "test".into() }.encode()
+    Frame::Hello {
+        features: features::ALL | (1 << 40),
+        max_frame_bytes: 1 << 24,
+        client: "test".into(),
+    }
+    .encode()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -108,22 +158,50 @@ async fn handshake_describe_and_typed_errors_over_verified_tls() {
     let (tx, mut rx) = connect(&b, &ca).await;
     tx.send(Cmd::Send(0, hello())).unwrap();
     match next(&mut rx).await {
-        (0, Frame::HelloOk { features: f, limits, .. }) => {
+        (
+            0,
+            Frame::HelloOk {
+                features: f,
+                limits,
+                ..
+            },
+        ) => {
             assert_eq!(f, features::ALL, "unknown feature bits are not echoed");
             assert_eq!(limits.max_frame_bytes as usize, DEFAULT_MAX_FRAME_BYTES);
         }
         other => panic!("expected HelloOk, got {other:?}"),
     }
-    let describe = |rid, s: &str| Frame::DescribeStream { request_id: rid, stream: StreamName::new("default", "default", s) }.encode();
+    let describe = |rid, s: &str| {
+        Frame::DescribeStream {
+            request_id: rid,
+            stream: StreamName::new("default", "default", s),
+        }
+        .encode()
+    };
     tx.send(Cmd::Send(0, describe(1, "events"))).unwrap();
-    assert_eq!(next(&mut rx).await.1, Frame::StreamInfo { request_id: 1, shards: 4, durable: false });
+    assert_eq!(
+        next(&mut rx).await.1,
+        Frame::StreamInfo {
+            request_id: 1,
+            shards: 4,
+            durable: false
+        }
+    );
     tx.send(Cmd::Send(0, describe(2, "nope"))).unwrap();
     match next(&mut rx).await.1 {
-        Frame::Error { request_id: 2, code, .. } => assert_eq!(code, ErrorCode::UnknownStream.number()),
+        Frame::Error {
+            request_id: 2,
+            code,
+            ..
+        } => assert_eq!(code, ErrorCode::UnknownStream.number()),
         other => panic!("expected unknown_stream, got {other:?}"),
     }
     // Malformed bytes on another bidi stream: a typed error there, the connection lives on.
-    tx.send(Cmd::Send(4, Bytes::from_static(b"XX\x01\x03\0\0\0\0\0\0garbage"))).unwrap();
+    tx.send(Cmd::Send(
+        4,
+        Bytes::from_static(b"XX\x01\x03\0\0\0\0\0\0garbage"),
+    ))
+    .unwrap();
     match next(&mut rx).await {
         (4, Frame::Error { code, .. }) => assert_eq!(code, ErrorCode::InvalidFrame.number()),
         other => panic!("expected invalid_frame on stream 4, got {other:?}"),
@@ -137,7 +215,14 @@ async fn handshake_describe_and_typed_errors_over_verified_tls() {
         other => panic!("expected frame_too_large, got {other:?}"),
     }
     tx.send(Cmd::Send(0, describe(3, "events"))).unwrap();
-    assert_eq!(next(&mut rx).await.1, Frame::StreamInfo { request_id: 3, shards: 4, durable: false });
+    assert_eq!(
+        next(&mut rx).await.1,
+        Frame::StreamInfo {
+            request_id: 3,
+            shards: 4,
+            durable: false
+        }
+    );
     tx.send(Cmd::Close).unwrap();
 }
 
@@ -157,9 +242,16 @@ async fn connections_spread_over_cores_and_untrusted_certs_are_refused() {
             break;
         }
     }
-    assert_eq!(cores.len(), 2, "SO_REUSEPORT spread 16 connections over both cores");
+    assert_eq!(
+        cores.len(),
+        2,
+        "SO_REUSEPORT spread 16 connections over both cores"
+    );
     let metrics = reqwest_get(b.metrics, "/metrics");
-    assert!(metrics.contains("felix_connections_accepted{core=\"1\"}"), "{metrics}");
+    assert!(
+        metrics.contains("felix_connections_accepted{core=\"1\"}"),
+        "{metrics}"
+    );
 
     // A client trusting a different CA must not complete the handshake.
     let other = tempfile::tempdir().unwrap();
@@ -167,16 +259,32 @@ async fn connections_spread_over_cores_and_untrusted_certs_are_refused() {
     let mut cfg = client_config(&Verify::CaFile(p.cert), &TransportConfig::default()).unwrap();
     let (itx, _irx) = mpsc::unbounded_channel();
     let (etx, erx) = tokio::sync::oneshot::channel();
-    let _tx = spawn_client(b.quic, Some("localhost"), &mut cfg, DEFAULT_MAX_FRAME_BYTES, H { inbox: itx, established: Some(etx) })
-        .await
-        .unwrap();
-    assert!(tokio::time::timeout(Duration::from_secs(3), erx).await.map(|r| r.is_ok()).unwrap_or(false) == false);
+    let _tx = spawn_client(
+        b.quic,
+        Some("localhost"),
+        &mut cfg,
+        DEFAULT_MAX_FRAME_BYTES,
+        H {
+            inbox: itx,
+            established: Some(etx),
+        },
+    )
+    .await
+    .unwrap();
+    assert!(
+        tokio::time::timeout(Duration::from_secs(3), erx)
+            .await
+            .map(|r| r.is_ok())
+            .unwrap_or(false)
+            == false
+    );
 }
 
 fn reqwest_get(addr: SocketAddr, path: &str) -> String {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes()).unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+        .unwrap();
     let mut out = String::new();
     s.read_to_string(&mut out).unwrap();
     out

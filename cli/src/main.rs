@@ -15,7 +15,12 @@ use std::time::Duration;
 #[command(name = "felixctl", about = "Felix command-line tool")]
 struct Cli {
     /// Broker QUIC address.
-    #[arg(long, env = "FELIX_BROKER", default_value = "127.0.0.1:7400", global = true)]
+    #[arg(
+        long,
+        env = "FELIX_BROKER",
+        default_value = "127.0.0.1:7400",
+        global = true
+    )]
     broker: SocketAddr,
     /// CA certificate (PEM) to verify the broker; default: ./felix-data/tls/dev-cert.pem if present.
     #[arg(long, env = "FELIX_CA", global = true)]
@@ -25,7 +30,12 @@ struct Cli {
     insecure: bool,
     #[arg(long, env = "FELIX_TENANT", default_value = "default", global = true)]
     tenant: String,
-    #[arg(long, env = "FELIX_NAMESPACE", default_value = "default", global = true)]
+    #[arg(
+        long,
+        env = "FELIX_NAMESPACE",
+        default_value = "default",
+        global = true
+    )]
     namespace: String,
     /// One JSON object per result line.
     #[arg(long, global = true)]
@@ -73,11 +83,18 @@ async fn run(cli: Cli) -> i32 {
             let name = StreamName::new(&cli.tenant, &cli.namespace, stream);
             match client.describe_stream(&name).await {
                 Ok(i) if cli.json => {
-                    println!("{}", serde_json::json!({"stream": name.to_string(), "shards": i.shards, "durable": i.durable}));
+                    println!(
+                        "{}",
+                        serde_json::json!({"stream": name.to_string(), "shards": i.shards, "durable": i.durable})
+                    );
                     0
                 }
                 Ok(i) => {
-                    println!("{name}: {} shards, {}", i.shards, if i.durable { "durable" } else { "ephemeral" });
+                    println!(
+                        "{name}: {} shards, {}",
+                        i.shards,
+                        if i.durable { "durable" } else { "ephemeral" }
+                    );
                     0
                 }
                 Err(e) => {

@@ -69,8 +69,14 @@ pub struct StreamInfo {
 }
 
 enum Cmd {
-    Request { frame: Frame, request_id: u64, reply: oneshot::Sender<Result<Frame, Error>> },
-    Close { done: oneshot::Sender<()> },
+    Request {
+        frame: Frame,
+        request_id: u64,
+        reply: oneshot::Sender<Result<Frame, Error>>,
+    },
+    Close {
+        done: oneshot::Sender<()>,
+    },
 }
 
 struct ConnHandler {
@@ -95,14 +101,20 @@ impl Handler for ConnHandler {
     fn on_established(&mut self, c: &mut FelixConn) {
         c.send_frame(
             0,
-            &Frame::Hello { features: features::ALL, max_frame_bytes: DEFAULT_MAX_FRAME_BYTES as u32, client: "felix-rs".into() },
+            &Frame::Hello {
+                features: features::ALL,
+                max_frame_bytes: DEFAULT_MAX_FRAME_BYTES as u32,
+                client: "felix-rs".into(),
+            },
         );
         if let Some(t) = self.established.take() {
             let _ = t.send(());
         }
     }
     fn on_event(&mut self, _c: &mut FelixConn, ev: ConnEvent) {
-        let ConnEvent::Frame { frame, .. } = ev else { return };
+        let ConnEvent::Frame { frame, .. } = ev else {
+            return;
+        };
         if let Frame::HelloOk { .. } = frame {
             if let Some(h) = self.hello.take() {
                 let _ = h.send(Ok(frame));
@@ -121,7 +133,11 @@ impl Handler for ConnHandler {
     }
     fn on_command(&mut self, c: &mut FelixConn, cmd: Cmd) {
         match cmd {
-            Cmd::Request { frame, request_id, reply } => {
+            Cmd::Request {
+                frame,
+                request_id,
+                reply,
+            } => {
                 self.pending.insert(request_id, reply);
                 c.send_frame(0, &frame);
             }
@@ -159,41 +175,75 @@ pub struct Client {
 fn broker_error(code: u16, message: String) -> Error {
     match ErrorCode::from_number(code) {
         Some(code) => Error::Broker { code, message },
-        None => Error::UnknownBrokerError { number: code, message },
+        None => Error::UnknownBrokerError {
+            number: code,
+            message,
+        },
     }
 }
 
 impl Client {
     /// Connect, complete TLS 1.3 and the Felix handshake within `connect_timeout`.
     pub async fn connect(cfg: ClientConfig) -> Result<Client, Error> {
-        let mut qc = client_config(&cfg.verify, &cfg.transport).map_err(|e| Error::Tls(e.to_string()))?;
+        let mut qc =
+            client_config(&cfg.verify, &cfg.transport).map_err(|e| Error::Tls(e.to_string()))?;
         let (etx, erx) = oneshot::channel();
         let (htx, hrx) = oneshot::channel();
-        let handler = ConnHandler { established: Some(etx), pending: HashMap::new(), hello: Some(htx), closing: Vec::new() };
-        let tx = spawn_client(cfg.addr, Some(&cfg.server_name), &mut qc, DEFAULT_MAX_FRAME_BYTES, handler)
-            .await
-            .map_err(|e| Error::Connect(cfg.addr, e.to_string()))?;
+        let handler = ConnHandler {
+            established: Some(etx),
+            pending: HashMap::new(),
+            hello: Some(htx),
+            closing: Vec::new(),
+        };
+        let tx = spawn_client(
+            cfg.addr,
+            Some(&cfg.server_name),
+            &mut qc,
+            DEFAULT_MAX_FRAME_BYTES,
+            handler,
+        )
+        .await
+        .map_err(|e| Error::Connect(cfg.addr, e.to_string()))?;
         let t = cfg.connect_timeout;
         let hello = tokio::time::timeout(t, async {
-            erx.await.map_err(|_| Error::Connect(cfg.addr, "handshake failed (certificate or ALPN refused)".into()))?;
-            hrx.await.map_err(|_| Error::Closed("connection task ended".into()))?
+            erx.await.map_err(|_| {
+                Error::Connect(
+                    cfg.addr,
+                    "handshake failed (certificate or ALPN refused)".into(),
+                )
+            })?;
+            hrx.await
+                .map_err(|_| Error::Closed("connection task ended".into()))?
         })
         .await
         .map_err(|_| Error::Timeout(t))??;
         match hello {
-            Frame::HelloOk { limits, core, .. } => {
-                Ok(Client { tx, cfg, next_id: std::sync::atomic::AtomicU64::new(1), limits, core })
-            }
+            Frame::HelloOk { limits, core, .. } => Ok(Client {
+                tx,
+                cfg,
+                next_id: std::sync::atomic::AtomicU64::new(1),
+                limits,
+                core,
+            }),
             Frame::Error { code, message, .. } => Err(broker_error(code, message)),
-            other => Err(Error::Protocol(format!("expected HelloOk, got kind {}", other.kind()))),
+            other => Err(Error::Protocol(format!(
+                "expected HelloOk, got kind {}",
+                other.kind()
+            ))),
         }
     }
 
     async fn request(&self, make: impl FnOnce(u64) -> Frame) -> Result<Frame, Error> {
-        let request_id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let request_id = self
+            .next_id
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (reply, rx) = oneshot::channel();
         self.tx
-            .send(Cmd::Request { frame: make(request_id), request_id, reply })
+            .send(Cmd::Request {
+                frame: make(request_id),
+                request_id,
+                reply,
+            })
             .map_err(|_| Error::Closed("connection task ended".into()))?;
         let t = self.cfg.request_timeout;
         match tokio::time::timeout(t, rx).await {
@@ -205,10 +255,21 @@ impl Client {
 
     /// Shard count and durability of a stream.
     pub async fn describe_stream(&self, stream: &StreamName) -> Result<StreamInfo, Error> {
-        match self.request(|request_id| Frame::DescribeStream { request_id, stream: stream.clone() }).await? {
-            Frame::StreamInfo { shards, durable, .. } => Ok(StreamInfo { shards, durable }),
+        match self
+            .request(|request_id| Frame::DescribeStream {
+                request_id,
+                stream: stream.clone(),
+            })
+            .await?
+        {
+            Frame::StreamInfo {
+                shards, durable, ..
+            } => Ok(StreamInfo { shards, durable }),
             Frame::Error { code, message, .. } => Err(broker_error(code, message)),
-            other => Err(Error::Protocol(format!("unexpected answer kind {}", other.kind()))),
+            other => Err(Error::Protocol(format!(
+                "unexpected answer kind {}",
+                other.kind()
+            ))),
         }
     }
 
@@ -225,4 +286,3 @@ impl Client {
         }
     }
 }
-

@@ -158,7 +158,10 @@ impl FelixConn {
                         continue;
                     }
                     let max = self.max_frame_bytes;
-                    let r = self.readers.entry(id).or_insert_with(|| FrameReader::new(max));
+                    let r = self
+                        .readers
+                        .entry(id)
+                        .or_insert_with(|| FrameReader::new(max));
                     r.push(&self.scratch[..n]);
                     loop {
                         match r.next_frame() {
@@ -169,7 +172,11 @@ impl FelixConn {
                                 self.broken.insert(id);
                                 // Stop the peer sending more on this stream; the rest of the
                                 // connection is unaffected.
-                                let _ = self.q.stream_shutdown(id, quiche::Shutdown::Read, error.code().number() as u64);
+                                let _ = self.q.stream_shutdown(
+                                    id,
+                                    quiche::Shutdown::Read,
+                                    error.code().number() as u64,
+                                );
                                 events.push(ConnEvent::BadFrame { stream: id, error });
                                 break;
                             }
@@ -180,7 +187,10 @@ impl FelixConn {
                         if leftover > 0 && !self.broken.contains(&id) {
                             events.push(ConnEvent::BadFrame {
                                 stream: id,
-                                error: WireError::Truncated { field: "frame at stream end", needed: 1 },
+                                error: WireError::Truncated {
+                                    field: "frame at stream end",
+                                    needed: 1,
+                                },
                             });
                         }
                         self.broken.remove(&id);
@@ -231,7 +241,9 @@ impl FelixConn {
     pub fn reset_stream(&mut self, stream: u64, code: u64) {
         self.out.remove(&stream);
         self.dirty.remove(&stream);
-        let _ = self.q.stream_shutdown(stream, quiche::Shutdown::Write, code);
+        let _ = self
+            .q
+            .stream_shutdown(stream, quiche::Shutdown::Write, code);
         let _ = self.q.stream_shutdown(stream, quiche::Shutdown::Read, code);
     }
 
@@ -258,7 +270,9 @@ impl FelixConn {
             let mut failed = false;
             loop {
                 let last = o.queue.len() == 1;
-                let Some(front) = o.queue.front_mut() else { break };
+                let Some(front) = o.queue.front_mut() else {
+                    break;
+                };
                 let fin = last && o.fin_pending;
                 // quiche drops the buffer on Err(Done), so hand it a cheap clone.
                 match self.q.stream_send_zc(id, ZcBuf(front.clone()), fin) {
@@ -341,9 +355,13 @@ impl FelixConn {
     }
     /// The peer's close reason, if it closed.
     pub fn peer_error(&self) -> Option<String> {
-        self.q
-            .peer_error()
-            .map(|e| format!("code {} {}", e.error_code, String::from_utf8_lossy(&e.reason)))
+        self.q.peer_error().map(|e| {
+            format!(
+                "code {} {}",
+                e.error_code,
+                String::from_utf8_lossy(&e.reason)
+            )
+        })
     }
     /// Whether the peer still lets this side open a unidirectional stream.
     pub fn can_open_uni(&self) -> bool {

@@ -55,7 +55,11 @@ fn setsockopt_int(s: &socket2::Socket, opt: libc::c_int, v: usize) -> io::Result
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         )
     };
-    if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 impl GlommioUdp {
@@ -66,13 +70,18 @@ impl GlommioUdp {
         GlommioUdp(unsafe { glommio::net::UdpSocket::from_raw_fd(s.into_raw_fd()) })
     }
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.0.local_addr().map_err(|e| io::Error::other(e.to_string()))
+        self.0
+            .local_addr()
+            .map_err(|e| io::Error::other(e.to_string()))
     }
 }
 
 impl DatagramIo for GlommioUdp {
     async fn recv(&self, buf: &mut [u8]) -> io::Result<(usize, SocketAddr)> {
-        self.0.recv_from(buf).await.map_err(|e| io::Error::other(e.to_string()))
+        self.0
+            .recv_from(buf)
+            .await
+            .map_err(|e| io::Error::other(e.to_string()))
     }
     async fn send_batch(&self, batch: &TxBatch) -> usize {
         let mut failed = 0;
@@ -85,7 +94,11 @@ impl DatagramIo for GlommioUdp {
         failed
     }
     async fn send_one(&self, buf: &[u8], to: SocketAddr) -> io::Result<()> {
-        self.0.send_to(buf, to).await.map(|_| ()).map_err(|e| io::Error::other(e.to_string()))
+        self.0
+            .send_to(buf, to)
+            .await
+            .map(|_| ())
+            .map_err(|e| io::Error::other(e.to_string()))
     }
 }
 

@@ -48,7 +48,13 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
-    pub fn new(core: u8, cores: u8, config: quiche::Config, local: SocketAddr, max_frame_bytes: usize) -> Self {
+    pub fn new(
+        core: u8,
+        cores: u8,
+        config: quiche::Config,
+        local: SocketAddr,
+        max_frame_bytes: usize,
+    ) -> Self {
         Endpoint {
             core,
             cores,
@@ -106,7 +112,10 @@ impl Endpoint {
         let dcid = hdr.dcid.to_vec();
         if let Some(&key) = self.by_cid.get(&dcid) {
             let to = self.local;
-            let e = self.conns.get_mut(&key).expect("cid table and conn table agree");
+            let e = self
+                .conns
+                .get_mut(&key)
+                .expect("cid table and conn table agree");
             if let Err(err) = e.conn.recv(buf, quiche::RecvInfo { from, to }) {
                 tracing::trace!(error = %err, "packet refused by connection");
             }
@@ -115,7 +124,11 @@ impl Endpoint {
             return Route::Conn { key, new: false };
         }
         if hdr.ty != quiche::Type::Initial {
-            if !forwarded && dcid.len() == CONN_ID_LEN && dcid[0] != self.core && dcid[0] < self.cores {
+            if !forwarded
+                && dcid.len() == CONN_ID_LEN
+                && dcid[0] != self.core
+                && dcid[0] < self.cores
+            {
                 return Route::Forward(dcid[0]);
             }
             return Route::Dropped;
@@ -135,7 +148,13 @@ impl Endpoint {
         }
         let scid_bytes = connection_id_for_core(self.core, CONN_ID_LEN);
         let scid = quiche::ConnectionId::from_ref(&scid_bytes);
-        let q = match quiche::accept_with_buf_factory::<BytesFactory>(&scid, None, self.local, from, &mut self.config) {
+        let q = match quiche::accept_with_buf_factory::<BytesFactory>(
+            &scid,
+            None,
+            self.local,
+            from,
+            &mut self.config,
+        ) {
             Ok(q) => q,
             Err(_) => return Route::Dropped,
         };
@@ -147,14 +166,26 @@ impl Endpoint {
         self.by_cid.insert(scid_bytes.clone(), key);
         // The client retransmits its Initial to the original DCID until it hears back.
         self.by_cid.insert(dcid.clone(), key);
-        self.conns.insert(key, ConnEntry { conn, peer: from, cids: vec![scid_bytes, dcid], deadline: None });
+        self.conns.insert(
+            key,
+            ConnEntry {
+                conn,
+                peer: from,
+                cids: vec![scid_bytes, dcid],
+                deadline: None,
+            },
+        );
         self.dirty.insert(key);
         Route::Conn { key, new: true }
     }
 
     /// Earliest connection deadline, relative to `now`.
     pub fn next_timeout(&self, now: Instant) -> Option<Duration> {
-        self.conns.values().filter_map(|e| e.deadline).min().map(|d| d.saturating_duration_since(now))
+        self.conns
+            .values()
+            .filter_map(|e| e.deadline)
+            .min()
+            .map(|d| d.saturating_duration_since(now))
     }
 
     /// Fire every expired connection timer.
@@ -178,7 +209,9 @@ impl Endpoint {
     /// Write as many packets of connection `key` as fit into `batch`; returns true when the
     /// connection has nothing more to send right now.
     pub fn transmit(&mut self, key: ConnKey, now: Instant, batch: &mut TxBatch) -> bool {
-        let Some(e) = self.conns.get_mut(&key) else { return true };
+        let Some(e) = self.conns.get_mut(&key) else {
+            return true;
+        };
         let mut done = false;
         while let Some(slot) = batch.slot() {
             match e.conn.poll_transmit(slot) {
@@ -198,7 +231,12 @@ impl Endpoint {
 
     /// Remove closed connections and return their keys.
     pub fn reap_closed(&mut self) -> Vec<ConnKey> {
-        let closed: Vec<ConnKey> = self.conns.iter().filter(|(_, e)| e.conn.is_closed()).map(|(k, _)| *k).collect();
+        let closed: Vec<ConnKey> = self
+            .conns
+            .iter()
+            .filter(|(_, e)| e.conn.is_closed())
+            .map(|(k, _)| *k)
+            .collect();
         for k in &closed {
             if let Some(e) = self.conns.remove(k) {
                 for c in e.cids {

@@ -19,7 +19,10 @@ pub enum TlsError {
     #[error("TLS: {0}")]
     Boring(#[from] boring::error::ErrorStack),
     #[error("TLS file {path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("quiche config: {0}")]
     Quiche(#[from] quiche::Error),
 }
@@ -35,7 +38,10 @@ pub struct CertPaths {
 /// generating a self-signed EC P-256 pair valid for `localhost` and `127.0.0.1` on first use.
 /// The certificate is its own CA: clients verify against `dev-cert.pem`.
 pub fn ensure_dev_cert(dir: &Path) -> Result<(CertPaths, bool), TlsError> {
-    let paths = CertPaths { cert: dir.join("dev-cert.pem"), key: dir.join("dev-key.pem") };
+    let paths = CertPaths {
+        cert: dir.join("dev-cert.pem"),
+        key: dir.join("dev-key.pem"),
+    };
     if paths.cert.exists() && paths.key.exists() {
         return Ok((paths, false));
     }
@@ -59,7 +65,12 @@ pub fn ensure_dev_cert(dir: &Path) -> Result<(CertPaths, bool), TlsError> {
 fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
     f.write_all(data)?;
     f.sync_all()
 }
@@ -137,7 +148,10 @@ fn apply_transport(c: &mut quiche::Config, t: &TransportConfig) -> Result<(), Tl
     c.set_initial_max_streams_bidi(t.max_streams_bidi);
     c.set_initial_max_streams_uni(t.max_streams_uni);
     c.set_max_connection_window(t.max_data_bytes);
-    c.set_max_stream_window(t.max_stream_data_bidi_bytes.max(t.max_stream_data_uni_bytes));
+    c.set_max_stream_window(
+        t.max_stream_data_bidi_bytes
+            .max(t.max_stream_data_uni_bytes),
+    );
     c.set_disable_active_migration(true);
     // BBR2 keeps loopback RTT low where cubic fills socket buffers (DEPENDENCIES.md).
     c.set_cc_algorithm_name("bbr2")?;
@@ -204,6 +218,10 @@ mod tests {
         server_config(&p, &TransportConfig::default()).unwrap();
         client_config(&Verify::CaFile(p.cert.clone()), &TransportConfig::default()).unwrap();
         let x = X509::from_pem(&first).unwrap();
-        assert!(x.subject_alt_names().unwrap().iter().any(|n| n.dnsname() == Some("localhost")));
+        assert!(x
+            .subject_alt_names()
+            .unwrap()
+            .iter()
+            .any(|n| n.dnsname() == Some("localhost")));
     }
 }

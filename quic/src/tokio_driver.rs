@@ -30,7 +30,11 @@ pub async fn spawn_client<H: Handler>(
     max_frame_bytes: usize,
     handler: H,
 ) -> std::io::Result<mpsc::UnboundedSender<H::Cmd>> {
-    let bind: SocketAddr = if peer.is_ipv4() { "0.0.0.0:0".parse().unwrap() } else { "[::]:0".parse().unwrap() };
+    let bind: SocketAddr = if peer.is_ipv4() {
+        "0.0.0.0:0".parse().unwrap()
+    } else {
+        "[::]:0".parse().unwrap()
+    };
     let std_sock = std::net::UdpSocket::bind(bind)?;
     let s2 = socket2::Socket::from(std_sock);
     let _ = s2.set_recv_buffer_size(8 << 20);
@@ -40,8 +44,14 @@ pub async fn spawn_client<H: Handler>(
     let local = sock.local_addr()?;
     let scid_bytes = crate::conn::connection_id_for_core(0, crate::CONN_ID_LEN);
     let scid = quiche::ConnectionId::from_ref(&scid_bytes);
-    let q = quiche::connect_with_buffer_factory::<BytesFactory>(server_name, &scid, local, peer, config)
-        .map_err(|e| std::io::Error::other(format!("quiche connect: {e}")))?;
+    let q = quiche::connect_with_buffer_factory::<BytesFactory>(
+        server_name,
+        &scid,
+        local,
+        peer,
+        config,
+    )
+    .map_err(|e| std::io::Error::other(format!("quiche connect: {e}")))?;
     let conn = FelixConn::new(q, false, max_frame_bytes);
     let (tx, rx) = mpsc::unbounded_channel();
     tokio::spawn(run(sock, local, conn, handler, rx));
@@ -74,7 +84,11 @@ async fn run<H: Handler>(
         }
         if conn.is_closed() {
             let reason = conn.peer_error().unwrap_or_else(|| {
-                if conn.quic().is_timed_out() { "idle timeout".into() } else { "closed".into() }
+                if conn.quic().is_timed_out() {
+                    "idle timeout".into()
+                } else {
+                    "closed".into()
+                }
             });
             h.on_closed(reason);
             return;

@@ -108,10 +108,21 @@ mod tests {
 
     #[test]
     fn protocol_doc_lists_every_code() {
-        let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/protocol.md")).unwrap();
+        let doc =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/protocol.md"))
+                .unwrap();
         for c in ErrorCode::ALL {
-            let retry = match c.retry() { Retry::Retryable => "retryable", Retry::Fatal => "fatal" };
-            let row = format!("| {} | {} | {} | {} |", c.number(), c.name(), retry, c.meaning());
+            let retry = match c.retry() {
+                Retry::Retryable => "retryable",
+                Retry::Fatal => "fatal",
+            };
+            let row = format!(
+                "| {} | {} | {} | {} |",
+                c.number(),
+                c.name(),
+                retry,
+                c.meaning()
+            );
             assert!(doc.contains(&row), "docs/protocol.md lacks row {row}");
         }
     }

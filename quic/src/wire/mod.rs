@@ -136,7 +136,12 @@ impl QueuePolicy {
             0 => QueuePolicy::DropNew,
             1 => QueuePolicy::DropOld,
             2 => QueuePolicy::Block,
-            v => return Err(WireError::InvalidValue { field: "policy", value: v as u64 }),
+            v => {
+                return Err(WireError::InvalidValue {
+                    field: "policy",
+                    value: v as u64,
+                })
+            }
         })
     }
     /// Stable lowercase name.
@@ -168,7 +173,11 @@ pub struct StreamName {
 
 impl StreamName {
     pub fn new(tenant: &str, namespace: &str, stream: &str) -> Self {
-        StreamName { tenant: tenant.into(), namespace: namespace.into(), stream: stream.into() }
+        StreamName {
+            tenant: tenant.into(),
+            namespace: namespace.into(),
+            stream: stream.into(),
+        }
     }
 }
 
@@ -182,13 +191,21 @@ impl fmt::Display for StreamName {
 /// with `.` (one path segment, safe as a directory name and a URL segment).
 pub fn validate_name(s: &str) -> Result<(), String> {
     if s.is_empty() || s.len() > NAME_BYTES_MAX {
-        return Err(format!("name must be 1..={NAME_BYTES_MAX} bytes, got {}", s.len()));
+        return Err(format!(
+            "name must be 1..={NAME_BYTES_MAX} bytes, got {}",
+            s.len()
+        ));
     }
     if s.starts_with('.') {
         return Err(format!("name {s:?} must not start with '.'"));
     }
-    if let Some(c) = s.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))) {
-        return Err(format!("name {s:?} contains {c:?}; allowed: A-Z a-z 0-9 _ - ."));
+    if let Some(c) = s
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')))
+    {
+        return Err(format!(
+            "name {s:?} contains {c:?}; allowed: A-Z a-z 0-9 _ - ."
+        ));
     }
     Ok(())
 }
@@ -202,7 +219,12 @@ pub struct Records {
 
 impl fmt::Debug for Records {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Records {{ count: {}, bytes: {} }}", self.count, self.bytes.len())
+        write!(
+            f,
+            "Records {{ count: {}, bytes: {} }}",
+            self.count,
+            self.bytes.len()
+        )
     }
 }
 
@@ -241,11 +263,17 @@ impl Records {
             buf.put_slice(p);
             count += 1;
         }
-        Records { count, bytes: buf.freeze() }
+        Records {
+            count,
+            bytes: buf.freeze(),
+        }
     }
 
     pub fn empty() -> Self {
-        Records { count: 0, bytes: Bytes::new() }
+        Records {
+            count: 0,
+            bytes: Bytes::new(),
+        }
     }
     pub fn count(&self) -> u32 {
         self.count
@@ -264,7 +292,10 @@ impl Records {
     }
     /// Iterate payloads as zero-copy slices of the region.
     pub fn iter(&self) -> RecordIter {
-        RecordIter { bytes: self.bytes.clone(), pos: 0 }
+        RecordIter {
+            bytes: self.bytes.clone(),
+            pos: 0,
+        }
     }
     /// The largest single payload.
     pub fn max_payload(&self) -> usize {
@@ -285,7 +316,8 @@ impl Iterator for RecordIter {
             return None;
         }
         // The region was validated at construction, so these slices are in bounds.
-        let len = u32::from_le_bytes(self.bytes[self.pos..self.pos + 4].try_into().unwrap()) as usize;
+        let len =
+            u32::from_le_bytes(self.bytes[self.pos..self.pos + 4].try_into().unwrap()) as usize;
         let start = self.pos + RECORD_PREFIX_LEN;
         self.pos = start + len;
         Some(self.bytes.slice(start..start + len))
@@ -303,8 +335,17 @@ pub struct Limits {
 /// Every Felix frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Frame {
-    Hello { features: u64, max_frame_bytes: u32, client: String },
-    HelloOk { features: u64, limits: Limits, core: u16, server: String },
+    Hello {
+        features: u64,
+        max_frame_bytes: u32,
+        client: String,
+    },
+    HelloOk {
+        features: u64,
+        limits: Limits,
+        core: u16,
+        server: String,
+    },
     Publish {
         request_id: u64,
         stream: StreamName,
@@ -313,8 +354,17 @@ pub enum Frame {
         ack: bool,
         records: Records,
     },
-    PublishAck { request_id: u64, shard: u32, first_offset: u64, count: u32 },
-    Error { request_id: u64, code: u16, message: String },
+    PublishAck {
+        request_id: u64,
+        shard: u32,
+        first_offset: u64,
+        count: u32,
+    },
+    Error {
+        request_id: u64,
+        code: u16,
+        message: String,
+    },
     Subscribe {
         request_id: u64,
         stream: StreamName,
@@ -326,22 +376,54 @@ pub enum Frame {
         /// Queue bound in bytes; 0 = broker default.
         queue_bytes_max: u64,
     },
-    SubscribeOk { request_id: u64, subscription_id: u64, shard: u32, next_offset: u64 },
+    SubscribeOk {
+        request_id: u64,
+        subscription_id: u64,
+        shard: u32,
+        next_offset: u64,
+    },
     /// First frame on a server-opened subscription stream: which subscription it carries.
-    SubStream { subscription_id: u64 },
+    SubStream {
+        subscription_id: u64,
+    },
     /// A batch of consecutive records of one shard. Carries no per-subscription field, so one
     /// encoded frame is shared by every subscriber.
-    Delivery { shard: u32, first_offset: u64, records: Records },
+    Delivery {
+        shard: u32,
+        first_offset: u64,
+        records: Records,
+    },
     /// The subscriber lost `lost` records starting at `from_offset`; the next delivery starts
     /// at or after `from_offset + lost`.
-    Lag { from_offset: u64, lost: u64 },
-    Unsubscribe { request_id: u64, subscription_id: u64 },
+    Lag {
+        from_offset: u64,
+        lost: u64,
+    },
+    Unsubscribe {
+        request_id: u64,
+        subscription_id: u64,
+    },
     /// The subscription ended (last frame on its stream); `code` 0 means a normal end.
-    SubEnd { subscription_id: u64, code: u16, message: String },
-    DescribeStream { request_id: u64, stream: StreamName },
-    StreamInfo { request_id: u64, shards: u32, durable: bool },
+    SubEnd {
+        subscription_id: u64,
+        code: u16,
+        message: String,
+    },
+    DescribeStream {
+        request_id: u64,
+        stream: StreamName,
+    },
+    StreamInfo {
+        request_id: u64,
+        shards: u32,
+        durable: bool,
+    },
     /// A kind this build does not know (from a newer peer); skipped by receivers.
-    Unknown { kind: u8, flags: u16, body: Bytes },
+    Unknown {
+        kind: u8,
+        flags: u16,
+        body: Bytes,
+    },
 }
 
 // ---------- encoding ----------
@@ -405,7 +487,11 @@ impl Frame {
 
     /// Build an error frame from a registry code.
     pub fn error(request_id: u64, code: ErrorCode, message: impl Into<String>) -> Frame {
-        Frame::Error { request_id, code: code.number(), message: message.into() }
+        Frame::Error {
+            request_id,
+            code: code.number(),
+            message: message.into(),
+        }
     }
 
     /// Encode header and body into one buffer.
@@ -413,12 +499,21 @@ impl Frame {
         let mut body = BytesMut::new();
         let mut flags = 0u16;
         match self {
-            Frame::Hello { features, max_frame_bytes, client } => {
+            Frame::Hello {
+                features,
+                max_frame_bytes,
+                client,
+            } => {
                 body.put_u64_le(*features);
                 body.put_u32_le(*max_frame_bytes);
                 put_str(&mut body, client);
             }
-            Frame::HelloOk { features, limits, core, server } => {
+            Frame::HelloOk {
+                features,
+                limits,
+                core,
+                server,
+            } => {
                 body.put_u64_le(*features);
                 body.put_u32_le(limits.max_frame_bytes);
                 body.put_u32_le(limits.max_payload_bytes);
@@ -426,7 +521,13 @@ impl Frame {
                 body.put_u16_le(*core);
                 put_str(&mut body, server);
             }
-            Frame::Publish { request_id, stream, shard, ack, records } => {
+            Frame::Publish {
+                request_id,
+                stream,
+                shard,
+                ack,
+                records,
+            } => {
                 body.put_u64_le(*request_id);
                 put_stream(&mut body, stream);
                 match shard {
@@ -447,18 +548,35 @@ impl Frame {
                 body.put_u32_le(records.region_len() as u32);
                 body.put_slice(records.region());
             }
-            Frame::PublishAck { request_id, shard, first_offset, count } => {
+            Frame::PublishAck {
+                request_id,
+                shard,
+                first_offset,
+                count,
+            } => {
                 body.put_u64_le(*request_id);
                 body.put_u32_le(*shard);
                 body.put_u64_le(*first_offset);
                 body.put_u32_le(*count);
             }
-            Frame::Error { request_id, code, message } => {
+            Frame::Error {
+                request_id,
+                code,
+                message,
+            } => {
                 body.put_u64_le(*request_id);
                 body.put_u16_le(*code);
                 put_str(&mut body, message);
             }
-            Frame::Subscribe { request_id, stream, shard, start, policy, queue_records_max, queue_bytes_max } => {
+            Frame::Subscribe {
+                request_id,
+                stream,
+                shard,
+                start,
+                policy,
+                queue_records_max,
+                queue_bytes_max,
+            } => {
                 body.put_u64_le(*request_id);
                 put_stream(&mut body, stream);
                 body.put_u32_le(*shard);
@@ -473,14 +591,23 @@ impl Frame {
                 body.put_u32_le(*queue_records_max);
                 body.put_u64_le(*queue_bytes_max);
             }
-            Frame::SubscribeOk { request_id, subscription_id, shard, next_offset } => {
+            Frame::SubscribeOk {
+                request_id,
+                subscription_id,
+                shard,
+                next_offset,
+            } => {
                 body.put_u64_le(*request_id);
                 body.put_u64_le(*subscription_id);
                 body.put_u32_le(*shard);
                 body.put_u64_le(*next_offset);
             }
             Frame::SubStream { subscription_id } => body.put_u64_le(*subscription_id),
-            Frame::Delivery { shard, first_offset, records } => {
+            Frame::Delivery {
+                shard,
+                first_offset,
+                records,
+            } => {
                 let head = encode_delivery_head(*shard, *first_offset, records);
                 let mut out = BytesMut::with_capacity(head.len() + records.region_len());
                 out.put_slice(&head);
@@ -491,11 +618,18 @@ impl Frame {
                 body.put_u64_le(*from_offset);
                 body.put_u64_le(*lost);
             }
-            Frame::Unsubscribe { request_id, subscription_id } => {
+            Frame::Unsubscribe {
+                request_id,
+                subscription_id,
+            } => {
                 body.put_u64_le(*request_id);
                 body.put_u64_le(*subscription_id);
             }
-            Frame::SubEnd { subscription_id, code, message } => {
+            Frame::SubEnd {
+                subscription_id,
+                code,
+                message,
+            } => {
                 body.put_u64_le(*subscription_id);
                 body.put_u16_le(*code);
                 put_str(&mut body, message);
@@ -504,12 +638,18 @@ impl Frame {
                 body.put_u64_le(*request_id);
                 put_stream(&mut body, stream);
             }
-            Frame::StreamInfo { request_id, shards, durable } => {
+            Frame::StreamInfo {
+                request_id,
+                shards,
+                durable,
+            } => {
                 body.put_u64_le(*request_id);
                 body.put_u32_le(*shards);
                 body.put_u8(*durable as u8);
             }
-            Frame::Unknown { flags: f, body: b, .. } => {
+            Frame::Unknown {
+                flags: f, body: b, ..
+            } => {
                 flags = *f;
                 body.put_slice(b);
             }
@@ -534,7 +674,10 @@ impl Reader {
     fn take(&mut self, n: usize, field: &'static str) -> Result<Bytes, WireError> {
         let left = self.buf.len() - self.pos;
         if left < n {
-            return Err(WireError::Truncated { field, needed: n - left });
+            return Err(WireError::Truncated {
+                field,
+                needed: n - left,
+            });
         }
         let out = self.buf.slice(self.pos..self.pos + n);
         self.pos += n;
@@ -556,7 +699,10 @@ impl Reader {
         match self.u8(f)? {
             0 => Ok(false),
             1 => Ok(true),
-            v => Err(WireError::InvalidValue { field: f, value: v as u64 }),
+            v => Err(WireError::InvalidValue {
+                field: f,
+                value: v as u64,
+            }),
         }
     }
     fn string(&mut self, f: &'static str) -> Result<String, WireError> {
@@ -580,7 +726,10 @@ impl Reader {
 }
 
 /// Parse a header; returns `(kind, flags, body_len)`.
-pub fn decode_header(h: &[u8; HEADER_LEN], max_frame_bytes: usize) -> Result<(u8, u16, usize), WireError> {
+pub fn decode_header(
+    h: &[u8; HEADER_LEN],
+    max_frame_bytes: usize,
+) -> Result<(u8, u16, usize), WireError> {
     if h[0..2] != MAGIC {
         return Err(WireError::BadMagic([h[0], h[1]]));
     }
@@ -590,7 +739,10 @@ pub fn decode_header(h: &[u8; HEADER_LEN], max_frame_bytes: usize) -> Result<(u8
     let flags = u16::from_le_bytes([h[4], h[5]]);
     let len = u32::from_le_bytes([h[6], h[7], h[8], h[9]]) as usize;
     if len.saturating_add(HEADER_LEN) > max_frame_bytes {
-        return Err(WireError::FrameTooLarge { len: len + HEADER_LEN, max: max_frame_bytes });
+        return Err(WireError::FrameTooLarge {
+            len: len + HEADER_LEN,
+            max: max_frame_bytes,
+        });
     }
     Ok((h[3], flags, len))
 }
@@ -624,11 +776,22 @@ pub fn decode_body(kind_: u8, flags: u16, body: Bytes) -> Result<Frame, WireErro
                     let n = r.u16("key")? as usize;
                     ShardSelector::Key(r.take(n, "key")?)
                 }
-                v => return Err(WireError::InvalidValue { field: "shard_selector", value: v as u64 }),
+                v => {
+                    return Err(WireError::InvalidValue {
+                        field: "shard_selector",
+                        value: v as u64,
+                    })
+                }
             };
             let ack = r.bool("ack")?;
             let records = r.records()?;
-            Frame::Publish { request_id, stream, shard, ack, records }
+            Frame::Publish {
+                request_id,
+                stream,
+                shard,
+                ack,
+                records,
+            }
         }
         kind::PUBLISH_ACK => Frame::PublishAck {
             request_id: r.u64("request_id")?,
@@ -651,7 +814,12 @@ pub fn decode_body(kind_: u8, flags: u16, body: Bytes) -> Result<Frame, WireErro
                 0 => StartAt::Latest,
                 1 => StartAt::Earliest,
                 2 => StartAt::Offset(off),
-                v => return Err(WireError::InvalidValue { field: "start", value: v as u64 }),
+                v => {
+                    return Err(WireError::InvalidValue {
+                        field: "start",
+                        value: v as u64,
+                    })
+                }
             };
             Frame::Subscribe {
                 request_id,
@@ -669,13 +837,18 @@ pub fn decode_body(kind_: u8, flags: u16, body: Bytes) -> Result<Frame, WireErro
             shard: r.u32("shard")?,
             next_offset: r.u64("next_offset")?,
         },
-        kind::SUB_STREAM => Frame::SubStream { subscription_id: r.u64("subscription_id")? },
+        kind::SUB_STREAM => Frame::SubStream {
+            subscription_id: r.u64("subscription_id")?,
+        },
         kind::DELIVERY => Frame::Delivery {
             shard: r.u32("shard")?,
             first_offset: r.u64("first_offset")?,
             records: r.records()?,
         },
-        kind::LAG => Frame::Lag { from_offset: r.u64("from_offset")?, lost: r.u64("lost")? },
+        kind::LAG => Frame::Lag {
+            from_offset: r.u64("from_offset")?,
+            lost: r.u64("lost")?,
+        },
         kind::UNSUBSCRIBE => Frame::Unsubscribe {
             request_id: r.u64("request_id")?,
             subscription_id: r.u64("subscription_id")?,
@@ -685,13 +858,20 @@ pub fn decode_body(kind_: u8, flags: u16, body: Bytes) -> Result<Frame, WireErro
             code: r.u16("code")?,
             message: r.string("message")?,
         },
-        kind::DESCRIBE_STREAM => Frame::DescribeStream { request_id: r.u64("request_id")?, stream: r.stream()? },
+        kind::DESCRIBE_STREAM => Frame::DescribeStream {
+            request_id: r.u64("request_id")?,
+            stream: r.stream()?,
+        },
         kind::STREAM_INFO => Frame::StreamInfo {
             request_id: r.u64("request_id")?,
             shards: r.u32("shards")?,
             durable: r.bool("durable")?,
         },
-        k => Frame::Unknown { kind: k, flags, body: r.buf },
+        k => Frame::Unknown {
+            kind: k,
+            flags,
+            body: r.buf,
+        },
     };
     Ok(f)
 }
@@ -699,15 +879,24 @@ pub fn decode_body(kind_: u8, flags: u16, body: Bytes) -> Result<Frame, WireErro
 /// Decode exactly one whole frame from `buf` (header + body; trailing bytes are an error).
 pub fn decode_frame(buf: &[u8], max_frame_bytes: usize) -> Result<Frame, WireError> {
     if buf.len() < HEADER_LEN {
-        return Err(WireError::Truncated { field: "header", needed: HEADER_LEN - buf.len() });
+        return Err(WireError::Truncated {
+            field: "header",
+            needed: HEADER_LEN - buf.len(),
+        });
     }
     let (k, flags, len) = decode_header(buf[..HEADER_LEN].try_into().unwrap(), max_frame_bytes)?;
     let body = &buf[HEADER_LEN..];
     if body.len() < len {
-        return Err(WireError::Truncated { field: "body", needed: len - body.len() });
+        return Err(WireError::Truncated {
+            field: "body",
+            needed: len - body.len(),
+        });
     }
     if body.len() > len {
-        return Err(WireError::InvalidValue { field: "frame_length", value: len as u64 });
+        return Err(WireError::InvalidValue {
+            field: "frame_length",
+            value: len as u64,
+        });
     }
     decode_body(k, flags, Bytes::copy_from_slice(body))
 }
@@ -722,7 +911,10 @@ pub struct FrameReader {
 
 impl FrameReader {
     pub fn new(max_frame_bytes: usize) -> Self {
-        FrameReader { buf: BytesMut::new(), max_frame_bytes }
+        FrameReader {
+            buf: BytesMut::new(),
+            max_frame_bytes,
+        }
     }
     /// Append received bytes.
     pub fn push(&mut self, data: &[u8]) {
@@ -738,7 +930,10 @@ impl FrameReader {
         if self.buf.len() < HEADER_LEN {
             return Ok(None);
         }
-        let (k, flags, len) = decode_header(self.buf[..HEADER_LEN].try_into().unwrap(), self.max_frame_bytes)?;
+        let (k, flags, len) = decode_header(
+            self.buf[..HEADER_LEN].try_into().unwrap(),
+            self.max_frame_bytes,
+        )?;
         if self.buf.len() < HEADER_LEN + len {
             self.buf.reserve(HEADER_LEN + len - self.buf.len());
             return Ok(None);

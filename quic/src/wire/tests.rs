@@ -10,7 +10,14 @@ fn sn() -> StreamName {
 /// The frames whose encodings are published as vectors in docs/protocol.md.
 fn vector_frames() -> Vec<(&'static str, Frame)> {
     vec![
-        ("hello", Frame::Hello { features: features::ALL, max_frame_bytes: 16 * 1024 * 1024, client: "felix-rs".into() }),
+        (
+            "hello",
+            Frame::Hello {
+                features: features::ALL,
+                max_frame_bytes: 16 * 1024 * 1024,
+                client: "felix-rs".into(),
+            },
+        ),
         (
             "publish_key_ack",
             Frame::Publish {
@@ -21,8 +28,19 @@ fn vector_frames() -> Vec<(&'static str, Frame)> {
                 records: Records::encode([&b"hi"[..], b"there"]),
             },
         ),
-        ("publish_ack", Frame::PublishAck { request_id: 7, shard: 0, first_offset: 41, count: 2 }),
-        ("error_unknown_stream", Frame::error(9, ErrorCode::UnknownStream, "no such stream")),
+        (
+            "publish_ack",
+            Frame::PublishAck {
+                request_id: 7,
+                shard: 0,
+                first_offset: 41,
+                count: 2,
+            },
+        ),
+        (
+            "error_unknown_stream",
+            Frame::error(9, ErrorCode::UnknownStream, "no such stream"),
+        ),
         (
             "subscribe",
             Frame::Subscribe {
@@ -35,8 +53,21 @@ fn vector_frames() -> Vec<(&'static str, Frame)> {
                 queue_bytes_max: 0,
             },
         ),
-        ("delivery", Frame::Delivery { shard: 1, first_offset: 100, records: Records::encode([&b"a"[..], b"bc"]) }),
-        ("lag", Frame::Lag { from_offset: 100, lost: 5 }),
+        (
+            "delivery",
+            Frame::Delivery {
+                shard: 1,
+                first_offset: 100,
+                records: Records::encode([&b"a"[..], b"bc"]),
+            },
+        ),
+        (
+            "lag",
+            Frame::Lag {
+                from_offset: 100,
+                lost: 5,
+            },
+        ),
     ]
 }
 
@@ -46,16 +77,10 @@ fn hex(b: &[u8]) -> String {
 
 fn unhex(s: &str) -> Vec<u8> {
     let s: String = s.chars().filter(|c| !c.is_whitespace()).collect();
-    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
-}
-
-/// Prints the vectors (run with `--ignored --nocapture` to regenerate the doc table).
-#[test]
-#[ignore]
-fn print_vectors() {
-    for (name, f) in vector_frames() {
-        println!("vector {name}: {}", hex(&f.encode()));
-    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
 }
 
 #[test]
@@ -71,16 +96,32 @@ fn protocol_doc_vectors_decode() {
         }
     }
     for (name, frame) in vector_frames() {
-        let bytes = found.get(name).unwrap_or_else(|| panic!("vector {name} missing from docs/protocol.md"));
-        assert_eq!(decode_frame(bytes, MAX).unwrap(), frame, "vector {name} decodes");
-        assert_eq!(&frame.encode()[..], &bytes[..], "vector {name} re-encodes");
+        // A failure names the line the doc should carry, so regenerating the table is copy-paste.
+        let want = format!("vector {name}: {}", hex(&frame.encode()));
+        let bytes = found
+            .get(name)
+            .unwrap_or_else(|| panic!("missing from docs/protocol.md: {want}"));
+        assert_eq!(
+            decode_frame(bytes, MAX).unwrap(),
+            frame,
+            "vector {name} decodes"
+        );
+        assert_eq!(
+            &frame.encode()[..],
+            &bytes[..],
+            "vector {name} re-encodes; doc should say {want}"
+        );
     }
 }
 
 #[test]
 fn delivery_head_plus_region_is_the_frame() {
     let records = Records::encode([&b"x"[..], b"", b"yz"]);
-    let f = Frame::Delivery { shard: 2, first_offset: 9, records: records.clone() };
+    let f = Frame::Delivery {
+        shard: 2,
+        first_offset: 9,
+        records: records.clone(),
+    };
     let mut joined = encode_delivery_head(2, 9, &records).to_vec();
     joined.extend_from_slice(records.region());
     assert_eq!(&f.encode()[..], &joined[..]);
@@ -93,16 +134,32 @@ fn oversized_frame_rejected_from_header_alone() {
     h.extend_from_slice(&[VERSION, kind::PUBLISH, 0, 0]);
     h.extend_from_slice(&(2000u32).to_le_bytes());
     r.push(&h);
-    assert!(matches!(r.next_frame(), Err(WireError::FrameTooLarge { .. })));
-    assert_eq!(WireError::FrameTooLarge { len: 1, max: 0 }.code(), ErrorCode::FrameTooLarge);
+    assert!(matches!(
+        r.next_frame(),
+        Err(WireError::FrameTooLarge { .. })
+    ));
+    assert_eq!(
+        WireError::FrameTooLarge { len: 1, max: 0 }.code(),
+        ErrorCode::FrameTooLarge
+    );
 }
 
 #[test]
 fn bad_magic_and_version_are_typed() {
-    let mut f = Frame::Lag { from_offset: 1, lost: 1 }.encode().to_vec();
+    let mut f = Frame::Lag {
+        from_offset: 1,
+        lost: 1,
+    }
+    .encode()
+    .to_vec();
     f[0] = b'X';
     assert!(matches!(decode_frame(&f, MAX), Err(WireError::BadMagic(_))));
-    let mut f = Frame::Lag { from_offset: 1, lost: 1 }.encode().to_vec();
+    let mut f = Frame::Lag {
+        from_offset: 1,
+        lost: 1,
+    }
+    .encode()
+    .to_vec();
     f[2] = 9;
     assert_eq!(decode_frame(&f, MAX), Err(WireError::UnsupportedVersion(9)));
 }
@@ -110,14 +167,23 @@ fn bad_magic_and_version_are_typed() {
 #[test]
 fn newer_peer_trailing_fields_and_kinds_are_tolerated() {
     // A newer peer appends a field to PublishAck: the old decoder ignores it.
-    let f = Frame::PublishAck { request_id: 1, shard: 2, first_offset: 3, count: 4 };
+    let f = Frame::PublishAck {
+        request_id: 1,
+        shard: 2,
+        first_offset: 3,
+        count: 4,
+    };
     let mut bytes = f.encode().to_vec();
     bytes.extend_from_slice(&[0xAA, 0xBB]);
     let len = (bytes.len() - HEADER_LEN) as u32;
     bytes[6..10].copy_from_slice(&len.to_le_bytes());
     assert_eq!(decode_frame(&bytes, MAX).unwrap(), f);
     // An unknown kind decodes as Unknown and round-trips.
-    let u = Frame::Unknown { kind: 200, flags: 1, body: Bytes::from_static(b"future") };
+    let u = Frame::Unknown {
+        kind: 200,
+        flags: 1,
+        body: Bytes::from_static(b"future"),
+    };
     assert_eq!(decode_frame(&u.encode(), MAX).unwrap(), u);
 }
 
@@ -127,7 +193,10 @@ fn records_region_validation() {
     assert!(Records::from_region(0, Bytes::from_static(&[0])).is_err());
     assert!(Records::from_region(2, Bytes::from_static(&[0, 0, 0, 0])).is_err());
     let r = Records::from_region(2, Bytes::from_static(&[0, 0, 0, 0, 1, 0, 0, 0, 9])).unwrap();
-    assert_eq!(r.iter().collect::<Vec<_>>(), vec![Bytes::new(), Bytes::from_static(&[9])]);
+    assert_eq!(
+        r.iter().collect::<Vec<_>>(),
+        vec![Bytes::new(), Bytes::from_static(&[9])]
+    );
     assert_eq!(r.payload_bytes(), 1);
 }
 
@@ -145,7 +214,11 @@ fn arb_name() -> impl Strategy<Value = String> {
 }
 
 fn arb_stream() -> impl Strategy<Value = StreamName> {
-    (arb_name(), arb_name(), arb_name()).prop_map(|(t, n, s)| StreamName { tenant: t, namespace: n, stream: s })
+    (arb_name(), arb_name(), arb_name()).prop_map(|(t, n, s)| StreamName {
+        tenant: t,
+        namespace: n,
+        stream: s,
+    })
 }
 
 fn arb_records() -> impl Strategy<Value = Records> {
@@ -154,26 +227,39 @@ fn arb_records() -> impl Strategy<Value = Records> {
 
 fn arb_frame() -> impl Strategy<Value = Frame> {
     prop_oneof![
-        (any::<u64>(), any::<u32>(), arb_name()).prop_map(|(features, max_frame_bytes, client)| Frame::Hello {
-            features,
-            max_frame_bytes,
-            client
-        }),
-        (any::<u64>(), any::<(u32, u32, u32)>(), any::<u16>(), arb_name()).prop_map(|(features, l, core, server)| {
-            Frame::HelloOk {
+        (any::<u64>(), any::<u32>(), arb_name()).prop_map(|(features, max_frame_bytes, client)| {
+            Frame::Hello {
                 features,
-                limits: Limits { max_frame_bytes: l.0, max_payload_bytes: l.1, max_subscriptions: l.2 },
-                core,
-                server,
+                max_frame_bytes,
+                client,
             }
         }),
+        (
+            any::<u64>(),
+            any::<(u32, u32, u32)>(),
+            any::<u16>(),
+            arb_name()
+        )
+            .prop_map(|(features, l, core, server)| {
+                Frame::HelloOk {
+                    features,
+                    limits: Limits {
+                        max_frame_bytes: l.0,
+                        max_payload_bytes: l.1,
+                        max_subscriptions: l.2,
+                    },
+                    core,
+                    server,
+                }
+            }),
         (
             any::<u64>(),
             arb_stream(),
             prop_oneof![
                 Just(ShardSelector::RoundRobin),
                 any::<u32>().prop_map(ShardSelector::Shard),
-                prop::collection::vec(any::<u8>(), 0..20).prop_map(|k| ShardSelector::Key(Bytes::from(k)))
+                prop::collection::vec(any::<u8>(), 0..20)
+                    .prop_map(|k| ShardSelector::Key(Bytes::from(k)))
             ],
             any::<bool>(),
             arb_records()
@@ -191,28 +277,40 @@ fn arb_frame() -> impl Strategy<Value = Frame> {
             first_offset: c,
             count: d
         }),
-        (any::<u64>(), any::<u16>(), ".{0,20}").prop_map(|(request_id, code, message)| Frame::Error {
-            request_id,
-            code,
-            message
+        (any::<u64>(), any::<u16>(), ".{0,20}").prop_map(|(request_id, code, message)| {
+            Frame::Error {
+                request_id,
+                code,
+                message,
+            }
         }),
         (
             any::<u64>(),
             arb_stream(),
             any::<u32>(),
-            prop_oneof![Just(StartAt::Latest), Just(StartAt::Earliest), any::<u64>().prop_map(StartAt::Offset)],
-            prop_oneof![Just(QueuePolicy::DropNew), Just(QueuePolicy::DropOld), Just(QueuePolicy::Block)],
+            prop_oneof![
+                Just(StartAt::Latest),
+                Just(StartAt::Earliest),
+                any::<u64>().prop_map(StartAt::Offset)
+            ],
+            prop_oneof![
+                Just(QueuePolicy::DropNew),
+                Just(QueuePolicy::DropOld),
+                Just(QueuePolicy::Block)
+            ],
             any::<u32>(),
             any::<u64>()
         )
-            .prop_map(|(request_id, stream, shard, start, policy, r, b)| Frame::Subscribe {
-                request_id,
-                stream,
-                shard,
-                start,
-                policy,
-                queue_records_max: r,
-                queue_bytes_max: b
+            .prop_map(|(request_id, stream, shard, start, policy, r, b)| {
+                Frame::Subscribe {
+                    request_id,
+                    stream,
+                    shard,
+                    start,
+                    policy,
+                    queue_records_max: r,
+                    queue_bytes_max: b,
+                }
             }),
         any::<(u64, u64, u32, u64)>().prop_map(|(a, b, c, d)| Frame::SubscribeOk {
             request_id: a,
@@ -221,26 +319,45 @@ fn arb_frame() -> impl Strategy<Value = Frame> {
             next_offset: d
         }),
         any::<u64>().prop_map(|s| Frame::SubStream { subscription_id: s }),
-        (any::<u32>(), any::<u64>(), arb_records()).prop_map(|(shard, first_offset, records)| Frame::Delivery {
-            shard,
-            first_offset,
-            records
+        (any::<u32>(), any::<u64>(), arb_records()).prop_map(|(shard, first_offset, records)| {
+            Frame::Delivery {
+                shard,
+                first_offset,
+                records,
+            }
         }),
-        any::<(u64, u64)>().prop_map(|(a, b)| Frame::Lag { from_offset: a, lost: b }),
-        any::<(u64, u64)>().prop_map(|(a, b)| Frame::Unsubscribe { request_id: a, subscription_id: b }),
+        any::<(u64, u64)>().prop_map(|(a, b)| Frame::Lag {
+            from_offset: a,
+            lost: b
+        }),
+        any::<(u64, u64)>().prop_map(|(a, b)| Frame::Unsubscribe {
+            request_id: a,
+            subscription_id: b
+        }),
         (any::<u64>(), any::<u16>(), ".{0,20}").prop_map(|(s, c, m)| Frame::SubEnd {
             subscription_id: s,
             code: c,
             message: m
         }),
-        (any::<u64>(), arb_stream()).prop_map(|(request_id, stream)| Frame::DescribeStream { request_id, stream }),
-        (any::<u64>(), any::<u32>(), any::<bool>()).prop_map(|(request_id, shards, durable)| Frame::StreamInfo {
-            request_id,
-            shards,
-            durable
+        (any::<u64>(), arb_stream())
+            .prop_map(|(request_id, stream)| Frame::DescribeStream { request_id, stream }),
+        (any::<u64>(), any::<u32>(), any::<bool>()).prop_map(|(request_id, shards, durable)| {
+            Frame::StreamInfo {
+                request_id,
+                shards,
+                durable,
+            }
         }),
-        (100u8..=255, any::<u16>(), prop::collection::vec(any::<u8>(), 0..30))
-            .prop_map(|(kind, flags, b)| Frame::Unknown { kind, flags, body: Bytes::from(b) }),
+        (
+            100u8..=255,
+            any::<u16>(),
+            prop::collection::vec(any::<u8>(), 0..30)
+        )
+            .prop_map(|(kind, flags, b)| Frame::Unknown {
+                kind,
+                flags,
+                body: Bytes::from(b)
+            }),
     ]
 }
 
