@@ -15,6 +15,12 @@ pub struct StreamDef {
     pub shards: u32,
 }
 
+impl StreamDef {
+    pub fn name(&self) -> StreamName {
+        StreamName::new(&self.tenant, &self.namespace, &self.stream)
+    }
+}
+
 fn default_shards() -> u32 {
     4
 }

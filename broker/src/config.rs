@@ -1,82 +1,108 @@
 //! Broker configuration: built-in defaults → YAML file (`--config`) → `FELIX_*` environment →
 //! command-line flags. clap resolves flag-over-env; the YAML layer fills what neither set.
+//!
+//! Every setting is declared once in the `settings!` table below; the flag struct, the YAML
+//! struct and the effective [`Config`] are generated from it, so the three layers cannot drift.
 
 use clap::Parser;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-/// Command-line flags (each also readable from its `FELIX_*` variable).
-#[derive(Debug, Clone, Parser, Default)]
-#[command(name = "felix-broker", about = "Felix thread-per-core broker")]
-pub struct Flags {
-    /// YAML configuration file.
-    #[arg(long, env = "FELIX_CONFIG")]
-    pub config: Option<PathBuf>,
-    /// QUIC listen address (UDP).
-    #[arg(long, env = "FELIX_LISTEN")]
-    pub listen: Option<SocketAddr>,
-    /// HTTP address for /metrics, /livez, /readyz (port 0 picks a free port).
-    #[arg(long, env = "FELIX_METRICS_LISTEN")]
-    pub metrics_listen: Option<SocketAddr>,
-    /// Number of cores (executors) to run; default all online.
-    #[arg(long, env = "FELIX_CORES")]
-    pub cores: Option<usize>,
-    /// Data directory (dev TLS certificate lives in `<data-dir>/tls`).
-    #[arg(long, env = "FELIX_DATA_DIR")]
-    pub data_dir: Option<PathBuf>,
-    /// Stream catalog file (YAML).
-    #[arg(long, env = "FELIX_CATALOG")]
-    pub catalog: Option<PathBuf>,
-    /// TLS certificate chain (PEM); with --tls-key. Default: generated dev certificate.
-    #[arg(long, env = "FELIX_TLS_CERT")]
-    pub tls_cert: Option<PathBuf>,
-    /// TLS private key (PEM).
-    #[arg(long, env = "FELIX_TLS_KEY")]
-    pub tls_key: Option<PathBuf>,
-    /// Largest accepted frame (header + body), bytes.
-    #[arg(long, env = "FELIX_MAX_FRAME_BYTES")]
-    pub max_frame_bytes: Option<usize>,
-    /// Connection idle timeout, milliseconds.
-    #[arg(long, env = "FELIX_IDLE_TIMEOUT_MS")]
-    pub idle_timeout_ms: Option<u64>,
-    /// glommio io_memory per executor, bytes (memlock is 8 MiB on this kind of machine).
-    #[arg(long, env = "FELIX_IO_MEMORY_BYTES")]
-    pub io_memory_bytes: Option<usize>,
-    /// Print the effective configuration and exit.
-    #[arg(long)]
-    pub print_config: bool,
+macro_rules! settings {
+    (
+        defaulted { $( $(#[doc = $doc:literal])* $name:ident : $ty:ty = $default:expr, $env:literal; )* }
+        optional { $( $(#[doc = $odoc:literal])* $oname:ident : $oty:ty, $oenv:literal; )* }
+    ) => {
+        /// Command-line flags (each also readable from its `FELIX_*` variable).
+        #[derive(Debug, Clone, Parser, Default)]
+        #[command(name = "felix-broker", about = "Felix thread-per-core broker")]
+        pub struct Flags {
+            /// YAML configuration file.
+            #[arg(long, env = "FELIX_CONFIG")]
+            pub config: Option<PathBuf>,
+            /// Print the effective configuration and exit.
+            #[arg(long)]
+            pub print_config: bool,
+            $( $(#[doc = $doc])* #[arg(long, env = $env)] pub $name: Option<$ty>, )*
+            $( $(#[doc = $odoc])* #[arg(long, env = $oenv)] pub $oname: Option<$oty>, )*
+        }
+
+        /// The YAML file: the same keys, snake_case; unknown keys are refused.
+        #[derive(Debug, Clone, Deserialize, Default)]
+        #[serde(deny_unknown_fields)]
+        pub struct FileConfig {
+            $( pub $name: Option<$ty>, )*
+            $( pub $oname: Option<$oty>, )*
+        }
+
+        /// The effective configuration.
+        #[derive(Debug, Clone, serde::Serialize)]
+        pub struct Config {
+            $( $(#[doc = $doc])* pub $name: $ty, )*
+            $( $(#[doc = $odoc])* pub $oname: Option<$oty>, )*
+        }
+
+        impl Config {
+            fn merge(flags: &Flags, file: FileConfig) -> Config {
+                Config {
+                    $( $name: flags.$name.clone().or(file.$name).unwrap_or_else(|| $default), )*
+                    $( $oname: flags.$oname.clone().or(file.$oname), )*
+                }
+            }
+        }
+    };
 }
 
-/// The YAML file: the same keys, snake_case; unknown keys are refused.
-#[derive(Debug, Clone, Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-pub struct FileConfig {
-    pub listen: Option<SocketAddr>,
-    pub metrics_listen: Option<SocketAddr>,
-    pub cores: Option<usize>,
-    pub data_dir: Option<PathBuf>,
-    pub catalog: Option<PathBuf>,
-    pub tls_cert: Option<PathBuf>,
-    pub tls_key: Option<PathBuf>,
-    pub max_frame_bytes: Option<usize>,
-    pub idle_timeout_ms: Option<u64>,
-    pub io_memory_bytes: Option<usize>,
+fn online_cores() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
 }
 
-/// The effective configuration.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct Config {
-    pub listen: SocketAddr,
-    pub metrics_listen: SocketAddr,
-    pub cores: usize,
-    pub data_dir: PathBuf,
-    pub catalog: Option<PathBuf>,
-    pub tls_cert: Option<PathBuf>,
-    pub tls_key: Option<PathBuf>,
-    pub max_frame_bytes: usize,
-    pub idle_timeout_ms: u64,
-    pub io_memory_bytes: usize,
+settings! {
+    defaulted {
+        /// QUIC listen address (UDP).
+        listen: SocketAddr = "127.0.0.1:7400".parse().unwrap(), "FELIX_LISTEN";
+        /// HTTP address for /metrics, /livez, /readyz (port 0 picks a free port).
+        metrics_listen: SocketAddr = "127.0.0.1:7401".parse().unwrap(), "FELIX_METRICS_LISTEN";
+        /// Number of cores (executors) to run; default all online.
+        cores: usize = online_cores(), "FELIX_CORES";
+        /// Data directory (dev TLS certificate lives in `<data-dir>/tls`).
+        data_dir: PathBuf = PathBuf::from("felix-data"), "FELIX_DATA_DIR";
+        /// Largest accepted frame (header + body), bytes.
+        max_frame_bytes: usize = felix_quic::wire::DEFAULT_MAX_FRAME_BYTES, "FELIX_MAX_FRAME_BYTES";
+        /// Largest record payload, bytes.
+        max_payload_bytes: u32 = 1 << 20, "FELIX_MAX_PAYLOAD_BYTES";
+        /// Subscriptions one connection may hold.
+        max_subscriptions: u32 = 1024, "FELIX_MAX_SUBSCRIPTIONS";
+        /// Publish bytes one connection may have in flight (appended but not answered).
+        conn_inflight_bytes_max: u64 = 64 << 20, "FELIX_CONN_INFLIGHT_BYTES_MAX";
+        /// Unanswered acked publishes one connection may have.
+        conn_unacked_max: u32 = 4096, "FELIX_CONN_UNACKED_MAX";
+        /// Connection idle timeout, milliseconds.
+        idle_timeout_ms: u64 = 30_000, "FELIX_IDLE_TIMEOUT_MS";
+        /// How long a publish may wait on a full Block-policy subscriber, milliseconds.
+        publish_timeout_ms: u64 = 5_000, "FELIX_PUBLISH_TIMEOUT_MS";
+        /// Replay ring of an ephemeral shard: records kept.
+        ring_records_max: u32 = 65_536, "FELIX_RING_RECORDS_MAX";
+        /// Replay ring of an ephemeral shard: bytes kept.
+        ring_bytes_max: u64 = 64 << 20, "FELIX_RING_BYTES_MAX";
+        /// Default subscriber queue bound, records (a subscribe may ask for less or more).
+        sub_queue_records_max: u32 = 4096, "FELIX_SUB_QUEUE_RECORDS_MAX";
+        /// Default subscriber queue bound, bytes.
+        sub_queue_bytes_max: u64 = 16 << 20, "FELIX_SUB_QUEUE_BYTES_MAX";
+        /// glommio io_memory per executor, bytes (memlock is 8 MiB on this kind of machine).
+        io_memory_bytes: usize = 1 << 20, "FELIX_IO_MEMORY_BYTES";
+    }
+    optional {
+        /// Stream catalog file (YAML).
+        catalog: PathBuf, "FELIX_CATALOG";
+        /// TLS certificate chain (PEM); with --tls-key. Default: generated dev certificate.
+        tls_cert: PathBuf, "FELIX_TLS_CERT";
+        /// TLS private key (PEM).
+        tls_key: PathBuf, "FELIX_TLS_KEY";
+    }
 }
 
 impl Config {
@@ -91,40 +117,7 @@ impl Config {
             }
             None => FileConfig::default(),
         };
-        let online = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1);
-        let c = Config {
-            listen: flags
-                .listen
-                .or(file.listen)
-                .unwrap_or_else(|| "127.0.0.1:7400".parse().unwrap()),
-            metrics_listen: flags
-                .metrics_listen
-                .or(file.metrics_listen)
-                .unwrap_or_else(|| "127.0.0.1:7401".parse().unwrap()),
-            cores: flags.cores.or(file.cores).unwrap_or(online),
-            data_dir: flags
-                .data_dir
-                .clone()
-                .or(file.data_dir)
-                .unwrap_or_else(|| PathBuf::from("felix-data")),
-            catalog: flags.catalog.clone().or(file.catalog),
-            tls_cert: flags.tls_cert.clone().or(file.tls_cert),
-            tls_key: flags.tls_key.clone().or(file.tls_key),
-            max_frame_bytes: flags
-                .max_frame_bytes
-                .or(file.max_frame_bytes)
-                .unwrap_or(felix_quic::wire::DEFAULT_MAX_FRAME_BYTES),
-            idle_timeout_ms: flags
-                .idle_timeout_ms
-                .or(file.idle_timeout_ms)
-                .unwrap_or(30_000),
-            io_memory_bytes: flags
-                .io_memory_bytes
-                .or(file.io_memory_bytes)
-                .unwrap_or(1 << 20),
-        };
+        let c = Config::merge(flags, file);
         if c.cores == 0 || c.cores > 255 {
             return Err(format!("cores must be 1..=255, got {}", c.cores));
         }
@@ -136,6 +129,26 @@ impl Config {
                 "max_frame_bytes must be at least 1024, got {}",
                 c.max_frame_bytes
             ));
+        }
+        if c.max_payload_bytes == 0 || c.max_payload_bytes as usize > c.max_frame_bytes {
+            return Err(format!(
+                "max_payload_bytes must be 1..=max_frame_bytes ({}), got {}",
+                c.max_frame_bytes, c.max_payload_bytes
+            ));
+        }
+        for (name, v) in [
+            ("max_subscriptions", c.max_subscriptions as u64),
+            ("conn_inflight_bytes_max", c.conn_inflight_bytes_max),
+            ("conn_unacked_max", c.conn_unacked_max as u64),
+            ("publish_timeout_ms", c.publish_timeout_ms),
+            ("ring_records_max", c.ring_records_max as u64),
+            ("ring_bytes_max", c.ring_bytes_max),
+            ("sub_queue_records_max", c.sub_queue_records_max as u64),
+            ("sub_queue_bytes_max", c.sub_queue_bytes_max),
+        ] {
+            if v == 0 {
+                return Err(format!("{name} must be positive"));
+            }
         }
         if c.io_memory_bytes < 512 * 1024 {
             return Err(format!(
@@ -164,6 +177,7 @@ mod tests {
         let c = Config::resolve(&f).unwrap();
         assert_eq!(c.cores, 1, "flag beats file");
         assert_eq!(c.idle_timeout_ms, 5000, "file beats default");
+        assert_eq!(c.publish_timeout_ms, 5000, "default when nobody sets it");
         std::fs::write(&p, "corez: 3\n").unwrap();
         assert!(
             Config::resolve(&f).unwrap_err().contains("corez"),
@@ -176,5 +190,12 @@ mod tests {
             ..Default::default()
         };
         assert!(Config::resolve(&f).unwrap_err().contains("tls_key"));
+        let f = Flags {
+            sub_queue_records_max: Some(0),
+            ..Default::default()
+        };
+        assert!(Config::resolve(&f)
+            .unwrap_err()
+            .contains("sub_queue_records_max"));
     }
 }

@@ -1,52 +1,162 @@
-//! One core's runtime: its UDP socket, QUIC endpoint, sessions and the core mesh.
+//! One core's runtime: its UDP socket, QUIC endpoint, sessions, the shards it owns, the
+//! subscribers whose connections it holds, and the core mesh.
 //!
-//! Three tasks per core, all on the core's glommio executor: the receive loop (never
-//! cancelled, so no datagram is lost to cancellation), the mesh receivers, and the flusher
-//! that writes packets when woken or when the earliest connection timer expires.
+//! Tasks per core, all on the core's glommio executor: the receive loop (never cancelled, so
+//! no datagram is lost to cancellation), one mesh receiver per peer, the mesh pump, and the
+//! flusher that writes packets when woken or when the earliest timer expires.
+//!
+//! The path of a publish: the connection's core validates it (stream, shard, payload size,
+//! the connection's in-flight caps) and routes it to the shard's owner core (itself, or over
+//! the mesh). The owner assigns offsets, encodes the delivery frame once
+//! ([`crate::fanout::Batch`]), keeps it in the replay ring and sends **one** copy to every
+//! core that has subscribers for the shard, then answers the publish. Each core offers the
+//! batch to its subscribers' queues ([`crate::fanout::SubQueue`]) and moves queued items onto
+//! the subscription streams as QUIC flow control allows.
+//!
+//! Mesh rule: a handler never awaits a full cross-core channel. `route` try-sends and
+//! otherwise appends to an accounted per-peer overflow queue drained by the pump task, and
+//! messages to self go through a local inbox, so two cores can never wedge each other.
 
-use crate::catalog::Catalog;
+use crate::catalog::{core_for_shard, Catalog};
+use crate::config::Config;
+use crate::fanout::{Batch, Item, Lag, Offer, ReplayRing, ShardOwner, SubQueue};
 use crate::metrics::CoreCounters;
-use felix_quic::conn::{ConnEvent, FelixConn};
+use felix_quic::conn::ConnEvent;
 use felix_quic::glommio_driver::{wake_pair, DatagramIo, GlommioUdp, Wake, WakeRx};
 use felix_quic::server::{ConnKey, Endpoint, Route, TxBatch};
-use felix_quic::wire::{features, ErrorCode, Frame, Limits};
+use felix_quic::wire::{
+    features, ErrorCode, Frame, Limits, QueuePolicy, Records, ShardSelector, StartAt,
+};
 use glommio::channels::channel_mesh::{Receivers, Senders};
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Messages between cores.
+/// Where a publish came from, so its answer finds its way back.
+#[derive(Debug, Clone, Copy)]
+pub struct Origin {
+    pub core: u8,
+    pub conn: ConnKey,
+    pub quic_stream: u64,
+    pub request_id: u64,
+    pub ack: bool,
+    pub bytes: u64,
+}
+
+/// A publish on its way to (or waiting at) the shard owner.
+#[derive(Debug)]
+pub struct PublishReq {
+    pub origin: Origin,
+    pub stream: u32,
+    pub shard: u32,
+    pub records: Records,
+    /// Past this instant a held publish is answered `publish_timeout` and never appended.
+    pub deadline: Instant,
+}
+
+type PubResult = Result<(u32, u64, u32), (ErrorCode, String)>;
+
+/// Messages between cores (and from a core to itself, through its inbox).
 pub enum MeshMsg {
     /// A datagram for a connection that lives on the receiving core.
     Packet { buf: Vec<u8>, from: SocketAddr },
+    /// Connection core → owner.
+    Publish(PublishReq),
+    /// Owner → connection core: `(shard, first_offset, count)` or the refusal.
+    PublishResult { origin: Origin, result: PubResult },
+    /// Owner → every core with subscribers for the shard: one per core per batch.
+    Delivery {
+        stream: u32,
+        shard: u32,
+        batch: Batch,
+    },
+    /// Connection core → owner: a subscriber on `core` wants the shard from `start`.
+    Attach {
+        core: u8,
+        sub: u64,
+        stream: u32,
+        shard: u32,
+        start: StartAt,
+    },
+    /// Owner → connection core: what to replay, and the offset live deliveries continue at.
+    AttachResult {
+        sub: u64,
+        result: Result<(Option<Lag>, Vec<Batch>, u64), (ErrorCode, String)>,
+    },
+    /// Connection core → owner: one subscriber of `core` is gone.
+    Detach { core: u8, stream: u32, shard: u32 },
+    /// Connection core → owner: whether any Block subscriber of `core` has parked batches.
+    Parked {
+        core: u8,
+        stream: u32,
+        shard: u32,
+        parked: bool,
+    },
+    /// Owner → itself: try the next held publish (queued behind the deliveries just sent, so
+    /// local subscribers park before the next append if they are full).
+    DrainHeld { stream: u32, shard: u32 },
 }
 
 /// Static settings of a core.
 pub struct CoreSettings {
     pub cores: u8,
-    pub max_frame_bytes: usize,
-    pub max_payload_bytes: u32,
-    pub max_subscriptions: u32,
+    pub cfg: Arc<Config>,
     pub catalog: Arc<Catalog>,
     pub counters: Arc<CoreCounters>,
     pub shutdown: Arc<AtomicBool>,
 }
 
 #[derive(Default)]
+struct PubStream {
+    pending: u32,
+    fin_requested: bool,
+}
+
+#[derive(Default)]
 struct Session {
     hello_done: bool,
+    inflight_bytes: u64,
+    unacked: u32,
+    subs: Vec<u64>,
+    /// Subscription stream id → subscription id.
+    sub_streams: HashMap<u64, u64>,
+    pub_streams: HashMap<u64, PubStream>,
 }
+
+struct Sub {
+    conn: ConnKey,
+    quic_stream: u64,
+    stream: u32,
+    shard: u32,
+    queue: SubQueue,
+    /// None until the owner answered the attach; then the next offset this subscriber takes.
+    next_offset: Option<u64>,
+    request_id: u64,
+    reply_stream: u64,
+}
+
+type ShardKey = (u32, u32);
 
 struct CoreState {
     id: u8,
     ep: Endpoint,
     sessions: HashMap<ConnKey, Session>,
     s: CoreSettings,
-    mesh_overflow: Vec<std::collections::VecDeque<MeshMsg>>,
+    senders: Rc<Senders<MeshMsg>>,
+    mesh_wake: Wake,
+    mesh_overflow: Vec<VecDeque<MeshMsg>>,
+    inbox: VecDeque<MeshMsg>,
+    owned: HashMap<ShardKey, ShardOwner<PublishReq>>,
+    held_total: usize,
+    subs: HashMap<u64, Sub>,
+    local_subs: HashMap<ShardKey, Vec<u64>>,
+    parked_subs: HashMap<ShardKey, u32>,
+    rr: HashMap<u32, u32>,
+    next_sub: u64,
 }
 
 /// Run one core until shutdown. `sock` is this core's SO_REUSEPORT socket.
@@ -65,19 +175,29 @@ pub async fn run_core(
         settings.cores,
         quic_config,
         local,
-        settings.max_frame_bytes,
+        settings.cfg.max_frame_bytes,
     );
     let n = settings.cores as usize;
+    let senders = Rc::new(senders);
+    let (wake, wake_rx) = wake_pair();
+    let (mesh_wake, mesh_wake_rx) = wake_pair();
     let state = Rc::new(RefCell::new(CoreState {
         id,
         ep,
         sessions: HashMap::new(),
         s: settings,
+        senders: senders.clone(),
+        mesh_wake: mesh_wake.clone(),
         mesh_overflow: (0..n).map(|_| Default::default()).collect(),
+        inbox: VecDeque::new(),
+        owned: HashMap::new(),
+        held_total: 0,
+        subs: HashMap::new(),
+        local_subs: HashMap::new(),
+        parked_subs: HashMap::new(),
+        rr: HashMap::new(),
+        next_sub: 1,
     }));
-    let senders = Rc::new(senders);
-    let (wake, wake_rx) = wake_pair();
-    let (mesh_wake, mesh_wake_rx) = wake_pair();
 
     // Mesh receivers: one task per peer.
     for (_peer, rx) in receivers.streams() {
@@ -88,7 +208,15 @@ pub async fn run_core(
             use futures_lite::StreamExt;
             let mut rx = rx;
             while let Some(msg) = rx.next().await {
-                let reply = state.borrow_mut().on_mesh(msg);
+                let reply = {
+                    let mut st = state.borrow_mut();
+                    if matches!(msg, MeshMsg::Delivery { .. }) {
+                        CoreCounters::inc(&st.s.counters.mesh_deliveries_in);
+                    }
+                    let r = st.on_mesh(msg);
+                    st.drain_inbox();
+                    r
+                };
                 if let Some((buf, to)) = reply {
                     let _ = sock.send_one(&buf, to).await;
                 }
@@ -98,8 +226,8 @@ pub async fn run_core(
         .detach();
     }
 
-    // Mesh pump: sends what try_send could not (a full channel is awaited here, never in the
-    // receive path, so two cores cannot wedge each other).
+    // Mesh pump: sends what try_send could not (a full channel is awaited here, never in a
+    // handler, so two cores cannot wedge each other).
     {
         let state = state.clone();
         let senders = senders.clone();
@@ -129,8 +257,6 @@ pub async fn run_core(
         let state = state.clone();
         let wake = wake.clone();
         let sock = sock.clone();
-        let senders = senders.clone();
-        let mesh_wake = mesh_wake.clone();
         glommio::spawn_local(async move {
             let mut buf = vec![0u8; 65536];
             loop {
@@ -141,7 +267,9 @@ pub async fn run_core(
                 let reply = {
                     let mut st = state.borrow_mut();
                     CoreCounters::inc(&st.s.counters.packets_received);
-                    st.on_datagram(&mut buf[..len], from, false, &senders, &mesh_wake)
+                    let r = st.on_datagram(&mut buf[..len], from);
+                    st.drain_inbox();
+                    r
                 };
                 if let Some(r) = reply {
                     let _ = sock.send_one(&r, from).await;
@@ -152,15 +280,10 @@ pub async fn run_core(
         .detach();
     }
 
-    flusher(state, sock, wake_rx, wake).await;
+    flusher(state, sock, wake_rx).await;
 }
 
-async fn flusher(
-    state: Rc<RefCell<CoreState>>,
-    sock: Rc<GlommioUdp>,
-    wake_rx: WakeRx,
-    _wake: Wake,
-) {
+async fn flusher(state: Rc<RefCell<CoreState>>, sock: Rc<GlommioUdp>, wake_rx: WakeRx) {
     let mut batch = TxBatch::new(64);
     let mut closing_since: Option<Instant> = None;
     loop {
@@ -184,19 +307,23 @@ async fn flusher(
             let now = Instant::now();
             {
                 let mut st = state.borrow_mut();
+                st.expire_held(now);
+                st.drain_inbox();
                 st.ep.on_timeouts(now);
                 for k in st.ep.take_dirty() {
-                    if let Some(e) = st.ep.get(k) {
-                        e.conn.flush_streams();
-                    }
+                    st.flush_conn(k);
                     if !st.ep.transmit(k, now, &mut batch) {
+                        // The batch is full: keep the connection dirty for the next round.
+                        st.ep.mark_dirty(k);
                         break;
                     }
                 }
+                st.drain_inbox();
                 for k in st.ep.reap_closed() {
-                    st.sessions.remove(&k);
+                    st.on_conn_closed(k);
                     CoreCounters::inc(&st.s.counters.connections_closed);
                 }
+                st.drain_inbox();
             }
             if batch.is_empty() {
                 break;
@@ -210,31 +337,76 @@ async fn flusher(
             }
         }
         let timeout = state.borrow().ep.next_timeout(Instant::now());
-        let timeout = Some(
-            timeout
-                .unwrap_or(Duration::from_millis(100))
-                .min(Duration::from_millis(100)),
-        );
-        wake_rx.wait(timeout).await;
+        let cap = Duration::from_millis(if state.borrow().held_total > 0 {
+            10
+        } else {
+            100
+        });
+        wake_rx.wait(Some(timeout.unwrap_or(cap).min(cap))).await;
+    }
+}
+
+fn pub_error_stream(stream: u64) -> u64 {
+    // Acked publishes (client bidi streams) are answered on their stream; fire-and-forget
+    // ones (client uni streams) on the control stream.
+    if stream % 4 == 0 {
+        stream
+    } else {
+        0
     }
 }
 
 impl CoreState {
-    fn mesh_send(&mut self, to: usize, msg: MeshMsg, senders: &Senders<MeshMsg>, pump: &Wake) {
-        if !self.mesh_overflow[to].is_empty() {
-            self.mesh_overflow[to].push_back(msg);
-            pump.wake();
+    // ---------- mesh plumbing ----------
+
+    fn route(&mut self, to: u8, msg: MeshMsg) {
+        if to == self.id {
+            self.inbox.push_back(msg);
             return;
         }
-        match senders.try_send_to(to, msg) {
+        let to = to as usize;
+        if !self.mesh_overflow[to].is_empty() {
+            self.mesh_overflow[to].push_back(msg);
+            self.mesh_wake.wake();
+            return;
+        }
+        match self.senders.try_send_to(to, msg) {
             Ok(()) => {}
             Err(glommio::GlommioError::WouldBlock(glommio::ResourceType::Channel(msg))) => {
                 self.mesh_overflow[to].push_back(msg);
-                pump.wake();
+                self.mesh_wake.wake();
             }
-            // Closed peer (shutdown) or a send to self: nothing can carry it any more.
+            // Closed peer (shutdown): nothing can carry it any more.
             Err(_) => {}
         }
+    }
+
+    fn drain_inbox(&mut self) {
+        while let Some(m) = self.inbox.pop_front() {
+            self.on_mesh(m);
+        }
+    }
+
+    fn owner_core(&self, stream: u32, shard: u32) -> u8 {
+        let def = &self.s.catalog.streams()[stream as usize];
+        core_for_shard(&def.name(), shard, self.s.cores as u32) as u8
+    }
+
+    fn owner(&mut self, stream: u32, shard: u32) -> &mut ShardOwner<PublishReq> {
+        debug_assert_eq!(
+            self.owner_core(stream, shard),
+            self.id,
+            "only the owner core holds shard state"
+        );
+        let cfg = &self.s.cfg;
+        let cores = self.s.cores as usize;
+        self.owned.entry((stream, shard)).or_insert_with(|| {
+            ShardOwner::new(
+                shard,
+                cores,
+                ReplayRing::new(cfg.ring_records_max as u64, cfg.ring_bytes_max),
+            )
+        })
     }
 
     fn on_mesh(&mut self, msg: MeshMsg) -> Option<(Vec<u8>, SocketAddr)> {
@@ -246,37 +418,462 @@ impl CoreState {
                     Route::Reply(r) => return Some((r, from)),
                     _ => {}
                 }
-                None
             }
+            MeshMsg::Publish(req) => self.on_publish_at_owner(req),
+            MeshMsg::PublishResult { origin, result } => self.on_publish_result(origin, result),
+            MeshMsg::Delivery {
+                stream,
+                shard,
+                batch,
+            } => self.on_delivery(stream, shard, batch),
+            MeshMsg::Attach {
+                core,
+                sub,
+                stream,
+                shard,
+                start,
+            } => self.on_attach(core, sub, stream, shard, start),
+            MeshMsg::AttachResult { sub, result } => self.on_attach_result(sub, result),
+            MeshMsg::Detach {
+                core,
+                stream,
+                shard,
+            } => self.owner(stream, shard).detach(core as usize),
+            MeshMsg::Parked {
+                core,
+                stream,
+                shard,
+                parked,
+            } => {
+                self.owner(stream, shard).set_parked(core as usize, parked);
+                if !parked {
+                    self.drain_held(stream, shard);
+                }
+            }
+            MeshMsg::DrainHeld { stream, shard } => self.drain_held(stream, shard),
         }
+        None
     }
 
-    fn on_datagram(
-        &mut self,
-        buf: &mut [u8],
-        from: SocketAddr,
-        forwarded: bool,
-        senders: &Senders<MeshMsg>,
-        pump: &Wake,
-    ) -> Option<Vec<u8>> {
-        match self.ep.on_datagram(buf, from, forwarded) {
+    fn on_datagram(&mut self, buf: &mut [u8], from: SocketAddr) -> Option<Vec<u8>> {
+        match self.ep.on_datagram(buf, from, false) {
             Route::Conn { key, new } => self.after_recv(key, new),
             Route::Forward(core) => {
                 CoreCounters::inc(&self.s.counters.packets_forwarded_out);
-                self.mesh_send(
-                    core as usize,
+                self.route(
+                    core,
                     MeshMsg::Packet {
                         buf: buf.to_vec(),
                         from,
                     },
-                    senders,
-                    pump,
                 );
             }
             Route::Reply(r) => return Some(r),
             Route::Dropped => {}
         }
         None
+    }
+
+    // ---------- owner side ----------
+
+    fn on_publish_at_owner(&mut self, req: PublishReq) {
+        let o = self.owner(req.stream, req.shard);
+        if o.holding() || !o.held.is_empty() {
+            o.held.push_back(req);
+            self.held_total += 1;
+            CoreCounters::inc(&self.s.counters.publishes_held);
+            return;
+        }
+        self.append(req);
+    }
+
+    fn append(&mut self, req: PublishReq) {
+        let (stream, shard) = (req.stream, req.shard);
+        let o = self.owner(stream, shard);
+        let batch = o.append(&req.records);
+        let cores: Vec<usize> = o.interested_cores().collect();
+        let c = self.s.counters.clone();
+        CoreCounters::inc(&c.batches_appended);
+        CoreCounters::add(&c.records_appended, batch.count as u64);
+        let result = Ok((shard, batch.first_offset, batch.count));
+        for core in cores {
+            if core as u8 != self.id {
+                CoreCounters::inc(&c.mesh_deliveries_out);
+            }
+            self.route(
+                core as u8,
+                MeshMsg::Delivery {
+                    stream,
+                    shard,
+                    batch: batch.clone(),
+                },
+            );
+        }
+        self.route(
+            req.origin.core,
+            MeshMsg::PublishResult {
+                origin: req.origin,
+                result,
+            },
+        );
+    }
+
+    /// Append held publishes while nothing is parked: one at a time, each followed by a
+    /// self-message so this core's subscribers see the batch (and may park) first.
+    fn drain_held(&mut self, stream: u32, shard: u32) {
+        let now = Instant::now();
+        loop {
+            let o = self.owner(stream, shard);
+            if o.holding() {
+                return;
+            }
+            let Some(req) = o.held.pop_front() else {
+                return;
+            };
+            self.held_total -= 1;
+            if req.deadline <= now {
+                self.time_out(req);
+                continue;
+            }
+            self.append(req);
+            if !self.owner(stream, shard).held.is_empty() {
+                self.route(self.id, MeshMsg::DrainHeld { stream, shard });
+            }
+            return;
+        }
+    }
+
+    fn time_out(&mut self, req: PublishReq) {
+        CoreCounters::inc(&self.s.counters.publish_timeouts);
+        let msg = format!(
+            "a Block subscriber stayed full for {} ms; the publish was not appended",
+            self.s.cfg.publish_timeout_ms
+        );
+        self.route(
+            req.origin.core,
+            MeshMsg::PublishResult {
+                origin: req.origin,
+                result: Err((ErrorCode::PublishTimeout, msg)),
+            },
+        );
+    }
+
+    fn expire_held(&mut self, now: Instant) {
+        if self.held_total == 0 {
+            return;
+        }
+        let mut expired = Vec::new();
+        for o in self.owned.values_mut() {
+            if o.held.iter().any(|r| r.deadline <= now) {
+                let (dead, keep): (VecDeque<_>, VecDeque<_>) =
+                    o.held.drain(..).partition(|r| r.deadline <= now);
+                o.held = keep;
+                expired.extend(dead);
+            }
+        }
+        self.held_total -= expired.len();
+        for req in expired {
+            self.time_out(req);
+        }
+    }
+
+    fn on_attach(&mut self, core: u8, sub: u64, stream: u32, shard: u32, start: StartAt) {
+        let o = self.owner(stream, shard);
+        // Interest counts every attach, even a refused one, so the subscriber's core can
+        // always answer its removal with one Detach.
+        o.attach(core as usize);
+        let next = o.next_offset();
+        let oldest = o.ring.oldest().unwrap_or(next);
+        let from = match start {
+            StartAt::Latest => Ok(next),
+            StartAt::Earliest => Ok(oldest),
+            StartAt::Offset(x) if x <= next => Ok(x),
+            StartAt::Offset(x) => Err((
+                ErrorCode::InvalidRequest,
+                format!("offset {x} is beyond the end of the shard ({next})"),
+            )),
+        };
+        let result = from.map(|from| {
+            let (lag, replay) = o.ring.replay_from(shard, from);
+            (lag, replay, from)
+        });
+        self.route(core, MeshMsg::AttachResult { sub, result });
+    }
+
+    // ---------- connection side ----------
+
+    fn on_publish_result(&mut self, origin: Origin, result: PubResult) {
+        let Some(session) = self.sessions.get_mut(&origin.conn) else {
+            return;
+        };
+        session.inflight_bytes -= origin.bytes;
+        let Some(e) = self.ep.get(origin.conn) else {
+            return;
+        };
+        if origin.ack {
+            session.unacked -= 1;
+            let frame = match result {
+                Ok((shard, first_offset, count)) => Frame::PublishAck {
+                    request_id: origin.request_id,
+                    shard,
+                    first_offset,
+                    count,
+                },
+                Err((code, msg)) => Frame::error(origin.request_id, code, msg),
+            };
+            e.conn.send_frame(origin.quic_stream, &frame);
+            if let Some(ps) = session.pub_streams.get_mut(&origin.quic_stream) {
+                ps.pending -= 1;
+                if ps.pending == 0 && ps.fin_requested {
+                    session.pub_streams.remove(&origin.quic_stream);
+                    e.conn.finish(origin.quic_stream);
+                }
+            }
+        } else if let Err((code, msg)) = result {
+            e.conn
+                .send_frame(0, &Frame::error(origin.request_id, code, msg));
+        }
+        self.ep.mark_dirty(origin.conn);
+    }
+
+    fn on_delivery(&mut self, stream: u32, shard: u32, batch: Batch) {
+        let Some(ids) = self.local_subs.get(&(stream, shard)) else {
+            return;
+        };
+        for sid in ids.clone() {
+            self.offer_to_sub(sid, batch.clone());
+            self.pump_sub(sid);
+        }
+    }
+
+    fn offer_to_sub(&mut self, sid: u64, mut b: Batch) {
+        let Some(sub) = self.subs.get_mut(&sid) else {
+            return;
+        };
+        let Some(next) = sub.next_offset else { return }; // attach not answered yet
+        if b.end() <= next {
+            return; // already covered by the replay
+        }
+        if b.first_offset < next {
+            b = b.tail(sub.shard, (next - b.first_offset) as u32);
+        }
+        sub.next_offset = Some(b.end());
+        let key = (sub.stream, sub.shard);
+        match sub.queue.offer(b) {
+            Offer::Queued | Offer::Parked { first: false } => {}
+            Offer::Dropped => {}
+            Offer::Evicted(_) => {}
+            Offer::Parked { first: true } => {
+                let n = self.parked_subs.entry(key).or_default();
+                *n += 1;
+                if *n == 1 {
+                    let owner = self.owner_core(key.0, key.1);
+                    self.route(
+                        owner,
+                        MeshMsg::Parked {
+                            core: self.id,
+                            stream: key.0,
+                            shard: key.1,
+                            parked: true,
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    fn unparked(&mut self, key: ShardKey) {
+        let n = self
+            .parked_subs
+            .get_mut(&key)
+            .expect("parked count exists for a parked sub");
+        *n -= 1;
+        if *n == 0 {
+            self.parked_subs.remove(&key);
+            let owner = self.owner_core(key.0, key.1);
+            self.route(
+                owner,
+                MeshMsg::Parked {
+                    core: self.id,
+                    stream: key.0,
+                    shard: key.1,
+                    parked: false,
+                },
+            );
+        }
+    }
+
+    /// Move the subscriber's next queued items onto its stream while the stream has nothing
+    /// waiting for quiche (flow control is the back-pressure that makes the queue fill).
+    fn pump_sub(&mut self, sid: u64) {
+        loop {
+            let Some(sub) = self.subs.get_mut(&sid) else {
+                return;
+            };
+            let Some(e) = self.ep.get(sub.conn) else {
+                return;
+            };
+            if e.conn.queued_bytes(sub.quic_stream) > 0 {
+                return;
+            }
+            let (item, unparked) = sub.queue.pop();
+            let (conn, qs, key) = (sub.conn, sub.quic_stream, (sub.stream, sub.shard));
+            let c = &self.s.counters;
+            match item {
+                Some(Item::Batch(b)) => {
+                    CoreCounters::inc(&c.batches_delivered);
+                    CoreCounters::add(&c.records_delivered, b.count as u64);
+                    e.conn.send_bytes(qs, b.head);
+                    e.conn.send_bytes(qs, b.region);
+                }
+                Some(Item::Lag(l)) => {
+                    CoreCounters::inc(&c.lag_notices);
+                    CoreCounters::add(&c.records_dropped, l.lost);
+                    e.conn.send_frame(
+                        qs,
+                        &Frame::Lag {
+                            from_offset: l.from_offset,
+                            lost: l.lost,
+                        },
+                    );
+                }
+                None => {}
+            }
+            self.ep.mark_dirty(conn);
+            if unparked {
+                self.unparked(key);
+            }
+            if item_is_none(&self.subs, sid) {
+                return;
+            }
+        }
+    }
+
+    /// Flush a connection's streams into quiche; refill subscription streams that drained.
+    fn flush_conn(&mut self, key: ConnKey) {
+        for _ in 0..64 {
+            let Some(e) = self.ep.get(key) else { return };
+            let drained = e.conn.flush_streams();
+            let Some(session) = self.sessions.get(&key) else {
+                return;
+            };
+            let refill: Vec<u64> = drained
+                .iter()
+                .filter_map(|s| session.sub_streams.get(s).copied())
+                .collect();
+            if refill.is_empty() {
+                return;
+            }
+            let mut sent = false;
+            for sid in refill {
+                let before = self
+                    .subs
+                    .get(&sid)
+                    .map(|s| s.queue.is_empty())
+                    .unwrap_or(true);
+                self.pump_sub(sid);
+                sent |= !before;
+            }
+            if !sent {
+                return;
+            }
+        }
+        // More to move than one pass allows: come back on the next flush.
+        self.ep.mark_dirty(key);
+    }
+
+    fn on_attach_result(
+        &mut self,
+        sid: u64,
+        result: Result<(Option<Lag>, Vec<Batch>, u64), (ErrorCode, String)>,
+    ) {
+        let Some(sub) = self.subs.get_mut(&sid) else {
+            return;
+        };
+        let (conn, rid, reply, shard) = (sub.conn, sub.request_id, sub.reply_stream, sub.shard);
+        match result {
+            Err((code, msg)) => {
+                if let Some(e) = self.ep.get(conn) {
+                    e.conn.send_frame(reply, &Frame::error(rid, code, msg));
+                }
+                self.remove_sub(sid, Some((code.number(), "subscribe refused".into())));
+            }
+            Ok((lag, replay, from)) => {
+                sub.next_offset = Some(from);
+                if let Some(l) = lag {
+                    sub.queue.offer_lag(l);
+                    sub.next_offset = Some(l.from_offset + l.lost);
+                }
+                for b in replay {
+                    self.offer_to_sub(sid, b);
+                }
+                if let Some(e) = self.ep.get(conn) {
+                    e.conn.send_frame(
+                        reply,
+                        &Frame::SubscribeOk {
+                            request_id: rid,
+                            subscription_id: sid,
+                            shard,
+                            next_offset: from,
+                        },
+                    );
+                }
+                self.ep.mark_dirty(conn);
+                self.pump_sub(sid);
+            }
+        }
+    }
+
+    /// Drop a subscription: detach from the owner, release a parked hold, optionally end
+    /// its stream with `SubEnd`.
+    fn remove_sub(&mut self, sid: u64, end: Option<(u16, String)>) {
+        let Some(sub) = self.subs.remove(&sid) else {
+            return;
+        };
+        let key = (sub.stream, sub.shard);
+        CoreCounters::inc(&self.s.counters.subscriptions_closed);
+        if let Some(v) = self.local_subs.get_mut(&key) {
+            v.retain(|s| *s != sid);
+            if v.is_empty() {
+                self.local_subs.remove(&key);
+            }
+        }
+        if let Some(session) = self.sessions.get_mut(&sub.conn) {
+            session.subs.retain(|s| *s != sid);
+            session.sub_streams.remove(&sub.quic_stream);
+        }
+        if sub.queue.is_parked() {
+            self.unparked(key);
+        }
+        let owner = self.owner_core(key.0, key.1);
+        self.route(
+            owner,
+            MeshMsg::Detach {
+                core: self.id,
+                stream: key.0,
+                shard: key.1,
+            },
+        );
+        if let (Some((code, message)), Some(e)) = (end, self.ep.get(sub.conn)) {
+            e.conn.send_frame(
+                sub.quic_stream,
+                &Frame::SubEnd {
+                    subscription_id: sid,
+                    code,
+                    message,
+                },
+            );
+            e.conn.finish(sub.quic_stream);
+            self.ep.mark_dirty(sub.conn);
+        }
+    }
+
+    fn on_conn_closed(&mut self, key: ConnKey) {
+        if let Some(session) = self.sessions.remove(&key) {
+            for sid in session.subs {
+                self.remove_sub(sid, None);
+            }
+        }
     }
 
     fn after_recv(&mut self, key: ConnKey, new: bool) {
@@ -290,48 +887,47 @@ impl CoreState {
         for ev in events {
             self.on_event(key, ev);
         }
+        // Streams quiche could not take earlier may have room now (peer acked, window grew).
+        self.ep.mark_dirty(key);
+    }
+
+    fn send_err(&mut self, key: ConnKey, stream: u64, rid: u64, code: ErrorCode, msg: String) {
+        CoreCounters::inc(&self.s.counters.errors_sent);
+        if let Some(e) = self.ep.get(key) {
+            e.conn.send_frame(stream, &Frame::error(rid, code, msg));
+        }
     }
 
     fn on_event(&mut self, key: ConnKey, ev: ConnEvent) {
-        let id = self.id;
         let counters = self.s.counters.clone();
-        let max_frame = self.s.max_frame_bytes as u32;
-        let limits = Limits {
-            max_frame_bytes: max_frame,
-            max_payload_bytes: self.s.max_payload_bytes,
-            max_subscriptions: self.s.max_subscriptions,
-        };
-        let catalog = self.s.catalog.clone();
-        let Some(session) = self.sessions.get_mut(&key) else {
-            return;
-        };
-        let Some(e) = self.ep.get(key) else { return };
-        let conn: &mut FelixConn = &mut e.conn;
         match ev {
             ConnEvent::Frame { stream, frame } => {
                 CoreCounters::inc(&counters.frames_received);
-                let reply_stream = if stream % 4 == 0 { Some(stream) } else { None };
-                let err = |conn: &mut FelixConn, rid: u64, code: ErrorCode, msg: String| {
-                    CoreCounters::inc(&counters.errors_sent);
-                    conn.send_frame(reply_stream.unwrap_or(0), &Frame::error(rid, code, msg));
+                let Some(session) = self.sessions.get_mut(&key) else {
+                    return;
                 };
                 if !session.hello_done {
                     match frame {
                         Frame::Hello { features: f, .. } => {
                             session.hello_done = true;
-                            conn.send_frame(
-                                stream,
-                                &Frame::HelloOk {
-                                    features: f & features::ALL,
-                                    limits,
-                                    core: id as u16,
-                                    server: concat!("felix-broker/", env!("CARGO_PKG_VERSION"))
-                                        .into(),
+                            let cfg = &self.s.cfg;
+                            let hello = Frame::HelloOk {
+                                features: f & features::ALL,
+                                limits: Limits {
+                                    max_frame_bytes: cfg.max_frame_bytes as u32,
+                                    max_payload_bytes: cfg.max_payload_bytes,
+                                    max_subscriptions: cfg.max_subscriptions,
                                 },
-                            );
+                                core: self.id as u16,
+                                server: concat!("felix-broker/", env!("CARGO_PKG_VERSION")).into(),
+                            };
+                            if let Some(e) = self.ep.get(key) {
+                                e.conn.send_frame(stream, &hello);
+                            }
                         }
-                        _ => err(
-                            conn,
+                        _ => self.send_err(
+                            key,
+                            pub_error_stream(stream),
                             0,
                             ErrorCode::InvalidRequest,
                             "the first frame must be Hello".into(),
@@ -340,37 +936,324 @@ impl CoreState {
                     return;
                 }
                 match frame {
-                    Frame::DescribeStream { request_id, stream: name } => match catalog.lookup(&name) {
-                        Ok((_, def)) => conn.send_frame(
-                            stream,
-                            &Frame::StreamInfo { request_id, shards: def.shards, durable: false },
-                        ),
-                        Err((code, msg)) => err(conn, request_id, code, msg),
-                    },
-                    Frame::Publish { request_id, .. } | Frame::Subscribe { request_id, .. } => err(
-                        conn,
+                    Frame::DescribeStream {
                         request_id,
-                        ErrorCode::Unsupported,
-                        "publish/subscribe are not served by this build yet (shard runtime pending)".into(),
-                    ),
+                        stream: name,
+                    } => {
+                        let reply = match self.s.catalog.lookup(&name) {
+                            Ok((_, def)) => Frame::StreamInfo {
+                                request_id,
+                                shards: def.shards,
+                                durable: false,
+                            },
+                            Err((code, msg)) => Frame::error(request_id, code, msg),
+                        };
+                        if let Some(e) = self.ep.get(key) {
+                            e.conn.send_frame(stream, &reply);
+                        }
+                    }
+                    Frame::Publish {
+                        request_id,
+                        stream: name,
+                        shard,
+                        ack,
+                        records,
+                    } => {
+                        if let Err((code, msg)) =
+                            self.on_publish(key, stream, request_id, &name, shard, ack, records)
+                        {
+                            CoreCounters::inc(&counters.publishes_refused);
+                            self.send_err(key, pub_error_stream(stream), request_id, code, msg);
+                        }
+                    }
+                    Frame::Subscribe {
+                        request_id,
+                        stream: name,
+                        shard,
+                        start,
+                        policy,
+                        queue_records_max,
+                        queue_bytes_max,
+                    } => {
+                        if let Err((code, msg)) = self.on_subscribe(
+                            key,
+                            stream,
+                            request_id,
+                            &name,
+                            shard,
+                            start,
+                            policy,
+                            queue_records_max,
+                            queue_bytes_max,
+                        ) {
+                            self.send_err(key, stream, request_id, code, msg);
+                        }
+                    }
+                    Frame::Unsubscribe {
+                        request_id,
+                        subscription_id,
+                    } => {
+                        let owned = self
+                            .subs
+                            .get(&subscription_id)
+                            .map(|s| s.conn == key)
+                            .unwrap_or(false);
+                        if owned {
+                            self.remove_sub(subscription_id, Some((0, "unsubscribed".into())));
+                        } else {
+                            self.send_err(
+                                key,
+                                stream,
+                                request_id,
+                                ErrorCode::NotFound,
+                                format!("no subscription {subscription_id} on this connection"),
+                            );
+                        }
+                    }
                     Frame::Unknown { .. } => {}
-                    Frame::Hello { .. } => err(conn, 0, ErrorCode::InvalidRequest, "Hello sent twice".into()),
-                    other => err(conn, 0, ErrorCode::InvalidRequest, format!("unexpected frame kind {}", other.kind())),
+                    Frame::Hello { .. } => self.send_err(
+                        key,
+                        pub_error_stream(stream),
+                        0,
+                        ErrorCode::InvalidRequest,
+                        "Hello sent twice".into(),
+                    ),
+                    other => self.send_err(
+                        key,
+                        pub_error_stream(stream),
+                        0,
+                        ErrorCode::InvalidRequest,
+                        format!("unexpected frame kind {}", other.kind()),
+                    ),
                 }
             }
             ConnEvent::BadFrame { stream, error } => {
                 CoreCounters::inc(&counters.bad_frames);
-                CoreCounters::inc(&counters.errors_sent);
                 // Answer on the offending bidi stream, else on the control stream.
-                let to = if stream % 4 == 0 { stream } else { 0 };
-                conn.send_frame(to, &Frame::error(0, error.code(), error.to_string()));
+                self.send_err(
+                    key,
+                    pub_error_stream(stream),
+                    0,
+                    error.code(),
+                    error.to_string(),
+                );
             }
             ConnEvent::Finished { stream } => {
                 if stream % 4 == 0 && stream != 0 {
-                    conn.finish(stream);
+                    // Finish our side of a publisher stream once its last answer is queued.
+                    let Some(session) = self.sessions.get_mut(&key) else {
+                        return;
+                    };
+                    let pending = session
+                        .pub_streams
+                        .get(&stream)
+                        .map(|p| p.pending)
+                        .unwrap_or(0);
+                    if pending == 0 {
+                        session.pub_streams.remove(&stream);
+                        if let Some(e) = self.ep.get(key) {
+                            e.conn.finish(stream);
+                        }
+                    } else {
+                        session.pub_streams.entry(stream).or_default().fin_requested = true;
+                    }
                 }
             }
             ConnEvent::Reset { .. } => {}
         }
     }
+
+    #[allow(clippy::too_many_arguments)]
+    fn on_publish(
+        &mut self,
+        key: ConnKey,
+        quic_stream: u64,
+        request_id: u64,
+        name: &felix_quic::wire::StreamName,
+        sel: ShardSelector,
+        ack: bool,
+        records: Records,
+    ) -> Result<(), (ErrorCode, String)> {
+        let cfg = self.s.cfg.clone();
+        let (idx, def) = self.s.catalog.lookup(name)?;
+        let shards = def.shards;
+        let idx = idx as u32;
+        if records.count() == 0 {
+            return Err((
+                ErrorCode::InvalidRequest,
+                "a publish carries at least one record".into(),
+            ));
+        }
+        let max_payload = records.max_payload();
+        if max_payload > cfg.max_payload_bytes as usize {
+            return Err((
+                ErrorCode::PayloadTooLarge,
+                format!(
+                    "a record of {max_payload} bytes exceeds max_payload_bytes {}",
+                    cfg.max_payload_bytes
+                ),
+            ));
+        }
+        let shard = match sel {
+            ShardSelector::Shard(s) if s < shards => s,
+            ShardSelector::Shard(s) => {
+                return Err((
+                    ErrorCode::UnknownShard,
+                    format!("stream {name} has shards 0..{shards}, not {s}"),
+                ))
+            }
+            ShardSelector::Key(k) => felix_quic::wire::hash::shard_for_key(&k, shards),
+            ShardSelector::RoundRobin => {
+                let n = self.rr.entry(idx).or_insert(0);
+                *n = n.wrapping_add(1);
+                *n % shards
+            }
+        };
+        let bytes = records.region_len() as u64;
+        let session = self
+            .sessions
+            .get_mut(&key)
+            .expect("frames come from live sessions");
+        // Refuse before queueing anything, so a retry cannot write twice.
+        if session.inflight_bytes + bytes > cfg.conn_inflight_bytes_max
+            && session.inflight_bytes > 0
+        {
+            return Err((
+                ErrorCode::InflightLimit,
+                format!(
+                    "connection has {} bytes in flight (cap {})",
+                    session.inflight_bytes, cfg.conn_inflight_bytes_max
+                ),
+            ));
+        }
+        if ack && session.unacked >= cfg.conn_unacked_max {
+            return Err((
+                ErrorCode::InflightLimit,
+                format!(
+                    "connection has {} unanswered acked publishes (cap {})",
+                    session.unacked, cfg.conn_unacked_max
+                ),
+            ));
+        }
+        session.inflight_bytes += bytes;
+        if ack {
+            session.unacked += 1;
+            session.pub_streams.entry(quic_stream).or_default().pending += 1;
+        }
+        let origin = Origin {
+            core: self.id,
+            conn: key,
+            quic_stream,
+            request_id,
+            ack,
+            bytes,
+        };
+        CoreCounters::inc(&self.s.counters.publishes_received);
+        let owner = self.owner_core(idx, shard);
+        if owner != self.id {
+            CoreCounters::inc(&self.s.counters.publishes_forwarded);
+        }
+        let deadline = Instant::now() + Duration::from_millis(cfg.publish_timeout_ms);
+        self.route(
+            owner,
+            MeshMsg::Publish(PublishReq {
+                origin,
+                stream: idx,
+                shard,
+                records,
+                deadline,
+            }),
+        );
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn on_subscribe(
+        &mut self,
+        key: ConnKey,
+        reply_stream: u64,
+        request_id: u64,
+        name: &felix_quic::wire::StreamName,
+        shard: u32,
+        start: StartAt,
+        policy: QueuePolicy,
+        queue_records_max: u32,
+        queue_bytes_max: u64,
+    ) -> Result<(), (ErrorCode, String)> {
+        let cfg = self.s.cfg.clone();
+        let (idx, def) = self.s.catalog.lookup(name)?;
+        if shard >= def.shards {
+            return Err((
+                ErrorCode::UnknownShard,
+                format!("stream {name} has shards 0..{}, not {shard}", def.shards),
+            ));
+        }
+        let idx = idx as u32;
+        let session = self
+            .sessions
+            .get_mut(&key)
+            .expect("frames come from live sessions");
+        if session.subs.len() >= cfg.max_subscriptions as usize {
+            return Err((
+                ErrorCode::TooManySubscriptions,
+                format!(
+                    "connection holds {} subscriptions (max_subscriptions)",
+                    session.subs.len()
+                ),
+            ));
+        }
+        // The configured bound is both the default and the maximum a subscriber may ask for.
+        let pick = |asked: u64, max: u64| if asked == 0 { max } else { asked.min(max) };
+        let records_max = pick(queue_records_max as u64, cfg.sub_queue_records_max as u64);
+        let bytes_max = pick(queue_bytes_max, cfg.sub_queue_bytes_max);
+        let e = self.ep.get(key).expect("session has a connection");
+        if !e.conn.can_open_uni() {
+            return Err((
+                ErrorCode::TooManySubscriptions,
+                "the client's unidirectional stream limit is exhausted".into(),
+            ));
+        }
+        let qs = e.conn.open_uni();
+        let sid = ((self.id as u64) << 48) | self.next_sub;
+        self.next_sub += 1;
+        e.conn.send_frame(
+            qs,
+            &Frame::SubStream {
+                subscription_id: sid,
+            },
+        );
+        session.subs.push(sid);
+        session.sub_streams.insert(qs, sid);
+        self.subs.insert(
+            sid,
+            Sub {
+                conn: key,
+                quic_stream: qs,
+                stream: idx,
+                shard,
+                queue: SubQueue::new(policy, records_max, bytes_max),
+                next_offset: None,
+                request_id,
+                reply_stream,
+            },
+        );
+        self.local_subs.entry((idx, shard)).or_default().push(sid);
+        CoreCounters::inc(&self.s.counters.subscriptions_opened);
+        let owner = self.owner_core(idx, shard);
+        self.route(
+            owner,
+            MeshMsg::Attach {
+                core: self.id,
+                sub: sid,
+                stream: idx,
+                shard,
+                start,
+            },
+        );
+        Ok(())
+    }
+}
+
+fn item_is_none(subs: &HashMap<u64, Sub>, sid: u64) -> bool {
+    subs.get(&sid).map(|s| s.queue.is_empty()).unwrap_or(true)
 }

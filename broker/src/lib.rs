@@ -10,4 +10,5 @@ pub mod catalog;
 pub mod config;
 pub mod core;
 pub mod dma;
+pub mod fanout;
 pub mod metrics;

@@ -35,6 +35,7 @@ fn main() {
 }
 
 fn run(cfg: Config) -> Result<(), String> {
+    let cfg = Arc::new(cfg);
     let catalog = match &cfg.catalog {
         Some(p) => Catalog::from_yaml(
             &std::fs::read_to_string(p).map_err(|e| format!("catalog {}: {e}", p.display()))?,
@@ -113,9 +114,7 @@ fn run(cfg: Config) -> Result<(), String> {
         let transport = transport.clone();
         let settings = CoreSettings {
             cores: cfg.cores as u8,
-            max_frame_bytes: cfg.max_frame_bytes,
-            max_payload_bytes: 1 << 20,
-            max_subscriptions: 1024,
+            cfg: cfg.clone(),
             catalog: catalog.clone(),
             counters: counters[i].clone(),
             shutdown: shutdown.clone(),

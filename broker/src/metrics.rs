@@ -30,11 +30,29 @@ counters! {
     frames_received: "Felix frames decoded",
     bad_frames: "malformed frames answered with a typed error",
     errors_sent: "Error frames sent",
+    publishes_received: "Publish frames accepted for routing on this core (connection side)",
+    publishes_forwarded: "publishes sent to the owning core over the mesh",
+    batches_appended: "batches appended by shards this core owns",
+    records_appended: "records appended by shards this core owns",
+    publishes_held: "publishes that waited for a Block subscriber",
+    publish_timeouts: "held publishes answered publish_timeout (not appended)",
+    publishes_refused: "publishes refused before routing (validation, in-flight caps)",
+    mesh_deliveries_out: "delivery batches sent to another core (one per core, not per subscriber)",
+    mesh_deliveries_in: "delivery batches received from another core",
+    batches_delivered: "delivery batches written to subscription streams on this core",
+    records_delivered: "records written to subscription streams on this core",
+    records_dropped: "records lost by subscribers on this core (DropNew/DropOld), each announced by a lag notice",
+    lag_notices: "lag notices written to subscription streams",
+    subscriptions_opened: "subscriptions opened on this core",
+    subscriptions_closed: "subscriptions closed on this core",
 }
 
 impl CoreCounters {
     pub fn inc(c: &AtomicU64) {
         c.fetch_add(1, Ordering::Relaxed);
+    }
+    pub fn add(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Ordering::Relaxed);
     }
 }
 

@@ -1,12 +1,13 @@
 //! felixctl: Felix from the command line.
 //!
-//! Today: `felixctl describe STREAM` over QUIC. Publish/subscribe land with the broker's
-//! shard runtime; admin commands over REST with the control plane.
+//! Over QUIC: `describe`, `publish`, `subscribe`. Admin commands over REST arrive with the
+//! control plane. Exit codes: 0 ok, 1 the broker refused or the connection failed, 2 usage.
 
 use clap::{Parser, Subcommand};
-use felix_client::{Client, ClientConfig};
+use felix_client::{Client, ClientConfig, Event, SubscribeOptions};
 use felix_quic::tls::Verify;
 use felix_quic::wire::StreamName;
+use felix_quic::wire::{QueuePolicy, ShardSelector, StartAt};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -51,6 +52,42 @@ struct Cli {
 enum Cmd {
     /// Show a stream's shard count and durability.
     Describe { stream: String },
+    /// Publish records (the MESSAGE arguments, or one record per stdin line if none).
+    Publish {
+        stream: String,
+        messages: Vec<String>,
+        /// Routing key (the shard is fnv1a64(key) mod shards).
+        #[arg(long, conflicts_with = "shard")]
+        key: Option<String>,
+        /// Explicit shard.
+        #[arg(long)]
+        shard: Option<u32>,
+        /// Send all records as one batch (one ack) instead of one publish per record.
+        #[arg(long)]
+        batch: bool,
+        /// Fire-and-forget (no acks).
+        #[arg(long)]
+        no_ack: bool,
+    },
+    /// Subscribe and print records (one line each) and lag notices.
+    Subscribe {
+        stream: String,
+        /// One shard; default: every shard of the stream.
+        #[arg(long)]
+        shard: Option<u32>,
+        /// latest, earliest, or an offset.
+        #[arg(long, default_value = "latest")]
+        from: String,
+        /// drop_new, drop_old or block.
+        #[arg(long, default_value = "drop_new")]
+        policy: String,
+        /// Exit after this many records.
+        #[arg(long)]
+        count: Option<u64>,
+        /// Exit when nothing arrives for this long (milliseconds); default: wait forever.
+        #[arg(long)]
+        idle_exit_ms: Option<u64>,
+    },
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -79,6 +116,73 @@ async fn run(cli: Cli) -> i32 {
         }
     };
     let code = match &cli.cmd {
+        Cmd::Publish {
+            stream,
+            messages,
+            key,
+            shard,
+            batch,
+            no_ack,
+        } => {
+            let name = StreamName::new(&cli.tenant, &cli.namespace, stream);
+            let mut msgs = messages.clone();
+            if msgs.is_empty() {
+                use std::io::BufRead;
+                msgs = std::io::stdin()
+                    .lock()
+                    .lines()
+                    .map_while(Result::ok)
+                    .collect();
+            }
+            let sel = match (key, shard) {
+                (Some(k), _) => ShardSelector::Key(bytes::Bytes::from(k.clone().into_bytes())),
+                (_, Some(s)) => ShardSelector::Shard(*s),
+                _ => ShardSelector::RoundRobin,
+            };
+            publish(&client, &name, sel, msgs, *batch, *no_ack, cli.json).await
+        }
+        Cmd::Subscribe {
+            stream,
+            shard,
+            from,
+            policy,
+            count,
+            idle_exit_ms,
+        } => {
+            let name = StreamName::new(&cli.tenant, &cli.namespace, stream);
+            let start = match from.as_str() {
+                "latest" => StartAt::Latest,
+                "earliest" => StartAt::Earliest,
+                n => match n.parse() {
+                    Ok(o) => StartAt::Offset(o),
+                    Err(_) => {
+                        eprintln!(
+                            "felixctl: --from must be latest, earliest or an offset, got {n:?}"
+                        );
+                        return 2;
+                    }
+                },
+            };
+            let Some(policy) = QueuePolicy::parse(policy) else {
+                eprintln!("felixctl: --policy must be drop_new, drop_old or block, got {policy:?}");
+                return 2;
+            };
+            let opts = SubscribeOptions {
+                start,
+                policy,
+                ..Default::default()
+            };
+            subscribe(
+                &client,
+                &name,
+                *shard,
+                opts,
+                *count,
+                *idle_exit_ms,
+                cli.json,
+            )
+            .await
+        }
         Cmd::Describe { stream } => {
             let name = StreamName::new(&cli.tenant, &cli.namespace, stream);
             match client.describe_stream(&name).await {
@@ -106,4 +210,147 @@ async fn run(cli: Cli) -> i32 {
     };
     let _ = client.close().await;
     code
+}
+
+async fn publish(
+    client: &Client,
+    name: &StreamName,
+    sel: ShardSelector,
+    msgs: Vec<String>,
+    batch: bool,
+    no_ack: bool,
+    json: bool,
+) -> i32 {
+    if msgs.is_empty() {
+        eprintln!("felixctl: nothing to publish");
+        return 2;
+    }
+    let groups: Vec<Vec<String>> = if batch {
+        vec![msgs]
+    } else {
+        msgs.into_iter().map(|m| vec![m]).collect()
+    };
+    for g in groups {
+        let payloads: Vec<bytes::Bytes> = g
+            .into_iter()
+            .map(|m| bytes::Bytes::from(m.into_bytes()))
+            .collect();
+        if no_ack {
+            if let Err(e) = client.publish_fire(name, sel.clone(), payloads) {
+                eprintln!("felixctl: {e}");
+                return 1;
+            }
+            continue;
+        }
+        match client.publish_batch(name, sel.clone(), payloads).await {
+            Ok(a) if json => println!(
+                "{}",
+                serde_json::json!({"shard": a.shard, "first_offset": a.first_offset, "count": a.count})
+            ),
+            Ok(a) => println!(
+                "shard {} offset {} count {}",
+                a.shard, a.first_offset, a.count
+            ),
+            Err(e) => {
+                eprintln!("felixctl: {e}");
+                return 1;
+            }
+        }
+    }
+    if no_ack {
+        // Give the connection a moment to report refusals before closing.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let (n, last) = client.fire_and_forget_errors();
+        if n > 0 {
+            eprintln!(
+                "felixctl: {n} fire-and-forget publishes refused; last: {}",
+                last.map(|e| e.to_string()).unwrap_or_default()
+            );
+            return 1;
+        }
+    }
+    0
+}
+
+async fn subscribe(
+    client: &Client,
+    name: &StreamName,
+    shard: Option<u32>,
+    opts: SubscribeOptions,
+    count: Option<u64>,
+    idle_exit_ms: Option<u64>,
+    json: bool,
+) -> i32 {
+    let sub = match shard {
+        Some(s) => client.subscribe(name, s, opts).await,
+        None => client.subscribe_stream(name, opts).await,
+    };
+    let mut sub = match sub {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("felixctl: {e}");
+            return 1;
+        }
+    };
+    if !json {
+        eprintln!(
+            "subscribed to {name} ({} shard(s)); waiting for records",
+            sub.ids.len()
+        );
+    }
+    let mut seen = 0u64;
+    loop {
+        if count.is_some_and(|c| seen >= c) {
+            return 0;
+        }
+        let ev = match idle_exit_ms {
+            Some(ms) => match sub.next_timeout(Duration::from_millis(ms)).await {
+                Ok(ev) => ev,
+                Err(_) => return 0,
+            },
+            None => sub.next().await,
+        };
+        let Some(ev) = ev else { return 1 };
+        match &ev {
+            Event::Records { shard, .. } => {
+                for (offset, payload) in ev.records() {
+                    let text = String::from_utf8_lossy(&payload);
+                    if json {
+                        println!(
+                            "{}",
+                            serde_json::json!({"shard": shard, "offset": offset, "payload": text})
+                        );
+                    } else {
+                        println!("[{shard}:{offset}] {text}");
+                    }
+                    seen += 1;
+                    if count.is_some_and(|c| seen >= c) {
+                        break;
+                    }
+                }
+            }
+            Event::Lag {
+                shard,
+                from_offset,
+                lost,
+            } => {
+                if json {
+                    println!(
+                        "{}",
+                        serde_json::json!({"shard": shard, "lag": {"from_offset": from_offset, "lost": lost}})
+                    );
+                } else {
+                    println!("[{shard}] lag: lost {lost} records from offset {from_offset}");
+                }
+            }
+            Event::End {
+                shard,
+                code,
+                message,
+            } => {
+                eprintln!("felixctl: subscription to shard {shard} ended ({code}): {message}");
+                return if *code == 0 { 0 } else { 1 };
+            }
+        }
+    }
 }

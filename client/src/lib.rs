@@ -1,21 +1,34 @@
 //! felix-client: the Rust client for Felix over QUIC (tokio).
 //!
-//! **State (first landing):** `Client::connect` (TLS 1.3 verified against a CA file, or an
-//! explicit insecure mode), the Felix handshake, `describe_stream`, and a clean `close`, each
-//! bounded by a timeout. Publish and subscribe land with the broker's shard runtime.
+//! `Client::connect` (TLS 1.3 verified against a CA file, or an explicit insecure mode) and
+//! the Felix handshake; `describe_stream`; acked `publish` / `publish_batch` on per-publisher
+//! bidirectional streams ([`Client::publisher`] opens another one); fire-and-forget
+//! publishes on their own unidirectional stream; `subscribe` to one shard or
+//! `subscribe_stream` to every shard of a stream (merged, per-shard order kept); clean
+//! `close`. Every call is bounded by a timeout from [`ClientConfig`].
+//!
+//! Back-pressure: each subscription buffers at most `SubscribeOptions::buffer_events`
+//! events; when the application stops reading, the client stops reading that QUIC stream,
+//! flow control holds the broker, and the broker's queue policy for the subscription applies.
 
+use bytes::Bytes;
 use felix_quic::conn::{ConnEvent, FelixConn};
 use felix_quic::tls::{client_config, TransportConfig, Verify};
 use felix_quic::tokio_driver::{spawn_client, Handler};
-use felix_quic::wire::{features, ErrorCode, Frame, Limits, StreamName, DEFAULT_MAX_FRAME_BYTES};
-use std::collections::HashMap;
+use felix_quic::wire::{
+    features, ErrorCode, Frame, Limits, QueuePolicy, Records, ShardSelector, StartAt, StreamName,
+    DEFAULT_MAX_FRAME_BYTES,
+};
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 /// Everything a client call can fail with.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
     #[error("connect to {0} failed: {1}")]
     Connect(SocketAddr, String),
@@ -31,6 +44,18 @@ pub enum Error {
     Protocol(String),
     #[error("TLS configuration: {0}")]
     Tls(String),
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+}
+
+impl Error {
+    /// The registry code, when the broker refused.
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            Error::Broker { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
 }
 
 /// Client settings.
@@ -68,21 +93,144 @@ pub struct StreamInfo {
     pub durable: bool,
 }
 
+/// The broker's answer to an acked publish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ack {
+    pub shard: u32,
+    pub first_offset: u64,
+    pub count: u32,
+}
+
+/// How a subscription starts and is queued on the broker.
+#[derive(Debug, Clone)]
+pub struct SubscribeOptions {
+    pub start: StartAt,
+    pub policy: QueuePolicy,
+    /// Broker-side queue bound in records (0 = broker default, which is also the maximum).
+    pub queue_records_max: u32,
+    /// Broker-side queue bound in bytes (0 = broker default).
+    pub queue_bytes_max: u64,
+    /// Events buffered in the client before it stops reading the stream.
+    pub buffer_events: usize,
+}
+
+impl Default for SubscribeOptions {
+    fn default() -> Self {
+        SubscribeOptions {
+            start: StartAt::Latest,
+            policy: QueuePolicy::DropNew,
+            queue_records_max: 0,
+            queue_bytes_max: 0,
+            buffer_events: 1024,
+        }
+    }
+}
+
+/// What a subscription yields.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// Consecutive records of one shard starting at `first_offset`.
+    Records {
+        shard: u32,
+        first_offset: u64,
+        records: Records,
+    },
+    /// The broker's queue for this subscriber overflowed: `lost` records from `from_offset`
+    /// were not delivered.
+    Lag {
+        shard: u32,
+        from_offset: u64,
+        lost: u64,
+    },
+    /// The broker ended the subscription (`code` 0 = normal end).
+    End {
+        shard: u32,
+        code: u16,
+        message: String,
+    },
+}
+
+impl Event {
+    /// `(offset, payload)` pairs of a `Records` event (empty for the others).
+    pub fn records(&self) -> Vec<(u64, Bytes)> {
+        match self {
+            Event::Records {
+                first_offset,
+                records,
+                ..
+            } => records
+                .iter()
+                .enumerate()
+                .map(|(i, p)| (first_offset + i as u64, p))
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+}
+
+enum Lane {
+    /// Acked publishes on the bidi stream of publisher `n`.
+    Acked(u32),
+    /// Fire-and-forget publishes on the client's unidirectional publish stream.
+    Fire,
+}
+
 enum Cmd {
     Request {
         frame: Frame,
         request_id: u64,
         reply: oneshot::Sender<Result<Frame, Error>>,
     },
+    Publish {
+        frame: Frame,
+        request_id: u64,
+        lane: Lane,
+        reply: Option<oneshot::Sender<Result<Frame, Error>>>,
+    },
+    Subscribe {
+        frame: Frame,
+        request_id: u64,
+        reply: oneshot::Sender<Result<Frame, Error>>,
+        slot: SubSlot,
+    },
+    Unsubscribe {
+        subscription_id: u64,
+        request_id: u64,
+    },
+    /// An application drained a paused subscription: try to resume reading.
+    Resume,
     Close {
         done: oneshot::Sender<()>,
     },
 }
 
+#[derive(Clone)]
+struct SubSlot {
+    events: mpsc::Sender<Event>,
+    paused: Arc<AtomicBool>,
+    shard: u32,
+}
+
+#[derive(Default)]
+struct FireErrors {
+    count: AtomicU64,
+    last: Mutex<Option<Error>>,
+}
+
 struct ConnHandler {
     established: Option<oneshot::Sender<()>>,
-    pending: HashMap<u64, oneshot::Sender<Result<Frame, Error>>>,
     hello: Option<oneshot::Sender<Result<Frame, Error>>>,
+    pending: HashMap<u64, oneshot::Sender<Result<Frame, Error>>>,
+    pending_subs: HashMap<u64, SubSlot>,
+    subs: HashMap<u64, SubSlot>,
+    stream_sub: HashMap<u64, u64>,
+    /// Frames of a subscription stream that arrived before its `SubscribeOk`.
+    early: HashMap<u64, Vec<Frame>>,
+    /// Events waiting for room in a full subscription buffer (their stream is paused).
+    blocked: HashMap<u64, VecDeque<Event>>,
+    pub_streams: HashMap<u32, u64>,
+    fire_stream: Option<u64>,
+    fire_errors: Arc<FireErrors>,
     closing: Vec<oneshot::Sender<()>>,
 }
 
@@ -93,6 +241,83 @@ fn request_id_of(f: &Frame) -> Option<u64> {
         | Frame::PublishAck { request_id, .. }
         | Frame::SubscribeOk { request_id, .. } => Some(*request_id),
         _ => None,
+    }
+}
+
+fn broker_error(code: u16, message: String) -> Error {
+    match ErrorCode::from_number(code) {
+        Some(code) => Error::Broker { code, message },
+        None => Error::UnknownBrokerError {
+            number: code,
+            message,
+        },
+    }
+}
+
+impl ConnHandler {
+    fn to_event(shard: u32, f: Frame) -> Option<Event> {
+        match f {
+            Frame::Delivery {
+                shard,
+                first_offset,
+                records,
+            } => Some(Event::Records {
+                shard,
+                first_offset,
+                records,
+            }),
+            Frame::Lag { from_offset, lost } => Some(Event::Lag {
+                shard,
+                from_offset,
+                lost,
+            }),
+            Frame::SubEnd { code, message, .. } => Some(Event::End {
+                shard,
+                code,
+                message,
+            }),
+            _ => None,
+        }
+    }
+
+    /// Hand an event to its subscription, pausing the QUIC stream when the buffer is full.
+    fn deliver(&mut self, c: &mut FelixConn, stream: u64, slot: &SubSlot, ev: Event) {
+        if let Some(q) = self.blocked.get_mut(&stream) {
+            q.push_back(ev);
+            return;
+        }
+        match slot.events.try_send(ev) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(ev)) => {
+                self.blocked.entry(stream).or_default().push_back(ev);
+                c.pause(stream);
+                slot.paused.store(true, Ordering::Release);
+            }
+            // The application dropped the subscription; its Drop sent Unsubscribe.
+            Err(mpsc::error::TrySendError::Closed(_)) => {}
+        }
+    }
+
+    fn on_sub_frame(&mut self, c: &mut FelixConn, stream: u64, frame: Frame) {
+        if let Frame::SubStream { subscription_id } = frame {
+            self.stream_sub.insert(stream, subscription_id);
+            return;
+        }
+        let Some(&sid) = self.stream_sub.get(&stream) else {
+            return;
+        };
+        let Some(slot) = self.subs.get(&sid).cloned() else {
+            self.early.entry(sid).or_default().push(frame);
+            return;
+        };
+        let end = matches!(frame, Frame::SubEnd { .. });
+        if let Some(ev) = Self::to_event(slot.shard, frame) {
+            self.deliver(c, stream, &slot, ev);
+        }
+        if end && !self.blocked.contains_key(&stream) {
+            self.subs.remove(&sid);
+            self.stream_sub.remove(&stream);
+        }
     }
 }
 
@@ -111,24 +336,56 @@ impl Handler for ConnHandler {
             let _ = t.send(());
         }
     }
-    fn on_event(&mut self, _c: &mut FelixConn, ev: ConnEvent) {
-        let ConnEvent::Frame { frame, .. } = ev else {
+    fn on_event(&mut self, c: &mut FelixConn, ev: ConnEvent) {
+        let ConnEvent::Frame { frame, stream } = ev else {
             return;
         };
+        // Server-initiated unidirectional streams (id % 4 == 3) are subscriptions.
+        if stream % 4 == 3 {
+            self.on_sub_frame(c, stream, frame);
+            return;
+        }
         if let Frame::HelloOk { .. } = frame {
             if let Some(h) = self.hello.take() {
                 let _ = h.send(Ok(frame));
             }
             return;
         }
-        if let Some(id) = request_id_of(&frame) {
-            if let Some(tx) = self.pending.remove(&id) {
-                let _ = tx.send(Ok(frame));
-            } else if id == 0 {
-                if let Some(h) = self.hello.take() {
-                    let _ = h.send(Ok(frame));
+        let Some(id) = request_id_of(&frame) else {
+            return;
+        };
+        if let Frame::SubscribeOk {
+            subscription_id, ..
+        } = &frame
+        {
+            if let Some(slot) = self.pending_subs.remove(&id) {
+                let sid = *subscription_id;
+                self.subs.insert(sid, slot.clone());
+                let stream = self
+                    .stream_sub
+                    .iter()
+                    .find(|(_, s)| **s == sid)
+                    .map(|(st, _)| *st);
+                for f in self.early.remove(&sid).unwrap_or_default() {
+                    if let (Some(ev), Some(st)) = (Self::to_event(slot.shard, f), stream) {
+                        self.deliver(c, st, &slot, ev);
+                    }
                 }
             }
+        }
+        if let Frame::Error { .. } = &frame {
+            self.pending_subs.remove(&id);
+        }
+        if let Some(tx) = self.pending.remove(&id) {
+            let _ = tx.send(Ok(frame));
+        } else if id == 0 {
+            if let Some(h) = self.hello.take() {
+                let _ = h.send(Ok(frame));
+            }
+        } else if let Frame::Error { code, message, .. } = frame {
+            // A refused fire-and-forget publish.
+            self.fire_errors.count.fetch_add(1, Ordering::Relaxed);
+            *self.fire_errors.last.lock().unwrap() = Some(broker_error(code, message));
         }
     }
     fn on_command(&mut self, c: &mut FelixConn, cmd: Cmd) {
@@ -141,13 +398,82 @@ impl Handler for ConnHandler {
                 self.pending.insert(request_id, reply);
                 c.send_frame(0, &frame);
             }
+            Cmd::Publish {
+                frame,
+                request_id,
+                lane,
+                reply,
+            } => {
+                let stream = match lane {
+                    Lane::Acked(n) => *self.pub_streams.entry(n).or_insert_with(|| c.open_bidi()),
+                    Lane::Fire => *self.fire_stream.get_or_insert_with(|| c.open_uni()),
+                };
+                if let Some(reply) = reply {
+                    self.pending.insert(request_id, reply);
+                }
+                c.send_frame(stream, &frame);
+            }
+            Cmd::Subscribe {
+                frame,
+                request_id,
+                reply,
+                slot,
+            } => {
+                self.pending.insert(request_id, reply);
+                self.pending_subs.insert(request_id, slot);
+                c.send_frame(0, &frame);
+            }
+            Cmd::Unsubscribe {
+                subscription_id,
+                request_id,
+            } => {
+                self.subs.remove(&subscription_id);
+                c.send_frame(
+                    0,
+                    &Frame::Unsubscribe {
+                        request_id,
+                        subscription_id,
+                    },
+                );
+            }
+            Cmd::Resume => {}
             Cmd::Close { done } => {
                 c.close(0, "client close");
                 self.closing.push(done);
             }
         }
     }
-    fn before_flush(&mut self, _c: &mut FelixConn, _e: &mut Vec<ConnEvent>) {}
+    fn before_flush(&mut self, c: &mut FelixConn, events: &mut Vec<ConnEvent>) {
+        let streams: Vec<u64> = self.blocked.keys().copied().collect();
+        for stream in streams {
+            let Some(&sid) = self.stream_sub.get(&stream) else {
+                self.blocked.remove(&stream);
+                continue;
+            };
+            let Some(slot) = self.subs.get(&sid).cloned() else {
+                self.blocked.remove(&stream);
+                c.resume(stream);
+                continue;
+            };
+            let q = self.blocked.get_mut(&stream).unwrap();
+            while let Some(ev) = q.pop_front() {
+                match slot.events.try_send(ev) {
+                    Ok(()) => {}
+                    Err(mpsc::error::TrySendError::Full(ev)) => {
+                        q.push_front(ev);
+                        break;
+                    }
+                    Err(mpsc::error::TrySendError::Closed(_)) => q.clear(),
+                }
+            }
+            if q.is_empty() {
+                self.blocked.remove(&stream);
+                slot.paused.store(false, Ordering::Release);
+                c.resume(stream);
+                c.read_stream(stream, events);
+            }
+        }
+    }
     fn on_closed(&mut self, reason: String) {
         for (_, tx) in self.pending.drain() {
             let _ = tx.send(Err(Error::Closed(reason.clone())));
@@ -155,30 +481,166 @@ impl Handler for ConnHandler {
         if let Some(h) = self.hello.take() {
             let _ = h.send(Err(Error::Closed(reason.clone())));
         }
+        for (_, slot) in self.subs.drain() {
+            let _ = slot.events.try_send(Event::End {
+                shard: slot.shard,
+                code: u16::MAX,
+                message: format!("connection closed: {reason}"),
+            });
+        }
         for d in self.closing.drain(..) {
             let _ = d.send(());
         }
     }
 }
 
-/// A connection to one broker.
-pub struct Client {
+struct Inner {
     tx: mpsc::UnboundedSender<Cmd>,
     cfg: ClientConfig,
-    next_id: std::sync::atomic::AtomicU64,
+    next_id: AtomicU64,
+    next_lane: AtomicU64,
+    fire_errors: Arc<FireErrors>,
+}
+
+impl Inner {
+    fn id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+    fn send(&self, cmd: Cmd) -> Result<(), Error> {
+        self.tx
+            .send(cmd)
+            .map_err(|_| Error::Closed("connection task ended".into()))
+    }
+    async fn wait(&self, rx: oneshot::Receiver<Result<Frame, Error>>) -> Result<Frame, Error> {
+        let t = self.cfg.request_timeout;
+        match tokio::time::timeout(t, rx).await {
+            Err(_) => Err(Error::Timeout(t)),
+            Ok(Err(_)) => Err(Error::Closed("connection task ended".into())),
+            Ok(Ok(r)) => r,
+        }
+    }
+}
+
+fn unexpected(f: Frame) -> Error {
+    match f {
+        Frame::Error { code, message, .. } => broker_error(code, message),
+        other => Error::Protocol(format!("unexpected answer kind {}", other.kind())),
+    }
+}
+
+/// A connection to one broker.
+pub struct Client {
+    inner: Arc<Inner>,
     /// Limits the broker announced.
     pub limits: Limits,
     /// The broker core that holds this connection.
     pub core: u16,
 }
 
-fn broker_error(code: u16, message: String) -> Error {
-    match ErrorCode::from_number(code) {
-        Some(code) => Error::Broker { code, message },
-        None => Error::UnknownBrokerError {
-            number: code,
-            message,
-        },
+/// An acked publisher with its own QUIC stream (so one slow shard's acks never delay
+/// another publisher's).
+#[derive(Clone)]
+pub struct Publisher {
+    inner: Arc<Inner>,
+    lane: u32,
+}
+
+impl Publisher {
+    /// Publish records in one batch to the shard `selector` picks; waits for the ack.
+    pub async fn publish_batch<P: Into<Bytes>>(
+        &self,
+        stream: &StreamName,
+        selector: ShardSelector,
+        payloads: Vec<P>,
+    ) -> Result<Ack, Error> {
+        if payloads.is_empty() {
+            return Err(Error::InvalidArgument(
+                "a publish needs at least one record".into(),
+            ));
+        }
+        let request_id = self.inner.id();
+        let records = Records::encode(payloads.into_iter().map(|p| p.into()));
+        let frame = Frame::Publish {
+            request_id,
+            stream: stream.clone(),
+            shard: selector,
+            ack: true,
+            records,
+        };
+        let (reply, rx) = oneshot::channel();
+        self.inner.send(Cmd::Publish {
+            frame,
+            request_id,
+            lane: Lane::Acked(self.lane),
+            reply: Some(reply),
+        })?;
+        match self.inner.wait(rx).await? {
+            Frame::PublishAck {
+                shard,
+                first_offset,
+                count,
+                ..
+            } => Ok(Ack {
+                shard,
+                first_offset,
+                count,
+            }),
+            other => Err(unexpected(other)),
+        }
+    }
+}
+
+/// A live subscription (one shard, or every shard of a stream merged).
+pub struct Subscription {
+    rx: mpsc::Receiver<Event>,
+    paused: Arc<AtomicBool>,
+    inner: Arc<Inner>,
+    /// `(shard, subscription id)` per shard covered.
+    pub ids: Vec<(u32, u64)>,
+    /// The first offset per shard, as the broker answered.
+    pub start_offsets: Vec<(u32, u64)>,
+    lost: u64,
+}
+
+impl Subscription {
+    /// The next event; `None` once the connection is gone and everything was read.
+    pub async fn next(&mut self) -> Option<Event> {
+        let ev = self.rx.recv().await;
+        self.after_recv(&ev);
+        ev
+    }
+    /// The next event if one arrives within `timeout`.
+    pub async fn next_timeout(&mut self, timeout: Duration) -> Result<Option<Event>, Error> {
+        match tokio::time::timeout(timeout, self.rx.recv()).await {
+            Ok(ev) => {
+                self.after_recv(&ev);
+                Ok(ev)
+            }
+            Err(_) => Err(Error::Timeout(timeout)),
+        }
+    }
+    fn after_recv(&mut self, ev: &Option<Event>) {
+        if let Some(Event::Lag { lost, .. }) = ev {
+            self.lost += lost;
+        }
+        if self.paused.swap(false, Ordering::AcqRel) {
+            let _ = self.inner.send(Cmd::Resume);
+        }
+    }
+    /// Records the broker announced as lost to this subscription so far.
+    pub fn lost_records(&self) -> u64 {
+        self.lost
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        for (_, sid) in &self.ids {
+            let _ = self.inner.send(Cmd::Unsubscribe {
+                subscription_id: *sid,
+                request_id: self.inner.id(),
+            });
+        }
     }
 }
 
@@ -189,10 +651,19 @@ impl Client {
             client_config(&cfg.verify, &cfg.transport).map_err(|e| Error::Tls(e.to_string()))?;
         let (etx, erx) = oneshot::channel();
         let (htx, hrx) = oneshot::channel();
+        let fire_errors = Arc::new(FireErrors::default());
         let handler = ConnHandler {
             established: Some(etx),
-            pending: HashMap::new(),
             hello: Some(htx),
+            pending: HashMap::new(),
+            pending_subs: HashMap::new(),
+            subs: HashMap::new(),
+            stream_sub: HashMap::new(),
+            early: HashMap::new(),
+            blocked: HashMap::new(),
+            pub_streams: HashMap::new(),
+            fire_stream: None,
+            fire_errors: fire_errors.clone(),
             closing: Vec::new(),
         };
         let tx = spawn_client(
@@ -219,38 +690,29 @@ impl Client {
         .map_err(|_| Error::Timeout(t))??;
         match hello {
             Frame::HelloOk { limits, core, .. } => Ok(Client {
-                tx,
-                cfg,
-                next_id: std::sync::atomic::AtomicU64::new(1),
+                inner: Arc::new(Inner {
+                    tx,
+                    cfg,
+                    next_id: AtomicU64::new(1),
+                    next_lane: AtomicU64::new(1),
+                    fire_errors,
+                }),
                 limits,
                 core,
             }),
-            Frame::Error { code, message, .. } => Err(broker_error(code, message)),
-            other => Err(Error::Protocol(format!(
-                "expected HelloOk, got kind {}",
-                other.kind()
-            ))),
+            other => Err(unexpected(other)),
         }
     }
 
     async fn request(&self, make: impl FnOnce(u64) -> Frame) -> Result<Frame, Error> {
-        let request_id = self
-            .next_id
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let request_id = self.inner.id();
         let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Cmd::Request {
-                frame: make(request_id),
-                request_id,
-                reply,
-            })
-            .map_err(|_| Error::Closed("connection task ended".into()))?;
-        let t = self.cfg.request_timeout;
-        match tokio::time::timeout(t, rx).await {
-            Err(_) => Err(Error::Timeout(t)),
-            Ok(Err(_)) => Err(Error::Closed("connection task ended".into())),
-            Ok(Ok(r)) => r,
-        }
+        self.inner.send(Cmd::Request {
+            frame: make(request_id),
+            request_id,
+            reply,
+        })?;
+        self.inner.wait(rx).await
     }
 
     /// Shard count and durability of a stream.
@@ -265,21 +727,185 @@ impl Client {
             Frame::StreamInfo {
                 shards, durable, ..
             } => Ok(StreamInfo { shards, durable }),
-            Frame::Error { code, message, .. } => Err(broker_error(code, message)),
-            other => Err(Error::Protocol(format!(
-                "unexpected answer kind {}",
-                other.kind()
-            ))),
+            other => Err(unexpected(other)),
         }
+    }
+
+    /// A new acked publisher on its own QUIC stream.
+    pub fn publisher(&self) -> Publisher {
+        Publisher {
+            inner: self.inner.clone(),
+            lane: self.inner.next_lane.fetch_add(1, Ordering::Relaxed) as u32,
+        }
+    }
+
+    fn default_publisher(&self) -> Publisher {
+        Publisher {
+            inner: self.inner.clone(),
+            lane: 0,
+        }
+    }
+
+    /// Publish one record (round robin over shards); waits for the ack.
+    pub async fn publish(
+        &self,
+        stream: &StreamName,
+        payload: impl Into<Bytes>,
+    ) -> Result<Ack, Error> {
+        self.default_publisher()
+            .publish_batch(stream, ShardSelector::RoundRobin, vec![payload.into()])
+            .await
+    }
+
+    /// Publish a batch to one shard (explicit, by key, or round robin); waits for the ack.
+    pub async fn publish_batch<P: Into<Bytes>>(
+        &self,
+        stream: &StreamName,
+        selector: ShardSelector,
+        payloads: Vec<P>,
+    ) -> Result<Ack, Error> {
+        self.default_publisher()
+            .publish_batch(stream, selector, payloads)
+            .await
+    }
+
+    /// Fire-and-forget: hands the batch to the connection and returns. Refusals are counted
+    /// in [`Client::fire_and_forget_errors`].
+    pub fn publish_fire<P: Into<Bytes>>(
+        &self,
+        stream: &StreamName,
+        selector: ShardSelector,
+        payloads: Vec<P>,
+    ) -> Result<(), Error> {
+        if payloads.is_empty() {
+            return Err(Error::InvalidArgument(
+                "a publish needs at least one record".into(),
+            ));
+        }
+        let request_id = self.inner.id();
+        let records = Records::encode(payloads.into_iter().map(|p| p.into()));
+        let frame = Frame::Publish {
+            request_id,
+            stream: stream.clone(),
+            shard: selector,
+            ack: false,
+            records,
+        };
+        self.inner.send(Cmd::Publish {
+            frame,
+            request_id,
+            lane: Lane::Fire,
+            reply: None,
+        })
+    }
+
+    /// Fire-and-forget publishes the broker refused so far, and the last refusal.
+    pub fn fire_and_forget_errors(&self) -> (u64, Option<Error>) {
+        let f = &self.inner.fire_errors;
+        (
+            f.count.load(Ordering::Relaxed),
+            f.last.lock().unwrap().clone(),
+        )
+    }
+
+    async fn subscribe_on(
+        &self,
+        stream: &StreamName,
+        shard: u32,
+        opts: &SubscribeOptions,
+        slot: SubSlot,
+    ) -> Result<(u64, u64), Error> {
+        let request_id = self.inner.id();
+        let frame = Frame::Subscribe {
+            request_id,
+            stream: stream.clone(),
+            shard,
+            start: opts.start,
+            policy: opts.policy,
+            queue_records_max: opts.queue_records_max,
+            queue_bytes_max: opts.queue_bytes_max,
+        };
+        let (reply, rx) = oneshot::channel();
+        self.inner.send(Cmd::Subscribe {
+            frame,
+            request_id,
+            reply,
+            slot,
+        })?;
+        match self.inner.wait(rx).await? {
+            Frame::SubscribeOk {
+                subscription_id,
+                next_offset,
+                ..
+            } => Ok((subscription_id, next_offset)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Subscribe to one shard.
+    pub async fn subscribe(
+        &self,
+        stream: &StreamName,
+        shard: u32,
+        opts: SubscribeOptions,
+    ) -> Result<Subscription, Error> {
+        self.subscribe_shards(stream, &[shard], opts).await
+    }
+
+    /// Subscribe to every shard of a stream, merged into one subscription (each shard's
+    /// order is kept). Either every shard opens or none stays open.
+    pub async fn subscribe_stream(
+        &self,
+        stream: &StreamName,
+        opts: SubscribeOptions,
+    ) -> Result<Subscription, Error> {
+        let info = self.describe_stream(stream).await?;
+        let shards: Vec<u32> = (0..info.shards).collect();
+        self.subscribe_shards(stream, &shards, opts).await
+    }
+
+    async fn subscribe_shards(
+        &self,
+        stream: &StreamName,
+        shards: &[u32],
+        opts: SubscribeOptions,
+    ) -> Result<Subscription, Error> {
+        if opts.buffer_events == 0 {
+            return Err(Error::InvalidArgument(
+                "buffer_events must be positive".into(),
+            ));
+        }
+        let (tx, rx) = mpsc::channel(opts.buffer_events);
+        let paused = Arc::new(AtomicBool::new(false));
+        let mut sub = Subscription {
+            rx,
+            paused: paused.clone(),
+            inner: self.inner.clone(),
+            ids: Vec::new(),
+            start_offsets: Vec::new(),
+            lost: 0,
+        };
+        for &shard in shards {
+            let slot = SubSlot {
+                events: tx.clone(),
+                paused: paused.clone(),
+                shard,
+            };
+            // On failure `sub` is dropped, which unsubscribes the shards already opened.
+            let (sid, start) = self.subscribe_on(stream, shard, &opts, slot).await?;
+            sub.ids.push((shard, sid));
+            sub.start_offsets.push((shard, start));
+        }
+        Ok(sub)
     }
 
     /// Close cleanly, waiting at most `close_timeout` for the broker to acknowledge.
     pub async fn close(self) -> Result<(), Error> {
         let (done, rx) = oneshot::channel();
-        if self.tx.send(Cmd::Close { done }).is_err() {
+        if self.inner.send(Cmd::Close { done }).is_err() {
             return Ok(());
         }
-        let t = self.cfg.close_timeout;
+        let t = self.inner.cfg.close_timeout;
         match tokio::time::timeout(t, rx).await {
             Ok(_) => Ok(()),
             Err(_) => Err(Error::Timeout(t)),
