@@ -558,7 +558,7 @@ mod tests {
             let mut q = SubQueue::new(policy, records_max, 1 << 30);
             let mut seen: Vec<(u64, u64, bool)> = Vec::new(); // (from, end, delivered)
             let mut next = 0u64;
-            let mut take = |q: &mut SubQueue, seen: &mut Vec<(u64, u64, bool)>| {
+            let take = |q: &mut SubQueue, seen: &mut Vec<(u64, u64, bool)>| {
                 if let (Some(item), _) = q.pop() {
                     match item {
                         Item::Batch(b) => seen.push((b.first_offset, b.end(), true)),

@@ -2,53 +2,17 @@
 
 use felix_client::{Client, ClientConfig, Error};
 use felix_quic::wire::{ErrorCode, StreamName};
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
-use std::process::{Command, Stdio};
+use std::process::Command;
+
+mod common;
+use common::Broker;
 use std::time::Duration;
-
-struct Broker(std::process::Child, SocketAddr, tempfile::TempDir);
-impl Drop for Broker {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start() -> Broker {
-    let dir = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_felix-broker"))
-        .args([
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--cores",
-            "2",
-        ])
-        .arg("--data-dir")
-        .arg(dir.path())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("quic="))
-        .expect("ready line")
-        .parse()
-        .unwrap();
-    Broker(child, addr, dir)
-}
 
 #[tokio::test]
 async fn client_describe_errors_and_close() {
-    let b = start();
-    let ca = b.2.path().join("tls/dev-cert.pem");
-    let c = Client::connect(ClientConfig::new(b.1, Some(ca)))
+    let b = Broker::start(2, &[]);
+    let ca = b.ca();
+    let c = Client::connect(ClientConfig::new(b.quic, Some(ca)))
         .await
         .unwrap();
     let info = c
@@ -96,11 +60,17 @@ async fn connect_to_a_silent_address_times_out() {
 
 #[test]
 fn felixctl_describe_json() {
-    let b = start();
-    let ca = b.2.path().join("tls/dev-cert.pem");
+    let b = Broker::start(2, &[]);
+    let ca = b.ca();
     let exe = std::path::Path::new(env!("CARGO_BIN_EXE_felix-broker")).with_file_name("felixctl");
     let out = Command::new(&exe)
-        .args(["--broker", &b.1.to_string(), "--json", "describe", "events"])
+        .args([
+            "--broker",
+            &b.quic.to_string(),
+            "--json",
+            "describe",
+            "events",
+        ])
         .arg("--ca")
         .arg(&ca)
         .output()
@@ -113,11 +83,85 @@ fn felixctl_describe_json() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["shards"], 4);
     let out = Command::new(&exe)
-        .args(["--broker", &b.1.to_string(), "describe", "nope"])
+        .args(["--broker", &b.quic.to_string(), "describe", "nope"])
         .arg("--ca")
         .arg(&ca)
         .output()
         .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown_stream"));
+}
+
+#[test]
+fn felixctl_publish_then_subscribe_json() {
+    let b = Broker::start(2, &[]);
+    let exe = std::path::Path::new(env!("CARGO_BIN_EXE_felix-broker")).with_file_name("felixctl");
+    let ctl = |args: &[&str]| {
+        Command::new(&exe)
+            .args(["--broker", &b.quic.to_string(), "--json"])
+            .arg("--ca")
+            .arg(b.ca())
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = ctl(&["publish", "events", "--key", "user-1", "one", "two"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let acks: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let shard = felix_quic::wire::hash::shard_for_key(b"user-1", 4);
+    assert_eq!(acks.len(), 2);
+    assert_eq!(acks[0]["shard"], shard);
+    assert_eq!(acks[1]["first_offset"], 1);
+    let out = ctl(&[
+        "publish", "events", "--shard", "3", "--batch", "x", "y", "z",
+    ]);
+    assert!(out.status.success());
+    let out = ctl(&[
+        "subscribe",
+        "events",
+        "--from",
+        "earliest",
+        "--count",
+        "5",
+        "--idle-exit-ms",
+        "3000",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut got: Vec<(u64, u64, String)> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            (
+                v["shard"].as_u64().unwrap(),
+                v["offset"].as_u64().unwrap(),
+                v["payload"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    got.sort();
+    let mut want = vec![
+        (shard as u64, 0, "one".to_string()),
+        (shard as u64, 1, "two".to_string()),
+    ];
+    want.extend([
+        (3, 0, "x".to_string()),
+        (3, 1, "y".to_string()),
+        (3, 2, "z".to_string()),
+    ]);
+    want.sort();
+    assert_eq!(got, want);
+    let out = ctl(&["publish", "nope", "x"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown_stream"));
 }

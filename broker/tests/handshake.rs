@@ -6,67 +6,11 @@ use felix_quic::conn::{ConnEvent, FelixConn};
 use felix_quic::tls::{client_config, TransportConfig, Verify};
 use felix_quic::tokio_driver::{spawn_client, Handler};
 use felix_quic::wire::{features, ErrorCode, Frame, StreamName, DEFAULT_MAX_FRAME_BYTES};
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 use tokio::sync::mpsc;
 
-struct Broker {
-    child: Child,
-    quic: SocketAddr,
-    metrics: SocketAddr,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_broker(cores: usize) -> Broker {
-    let dir = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_felix-broker"))
-        .args([
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--cores",
-            &cores.to_string(),
-        ])
-        .arg("--data-dir")
-        .arg(dir.path())
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start felix-broker");
-    let out = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let line = rx
-        .recv_timeout(Duration::from_secs(30))
-        .expect("broker prints its ready line");
-    let field = |k: &str| {
-        line.split_whitespace()
-            .find_map(|w| w.strip_prefix(k))
-            .unwrap()
-            .parse()
-            .unwrap()
-    };
-    Broker {
-        quic: field("quic="),
-        metrics: field("metrics="),
-        child,
-        _dir: dir,
-    }
-}
+mod common;
+use common::Broker;
 
 /// Test handler: frames out over the command channel, frames in over an mpsc.
 struct H {
@@ -152,8 +96,8 @@ fn hello() -> Bytes {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handshake_describe_and_typed_errors_over_verified_tls() {
-    let b = start_broker(2);
-    let ca = b._dir.path().join("tls/dev-cert.pem");
+    let b = Broker::start(2, &[]);
+    let ca = b.ca();
     assert!(ca.exists(), "dev certificate generated in the data dir");
     let (tx, mut rx) = connect(&b, &ca).await;
     tx.send(Cmd::Send(0, hello())).unwrap();
@@ -223,13 +167,21 @@ async fn handshake_describe_and_typed_errors_over_verified_tls() {
             durable: false
         }
     );
+    // Another connection is served normally after the malformed frames.
+    let other = b.client().await;
+    let info = other
+        .describe_stream(&StreamName::new("default", "default", "events"))
+        .await
+        .expect("the broker keeps serving other connections");
+    assert_eq!(info.shards, 4);
+    assert!(b.total("bad_frames") >= 2, "malformed frames counted");
     tx.send(Cmd::Close).unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_spread_over_cores_and_untrusted_certs_are_refused() {
-    let b = start_broker(2);
-    let ca = b._dir.path().join("tls/dev-cert.pem");
+    let b = Broker::start(2, &[]);
+    let ca = b.ca();
     let mut cores = std::collections::HashSet::new();
     for _ in 0..16 {
         let (tx, mut rx) = connect(&b, &ca).await;
@@ -247,7 +199,7 @@ async fn connections_spread_over_cores_and_untrusted_certs_are_refused() {
         2,
         "SO_REUSEPORT spread 16 connections over both cores"
     );
-    let metrics = reqwest_get(b.metrics, "/metrics");
+    let metrics = b.http_get("/metrics");
     assert!(
         metrics.contains("felix_connections_accepted{core=\"1\"}"),
         "{metrics}"
@@ -278,14 +230,4 @@ async fn connections_spread_over_cores_and_untrusted_certs_are_refused() {
             .unwrap_or(false)
             == false
     );
-}
-
-fn reqwest_get(addr: SocketAddr, path: &str) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    out
 }

@@ -466,7 +466,10 @@ impl Handler for ConnHandler {
                     Err(mpsc::error::TrySendError::Closed(_)) => q.clear(),
                 }
             }
-            if q.is_empty() {
+            if !q.is_empty() {
+                // Still full: ask the application side to wake us again after its next read.
+                slot.paused.store(true, Ordering::Release);
+            } else {
                 self.blocked.remove(&stream);
                 slot.paused.store(false, Ordering::Release);
                 c.resume(stream);

@@ -1,0 +1,128 @@
+//! Shared harness for the broker's integration tests: the real `felix-broker` binary on
+//! loopback (random ports, temp data dir), killed when dropped.
+#![allow(dead_code)]
+
+use felix_client::{Client, ClientConfig};
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+pub struct Broker {
+    child: Child,
+    pub quic: SocketAddr,
+    pub metrics: SocketAddr,
+    pub dir: tempfile::TempDir,
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Broker {
+    /// Start a broker with `cores` executors and extra flags.
+    pub fn start(cores: usize, extra: &[&str]) -> Broker {
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_felix-broker"))
+            .args([
+                "--listen",
+                "127.0.0.1:0",
+                "--metrics-listen",
+                "127.0.0.1:0",
+                "--cores",
+                &cores.to_string(),
+            ])
+            .arg("--data-dir")
+            .arg(dir.path())
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start felix-broker");
+        let out = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let line = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("broker prints its ready line");
+        let field = |k: &str| {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(k))
+                .expect("ready line field")
+                .parse()
+                .unwrap()
+        };
+        Broker {
+            quic: field("quic="),
+            metrics: field("metrics="),
+            child,
+            dir,
+        }
+    }
+
+    /// The generated dev certificate (the CA clients trust).
+    pub fn ca(&self) -> PathBuf {
+        self.dir.path().join("tls/dev-cert.pem")
+    }
+
+    pub fn client_config(&self) -> ClientConfig {
+        ClientConfig::new(self.quic, Some(self.ca()))
+    }
+
+    pub async fn client(&self) -> Client {
+        Client::connect(self.client_config())
+            .await
+            .expect("connect")
+    }
+
+    /// GET a path from the ops listener; the whole HTTP response.
+    pub fn http_get(&self, path: &str) -> String {
+        let mut s = std::net::TcpStream::connect(self.metrics).unwrap();
+        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+            .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    }
+
+    /// Per-core counters: `name → [core 0 value, core 1 value, ...]`.
+    pub fn counters(&self) -> HashMap<String, Vec<u64>> {
+        let mut m: HashMap<String, Vec<u64>> = HashMap::new();
+        for line in self.http_get("/metrics").lines() {
+            let Some(rest) = line.strip_prefix("felix_") else {
+                continue;
+            };
+            let Some((name, rest)) = rest.split_once("{core=\"") else {
+                continue;
+            };
+            let Some((core, value)) = rest.split_once("\"} ") else {
+                continue;
+            };
+            let (core, value): (usize, u64) =
+                (core.parse().unwrap(), value.trim().parse().unwrap());
+            let v = m.entry(name.to_string()).or_default();
+            if v.len() <= core {
+                v.resize(core + 1, 0);
+            }
+            v[core] = value;
+        }
+        m
+    }
+
+    /// Sum of a counter over cores.
+    pub fn total(&self, name: &str) -> u64 {
+        self.counters()
+            .get(name)
+            .map(|v| v.iter().sum())
+            .unwrap_or(0)
+    }
+}
