@@ -1,1 +1,331 @@
-fn main() {}
+//! felix-loadgen: bounded load against a running broker, one JSON line per run.
+//!
+//! Modes (shapes match ../shared/tools/peer-bench so results compare side by side):
+//! * `throughput`: one publisher connection, `--fanout F` subscriber connections on one
+//!   shard. Acked publishes of `--batch` records of `--payload` bytes, up to `--inflight`
+//!   batches awaiting their ack. Reports publish and per-subscriber rates.
+//! * `latency`: closed loop, one record in flight: publish, wait until all F subscribers
+//!   have it, publish the next. One-way publish→delivery percentiles (same process clock).
+//! * `demo-slow-consumer`: for each policy, one fast and one stalled subscriber; prints what
+//!   each received, the lag notices, and whether the publisher waited.
+//!
+//! Every run is bounded by `--count` (at most 10,000,000) and `--max-secs` (at most 600).
+
+use bytes::Bytes;
+use clap::{Parser, ValueEnum};
+use felix_client::{Client, ClientConfig, Event, SubscribeOptions, Subscription};
+use felix_quic::tls::Verify;
+use felix_quic::wire::{QueuePolicy, ShardSelector, StartAt, StreamName};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+#[derive(Clone, Copy, ValueEnum, Debug)]
+enum Mode {
+    Throughput,
+    Latency,
+    DemoSlowConsumer,
+}
+
+#[derive(Parser, Debug)]
+#[command(name = "felix-loadgen", about = "Felix load generator")]
+struct Args {
+    #[arg(long, value_enum)]
+    mode: Mode,
+    #[arg(long, env = "FELIX_BROKER", default_value = "127.0.0.1:7400")]
+    broker: SocketAddr,
+    /// CA certificate (PEM); default ./felix-data/tls/dev-cert.pem.
+    #[arg(long, env = "FELIX_CA", default_value = "felix-data/tls/dev-cert.pem")]
+    ca: PathBuf,
+    #[arg(long, default_value = "events")]
+    stream: String,
+    #[arg(long, default_value_t = 0)]
+    shard: u32,
+    #[arg(long, default_value_t = 128)]
+    payload: usize,
+    #[arg(long, default_value_t = 1)]
+    fanout: usize,
+    /// Records per publish batch (throughput).
+    #[arg(long, default_value_t = 64)]
+    batch: usize,
+    /// Batches awaiting their ack at once (throughput).
+    #[arg(long, default_value_t = 32)]
+    inflight: usize,
+    #[arg(long)]
+    count: Option<u64>,
+    #[arg(long, default_value_t = 60)]
+    max_secs: u64,
+}
+
+const COUNT_MAX: u64 = 10_000_000;
+
+fn cfg(a: &Args) -> ClientConfig {
+    let mut c = ClientConfig::new(a.broker, None);
+    c.verify = Verify::CaFile(a.ca.clone());
+    c
+}
+
+fn name(a: &Args) -> StreamName {
+    StreamName::new("default", "default", &a.stream)
+}
+
+fn records_in(ev: &Event) -> u64 {
+    match ev {
+        Event::Records { records, .. } => records.count() as u64,
+        _ => 0,
+    }
+}
+
+fn load1() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|x| x.parse().ok()))
+        .unwrap_or(-1.0)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let a = Args::parse();
+    if a.payload < 16 || a.fanout == 0 || a.batch == 0 || a.inflight == 0 || a.max_secs > 600 {
+        eprintln!("felix-loadgen: need payload >= 16, fanout/batch/inflight >= 1, max-secs <= 600");
+        std::process::exit(2);
+    }
+    let r = match a.mode {
+        Mode::Throughput => throughput(&a).await,
+        Mode::Latency => latency(&a).await,
+        Mode::DemoSlowConsumer => demo(&a).await,
+    };
+    if let Err(e) = r {
+        eprintln!("felix-loadgen: {e}");
+        std::process::exit(1);
+    }
+}
+
+async fn subscribers(a: &Args, opts: SubscribeOptions) -> Result<(Vec<Client>, Vec<Subscription>), felix_client::Error> {
+    let mut cs = Vec::new();
+    let mut ss = Vec::new();
+    for _ in 0..a.fanout {
+        let c = Client::connect(cfg(a)).await?;
+        ss.push(c.subscribe(&name(a), a.shard, opts.clone()).await?);
+        cs.push(c);
+    }
+    Ok((cs, ss))
+}
+
+async fn throughput(a: &Args) -> Result<(), felix_client::Error> {
+    let count = a.count.unwrap_or(500_000).min(COUNT_MAX);
+    let deadline = Instant::now() + Duration::from_secs(a.max_secs);
+    let load = load1();
+    let (_cs, subs) = subscribers(a, SubscribeOptions::default()).await?;
+    let publisher = Client::connect(cfg(a)).await?;
+    let payload = Bytes::from(vec![b'x'; a.payload]);
+    let start = Instant::now();
+    let readers: Vec<_> = subs
+        .into_iter()
+        .map(|mut s| {
+            tokio::spawn(async move {
+                let (mut got, mut lost) = (0u64, 0u64);
+                while got + lost < count {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    match s.next_timeout(left).await {
+                        Ok(Some(ev)) => {
+                            got += records_in(&ev);
+                            if let Event::Lag { lost: l, .. } = ev {
+                                lost += l;
+                            }
+                        }
+                        _ => break,
+                    }
+                }
+                (got, lost, start.elapsed())
+            })
+        })
+        .collect();
+    let mut inflight = tokio::task::JoinSet::new();
+    let mut sent = 0u64;
+    let mut truncated = false;
+    let p = publisher.publisher();
+    while sent < count {
+        if Instant::now() > deadline {
+            truncated = true;
+            break;
+        }
+        while inflight.len() >= a.inflight {
+            inflight.join_next().await.unwrap().unwrap()?;
+        }
+        let k = (a.batch as u64).min(count - sent);
+        let batch: Vec<Bytes> = (0..k).map(|_| payload.clone()).collect();
+        let sel = ShardSelector::Shard(a.shard);
+        let (p, n) = (p.clone(), name(a));
+        inflight.spawn(async move { p.publish_batch(&n, sel, batch).await.map(|_| ()) });
+        sent += k;
+    }
+    while let Some(r) = inflight.join_next().await {
+        r.unwrap()?;
+    }
+    let pub_secs = start.elapsed().as_secs_f64();
+    let mut per_sub = Vec::new();
+    let mut lost_total = 0;
+    for r in readers {
+        let (got, lost, t) = r.await.unwrap();
+        lost_total += lost + (sent - got - lost);
+        per_sub.push(got as f64 / t.as_secs_f64());
+    }
+    let avg = per_sub.iter().sum::<f64>() / per_sub.len() as f64;
+    let min = per_sub.iter().cloned().fold(f64::MAX, f64::min);
+    let mb = |msgs: f64| msgs * a.payload as f64 / 1e6;
+    println!(
+        "{}",
+        serde_json::json!({
+            "tool": "felix-loadgen", "mode": "throughput", "payload": a.payload, "fanout": a.fanout,
+            "batch": a.batch, "inflight": a.inflight, "count": sent, "load1": load, "truncated": truncated,
+            "publish_msgs_per_s": sent as f64 / pub_secs, "publish_mb_per_s": mb(sent as f64 / pub_secs),
+            "per_sub_msgs_per_s_avg": avg, "per_sub_mb_per_s_avg": mb(avg), "per_sub_msgs_per_s_min": min,
+            "total_msgs_per_s": avg * a.fanout as f64, "lost": lost_total,
+        })
+    );
+    let _ = publisher.close().await;
+    Ok(())
+}
+
+async fn latency(a: &Args) -> Result<(), felix_client::Error> {
+    let count = a.count.unwrap_or(10_000).min(COUNT_MAX);
+    let warmup = (count / 10).min(1000);
+    let deadline = Instant::now() + Duration::from_secs(a.max_secs);
+    let load = load1();
+    let (_cs, mut subs) = subscribers(a, SubscribeOptions::default()).await?;
+    let publisher = Client::connect(cfg(a)).await?;
+    let mut each = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
+    let mut all = each.clone();
+    let payload = Bytes::from(vec![b'x'; a.payload]);
+    let mut truncated = false;
+    for i in 0..count + warmup {
+        if Instant::now() > deadline {
+            truncated = true;
+            break;
+        }
+        let t0 = Instant::now();
+        // Fire-and-forget: the publish→delivery path, no ack round trip in the loop.
+        publisher.publish_fire(&name(a), ShardSelector::Shard(a.shard), vec![payload.clone()])?;
+        let mut last = Duration::ZERO;
+        for s in &mut subs {
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+                match s.next_timeout(left).await? {
+                    Some(ev) if records_in(&ev) > 0 => break,
+                    Some(_) => continue,
+                    None => return Err(felix_client::Error::Closed("subscription ended".into())),
+                }
+            }
+            let d = t0.elapsed();
+            last = last.max(d);
+            if i >= warmup {
+                each.record(d.as_micros().max(1) as u64).unwrap();
+            }
+        }
+        if i >= warmup {
+            all.record(last.as_micros().max(1) as u64).unwrap();
+        }
+    }
+    let pct = |h: &hdrhistogram::Histogram<u64>| {
+        serde_json::json!({"p50": h.value_at_quantile(0.5), "p90": h.value_at_quantile(0.9), "p99": h.value_at_quantile(0.99), "p999": h.value_at_quantile(0.999), "max": h.max()})
+    };
+    println!(
+        "{}",
+        serde_json::json!({
+            "tool": "felix-loadgen", "mode": "latency", "payload": a.payload, "fanout": a.fanout,
+            "count": all.len(), "load1": load, "truncated": truncated, "unit": "us",
+            "each": pct(&each), "all_f": pct(&all),
+        })
+    );
+    let _ = publisher.close().await;
+    Ok(())
+}
+
+/// For each policy: a fast subscriber, a stalled one (not read while publishing), 2000
+/// records published; then the stalled one is read and both are summarized.
+async fn demo(a: &Args) -> Result<(), felix_client::Error> {
+    let n: u64 = a.count.unwrap_or(2000).min(100_000);
+    println!("slow-consumer demo: {n} records of {} B to {}/{}; the slow subscriber reads nothing until publishing ends", a.payload, name(a), a.shard);
+    for policy in [QueuePolicy::DropNew, QueuePolicy::DropOld, QueuePolicy::Block] {
+        let fast_c = Client::connect(cfg(a)).await?;
+        let mut fast = fast_c.subscribe(&name(a), a.shard, SubscribeOptions { policy, ..Default::default() }).await?;
+        let mut sc = cfg(a);
+        sc.transport.max_stream_data_uni_bytes = 4096;
+        let slow_c = Client::connect(sc).await?;
+        let opts = SubscribeOptions { policy, queue_records_max: 64, buffer_events: 4, start: StartAt::Latest, ..Default::default() };
+        let mut slow = slow_c.subscribe(&name(a), a.shard, opts).await?;
+        let publisher = Client::connect(cfg(a)).await?;
+        let payload = Bytes::from(vec![b'x'; a.payload]);
+        let t0 = Instant::now();
+        let pubn = name(a);
+        let shard = a.shard;
+        let pub_task = tokio::spawn(async move {
+            let mut first_offset = None;
+            for _ in 0..n {
+                let ack = publisher.publish_batch(&pubn, ShardSelector::Shard(shard), vec![payload.clone()]).await?;
+                first_offset.get_or_insert(ack.first_offset);
+            }
+            Ok::<_, felix_client::Error>((first_offset.unwrap_or(0), t0.elapsed()))
+        });
+        // Read the fast one while publishing; under Block it can only get what is appended.
+        let mut fast_got = 0u64;
+        let stop = Instant::now() + Duration::from_secs(a.max_secs.min(30));
+        while fast_got < n && Instant::now() < stop {
+            if pub_task.is_finished() && fast_got >= n {
+                break;
+            }
+            match fast.next_timeout(Duration::from_millis(500)).await {
+                Ok(Some(ev)) => fast_got += records_in(&ev),
+                Ok(None) => break,
+                Err(_) => {
+                    if policy == QueuePolicy::Block && !pub_task.is_finished() {
+                        break; // held by the slow subscriber: resume it below
+                    }
+                }
+            }
+        }
+        let fast_before_resume = fast_got;
+        let published_before_resume = pub_task.is_finished();
+        let (mut slow_got, mut lags) = (0u64, Vec::new());
+        let (mut first, mut last) = (None, 0u64);
+        while slow_got + lags.iter().map(|l: &(u64, u64)| l.1).sum::<u64>() < n {
+            match slow.next_timeout(Duration::from_secs(5)).await {
+                Ok(Some(ev)) => {
+                    for (o, _) in ev.records() {
+                        first.get_or_insert(o);
+                        last = o;
+                        slow_got += 1;
+                    }
+                    if let Event::Lag { from_offset, lost, .. } = ev {
+                        lags.push((from_offset, lost));
+                    }
+                }
+                _ => break,
+            }
+        }
+        while fast_got < n {
+            match fast.next_timeout(Duration::from_secs(5)).await {
+                Ok(Some(ev)) => fast_got += records_in(&ev),
+                _ => break,
+            }
+        }
+        let (base, pub_time) = pub_task.await.unwrap()?;
+        println!("\npolicy {}:", policy.name());
+        println!(
+            "  publisher: {n} acked in {:.0} ms; finished before the slow subscriber resumed: {}",
+            pub_time.as_secs_f64() * 1000.0,
+            published_before_resume
+        );
+        println!("  fast subscriber: {fast_before_resume} records while the slow one stalled, {fast_got} in the end, no loss");
+        println!(
+            "  slow subscriber: {slow_got} records (offsets {}..={} relative to the run), lag notices: {:?}",
+            first.map(|f| f - base).unwrap_or(0),
+            last.saturating_sub(base),
+            lags.iter().map(|(f, l)| format!("lost {l} from {}", f - base)).collect::<Vec<_>>()
+        );
+        let _ = fast_c.close().await;
+        let _ = slow_c.close().await;
+    }
+    Ok(())
+}
