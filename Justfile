@@ -15,3 +15,7 @@ setup:
 # Check the TLA+ models (when tla/check.sh exists).
 tla:
     tla/check.sh
+
+# Print what a fast and a stalled subscriber get under each queue policy.
+demo-slow-consumer *ARGS:
+    ./scripts/demo-slow-consumer.sh {{ARGS}}
