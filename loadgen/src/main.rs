@@ -101,7 +101,10 @@ async fn main() {
     }
 }
 
-async fn subscribers(a: &Args, opts: SubscribeOptions) -> Result<(Vec<Client>, Vec<Subscription>), felix_client::Error> {
+async fn subscribers(
+    a: &Args,
+    opts: SubscribeOptions,
+) -> Result<(Vec<Client>, Vec<Subscription>), felix_client::Error> {
     let mut cs = Vec::new();
     let mut ss = Vec::new();
     for _ in 0..a.fanout {
@@ -206,11 +209,17 @@ async fn latency(a: &Args) -> Result<(), felix_client::Error> {
         }
         let t0 = Instant::now();
         // Fire-and-forget: the publish→delivery path, no ack round trip in the loop.
-        publisher.publish_fire(&name(a), ShardSelector::Shard(a.shard), vec![payload.clone()])?;
+        publisher.publish_fire(
+            &name(a),
+            ShardSelector::Shard(a.shard),
+            vec![payload.clone()],
+        )?;
         let mut last = Duration::ZERO;
         for s in &mut subs {
             loop {
-                let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+                let left = deadline
+                    .saturating_duration_since(Instant::now())
+                    .max(Duration::from_millis(1));
                 match s.next_timeout(left).await? {
                     Some(ev) if records_in(&ev) > 0 => break,
                     Some(_) => continue,
@@ -227,9 +236,7 @@ async fn latency(a: &Args) -> Result<(), felix_client::Error> {
             all.record(last.as_micros().max(1) as u64).unwrap();
         }
     }
-    let pct = |h: &hdrhistogram::Histogram<u64>| {
-        serde_json::json!({"p50": h.value_at_quantile(0.5), "p90": h.value_at_quantile(0.9), "p99": h.value_at_quantile(0.99), "p999": h.value_at_quantile(0.999), "max": h.max()})
-    };
+    let pct = |h: &hdrhistogram::Histogram<u64>| serde_json::json!({"p50": h.value_at_quantile(0.5), "p90": h.value_at_quantile(0.9), "p99": h.value_at_quantile(0.99), "p999": h.value_at_quantile(0.999), "max": h.max()});
     println!(
         "{}",
         serde_json::json!({
@@ -247,13 +254,32 @@ async fn latency(a: &Args) -> Result<(), felix_client::Error> {
 async fn demo(a: &Args) -> Result<(), felix_client::Error> {
     let n: u64 = a.count.unwrap_or(2000).min(100_000);
     println!("slow-consumer demo: {n} records of {} B to {}/{}; the slow subscriber reads nothing until publishing ends", a.payload, name(a), a.shard);
-    for policy in [QueuePolicy::DropNew, QueuePolicy::DropOld, QueuePolicy::Block] {
+    for policy in [
+        QueuePolicy::DropNew,
+        QueuePolicy::DropOld,
+        QueuePolicy::Block,
+    ] {
         let fast_c = Client::connect(cfg(a)).await?;
-        let mut fast = fast_c.subscribe(&name(a), a.shard, SubscribeOptions { policy, ..Default::default() }).await?;
+        let mut fast = fast_c
+            .subscribe(
+                &name(a),
+                a.shard,
+                SubscribeOptions {
+                    policy,
+                    ..Default::default()
+                },
+            )
+            .await?;
         let mut sc = cfg(a);
         sc.transport.max_stream_data_uni_bytes = 4096;
         let slow_c = Client::connect(sc).await?;
-        let opts = SubscribeOptions { policy, queue_records_max: 64, buffer_events: 4, start: StartAt::Latest, ..Default::default() };
+        let opts = SubscribeOptions {
+            policy,
+            queue_records_max: 64,
+            buffer_events: 4,
+            start: StartAt::Latest,
+            ..Default::default()
+        };
         let mut slow = slow_c.subscribe(&name(a), a.shard, opts).await?;
         let publisher = Client::connect(cfg(a)).await?;
         let payload = Bytes::from(vec![b'x'; a.payload]);
@@ -263,7 +289,9 @@ async fn demo(a: &Args) -> Result<(), felix_client::Error> {
         let pub_task = tokio::spawn(async move {
             let mut first_offset = None;
             for _ in 0..n {
-                let ack = publisher.publish_batch(&pubn, ShardSelector::Shard(shard), vec![payload.clone()]).await?;
+                let ack = publisher
+                    .publish_batch(&pubn, ShardSelector::Shard(shard), vec![payload.clone()])
+                    .await?;
                 first_offset.get_or_insert(ack.first_offset);
             }
             Ok::<_, felix_client::Error>((first_offset.unwrap_or(0), t0.elapsed()))
@@ -297,7 +325,10 @@ async fn demo(a: &Args) -> Result<(), felix_client::Error> {
                         last = o;
                         slow_got += 1;
                     }
-                    if let Event::Lag { from_offset, lost, .. } = ev {
+                    if let Event::Lag {
+                        from_offset, lost, ..
+                    } = ev
+                    {
                         lags.push((from_offset, lost));
                     }
                 }
