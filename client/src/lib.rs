@@ -506,6 +506,30 @@ struct Inner {
 }
 
 impl Inner {
+    /// A `Publish` frame with a fresh request id; refuses an empty batch.
+    fn publish_frame<P: Into<Bytes>>(
+        &self,
+        stream: &StreamName,
+        selector: ShardSelector,
+        payloads: Vec<P>,
+        ack: bool,
+    ) -> Result<(u64, Frame), Error> {
+        if payloads.is_empty() {
+            return Err(Error::InvalidArgument(
+                "a publish needs at least one record".into(),
+            ));
+        }
+        let request_id = self.id();
+        let records = Records::encode(payloads.into_iter().map(|p| p.into()));
+        let frame = Frame::Publish {
+            request_id,
+            stream: stream.clone(),
+            shard: selector,
+            ack,
+            records,
+        };
+        Ok((request_id, frame))
+    }
     fn id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
@@ -556,20 +580,7 @@ impl Publisher {
         selector: ShardSelector,
         payloads: Vec<P>,
     ) -> Result<Ack, Error> {
-        if payloads.is_empty() {
-            return Err(Error::InvalidArgument(
-                "a publish needs at least one record".into(),
-            ));
-        }
-        let request_id = self.inner.id();
-        let records = Records::encode(payloads.into_iter().map(|p| p.into()));
-        let frame = Frame::Publish {
-            request_id,
-            stream: stream.clone(),
-            shard: selector,
-            ack: true,
-            records,
-        };
+        let (request_id, frame) = self.inner.publish_frame(stream, selector, payloads, true)?;
         let (reply, rx) = oneshot::channel();
         self.inner.send(Cmd::Publish {
             frame,
@@ -780,20 +791,9 @@ impl Client {
         selector: ShardSelector,
         payloads: Vec<P>,
     ) -> Result<(), Error> {
-        if payloads.is_empty() {
-            return Err(Error::InvalidArgument(
-                "a publish needs at least one record".into(),
-            ));
-        }
-        let request_id = self.inner.id();
-        let records = Records::encode(payloads.into_iter().map(|p| p.into()));
-        let frame = Frame::Publish {
-            request_id,
-            stream: stream.clone(),
-            shard: selector,
-            ack: false,
-            records,
-        };
+        let (request_id, frame) = self
+            .inner
+            .publish_frame(stream, selector, payloads, false)?;
         self.inner.send(Cmd::Publish {
             frame,
             request_id,
