@@ -1,1 +1,11 @@
-//! placeholder
+//! felix-storage: the segmented, crash-safe log Felix keeps per durable shard.
+//!
+//! Pure parts (no clock, no I/O): [`record`] (record codec), [`segment`] (segment, commit and
+//! index formats and the scanner), [`recovery`] (the recovery planner), [`retention`].
+//! The driver, [`log`], does the I/O through glommio DMA files (io_uring, O_DIRECT) on the
+//! core that owns the shard. The byte layout is in `docs/storage-format.md`.
+
+pub mod record;
+pub mod recovery;
+pub mod retention;
+pub mod segment;
