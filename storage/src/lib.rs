@@ -5,7 +5,10 @@
 //! The driver, [`log`], does the I/O through glommio DMA files (io_uring, O_DIRECT) on the
 //! core that owns the shard. The byte layout is in `docs/storage-format.md`.
 
+pub mod log;
 pub mod record;
 pub mod recovery;
 pub mod retention;
 pub mod segment;
+pub use log::{seed_dma_probe, FsyncMode, Log, LogConfig, LogError, OpenReport, StoredRecord};
+pub use record::RecordIn;

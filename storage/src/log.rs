@@ -1,0 +1,1116 @@
+//! The log driver: one [`Log`] per shard, living on the glommio executor of the core that
+//! owns the shard. Files are glommio DMA files (io_uring, O_DIRECT).
+//!
+//! - [`Log::append`] is synchronous: it assigns offsets and queues the encoded records. A
+//!   committer task writes queued records as one commit (group commit: whatever queued while
+//!   the previous write was in flight goes in the next one), one write in flight at a time.
+//! - An offset is *acknowledged* ([`Log::acked`]) once its commit's write completed, and under
+//!   [`FsyncMode::OnCommit`] once the fdatasync after it completed too. Nothing is ever
+//!   acknowledged from a user-space buffer, so every acknowledged record survives a process
+//!   crash; `Periodic` and `None` may lose what a machine crash loses.
+//! - A write or fdatasync error fails the log: pending and later appends get
+//!   [`LogError::Failed`], nothing after the failure is acknowledged, until it is reopened.
+//! - Each append call lands in one commit (an append larger than `commit_bytes_max` is
+//!   refused), so recovery keeps or cuts a batch whole.
+
+use crate::record::{encode_into, RecordIn, RECORD_BYTES_MAX};
+use crate::recovery::{
+    must_scan, plan_recovery, Action, Active, DiskView, Plan, SegmentView, Verdict,
+};
+use crate::retention::{segments_to_delete, RetentionLimits, SegmentFacts};
+use crate::segment::{
+    align_up, index_file_name, parse_file_name, segment_file_name, CommitHeader, IndexEntry,
+    SegmentHeader, SegmentIndex, BLOCK, COMMIT_HEADER_BYTES,
+};
+use bytes::Bytes;
+use glommio::io::{DmaFile, OpenOptions};
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::future::poll_fn;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::task::{Poll, Waker};
+use std::time::Duration;
+
+/// When appended data is fdatasynced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FsyncMode {
+    /// fdatasync each commit before acknowledging it.
+    OnCommit,
+    /// fdatasync every `interval_ms` (acknowledged after the write).
+    Periodic { interval_ms: u64 },
+    /// Never fdatasync except when a segment is sealed or the log closes.
+    None,
+}
+
+impl FsyncMode {
+    pub fn parse(s: &str, interval_ms: u64) -> Result<FsyncMode, String> {
+        match s {
+            "on_commit" => Ok(FsyncMode::OnCommit),
+            "periodic" => Ok(FsyncMode::Periodic { interval_ms }),
+            "none" => Ok(FsyncMode::None),
+            _ => Err(format!(
+                "fsync mode {s:?}: expected on_commit, periodic or none"
+            )),
+        }
+    }
+    pub fn name(&self) -> &'static str {
+        match self {
+            FsyncMode::OnCommit => "on_commit",
+            FsyncMode::Periodic { .. } => "periodic",
+            FsyncMode::None => "none",
+        }
+    }
+}
+
+/// Where a fault may be injected (tests only: see [`LogConfig::faults`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultPoint {
+    Write,
+    Sync,
+    CreateSegment,
+}
+
+/// A fault hook: return `Some(errno)` to make the operation fail as the device would.
+pub type FaultHook = Rc<dyn Fn(FaultPoint) -> Option<i32>>;
+
+#[derive(Clone)]
+pub struct LogConfig {
+    /// Roll to a new segment before a commit would take the active one past this.
+    pub segment_bytes_max: u64,
+    /// Largest single commit (one write); also the largest single append.
+    pub commit_bytes_max: usize,
+    /// Queued-but-unwritten bytes beyond which appends are refused ([`LogError::Backpressure`]).
+    pub pending_bytes_max: usize,
+    /// Sparse index spacing.
+    pub index_interval_bytes: u32,
+    pub fsync: FsyncMode,
+    pub retention: RetentionLimits,
+    /// The offset an empty log starts at.
+    pub first_offset: u64,
+    /// Fault injection hook for device-error tests. `None` in production.
+    pub faults: Option<FaultHook>,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            segment_bytes_max: 64 << 20,
+            commit_bytes_max: 4 << 20,
+            pending_bytes_max: 32 << 20,
+            index_interval_bytes: 64 << 10,
+            fsync: FsyncMode::Periodic { interval_ms: 250 },
+            retention: RetentionLimits::default(),
+            first_offset: 0,
+            faults: None,
+        }
+    }
+}
+
+impl LogConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.commit_bytes_max < BLOCK || self.commit_bytes_max > 256 << 20 {
+            return Err(format!(
+                "commit_bytes_max {} must be 4096..=256 MiB",
+                self.commit_bytes_max
+            ));
+        }
+        if self.segment_bytes_max < (self.commit_bytes_max + 2 * BLOCK) as u64
+            || self.segment_bytes_max > 1 << 32
+        {
+            return Err(format!(
+                "segment_bytes_max {} must be at least commit_bytes_max + 8192 and at most 4 GiB",
+                self.segment_bytes_max
+            ));
+        }
+        if self.pending_bytes_max < self.commit_bytes_max {
+            return Err("pending_bytes_max must be at least commit_bytes_max".into());
+        }
+        if let FsyncMode::Periodic { interval_ms } = self.fsync {
+            if interval_ms == 0 {
+                return Err("fsync interval must be > 0 ms".into());
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LogError {
+    #[error("storage failed: {0}")]
+    Failed(String),
+    #[error("log refused at open: segment {segment}, byte {pos}: {reason}")]
+    Refused {
+        segment: u64,
+        pos: u64,
+        reason: String,
+    },
+    #[error("append of {bytes} bytes exceeds the limit of {max}")]
+    TooLarge { bytes: usize, max: usize },
+    #[error("{pending_bytes} bytes already wait to be written")]
+    Backpressure { pending_bytes: usize },
+    #[error("offset {requested} is below retention; oldest retained offset is {oldest}")]
+    BelowRetention { requested: u64, oldest: u64 },
+    #[error("offset {requested} is beyond the tail {tail}")]
+    BeyondTail { requested: u64, tail: u64 },
+    #[error("corrupt record in segment {segment} at byte {pos}: {why}")]
+    Corrupt { segment: u64, pos: u64, why: String },
+    #[error("log is closed")]
+    Closed,
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error("i/o: {0}")]
+    Io(String),
+}
+
+fn io_err(what: &str, e: impl std::fmt::Display) -> LogError {
+    LogError::Io(format!("{what}: {e}"))
+}
+
+/// A record read back from the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredRecord {
+    pub offset: u64,
+    pub ts_ms: u64,
+    pub flags: u8,
+    pub key: Bytes,
+    pub payload: Bytes,
+}
+
+/// What opening found and did.
+#[derive(Debug, Clone)]
+pub struct OpenReport {
+    pub verdict: Verdict,
+    pub actions: Vec<Action>,
+    pub next_offset: u64,
+    pub oldest_offset: u64,
+    pub segments: usize,
+}
+
+struct Seg {
+    base: u64,
+    file: Rc<DmaFile>,
+    end_offset: u64,
+    end_pos: u64,
+    write_pos: u64,
+    max_ts_ms: u64,
+    index: Vec<IndexEntry>,
+    sealed: bool,
+}
+
+struct Group {
+    first: u64,
+    count: u32,
+    bytes_end: usize,
+    max_ts_ms: u64,
+}
+
+struct Inner {
+    dir: PathBuf,
+    cfg: LogConfig,
+    log_id: [u8; 16],
+    segs: VecDeque<Seg>,
+    next_offset: u64,
+    written: u64,
+    synced: u64,
+    pending: Vec<u8>,
+    groups: VecDeque<Group>,
+    failed: Option<String>,
+    closing: bool,
+    committer_done: bool,
+    committer: Option<Waker>,
+    waiters: Vec<Waker>,
+}
+
+impl Inner {
+    fn acked(&self) -> u64 {
+        match self.cfg.fsync {
+            FsyncMode::OnCommit => self.synced,
+            _ => self.written,
+        }
+    }
+    fn wake_all(&mut self) {
+        for w in self.waiters.drain(..) {
+            w.wake();
+        }
+    }
+    fn fail(&mut self, why: String) {
+        if self.failed.is_none() {
+            tracing::error!(dir = %self.dir.display(), %why, "log failed; no further acknowledgements");
+            self.failed = Some(why);
+        }
+        self.pending.clear();
+        self.groups.clear();
+        self.wake_all();
+    }
+    fn fault(&self, p: FaultPoint) -> Result<(), LogError> {
+        match self.cfg.faults.as_ref().and_then(|f| f(p)) {
+            Some(errno) => Err(LogError::Failed(format!(
+                "{p:?}: {}",
+                std::io::Error::from_raw_os_error(errno)
+            ))),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A shard's log. Cheap to clone (shared handle on one executor).
+#[derive(Clone)]
+pub struct Log {
+    inner: Rc<RefCell<Inner>>,
+}
+
+thread_local! {
+    static SEEDED: RefCell<bool> = const { RefCell::new(false) };
+}
+
+/// Work-around for glommio's DMA read probe (DEPENDENCIES.md pitfall 1, upstream #670): the
+/// first DMA open on a device probes polled reads, and on an empty file the probe wrongly
+/// concludes reads are unsupported, after which every DMA read fails with EOPNOTSUPP. Each
+/// executor therefore opens a non-empty 4096-byte seed file once, before any segment (which
+/// always starts empty) is opened. [`Log::open`] calls it; it is idempotent per thread.
+pub async fn seed_dma_probe(dir: &Path) -> std::io::Result<()> {
+    if SEEDED.with(|s| *s.borrow()) {
+        return Ok(());
+    }
+    std::fs::create_dir_all(dir)?;
+    let seed = dir.join(".dma-seed");
+    let ok = std::fs::metadata(&seed)
+        .map(|m| m.len() >= 4096)
+        .unwrap_or(false);
+    if !ok {
+        std::fs::write(&seed, vec![0x46u8; 4096])?;
+    }
+    let f = DmaFile::open(&seed)
+        .await
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    f.close()
+        .await
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    SEEDED.with(|s| *s.borrow_mut() = true);
+    Ok(())
+}
+
+async fn open_rw(path: &Path, create: bool) -> Result<DmaFile, LogError> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(create)
+        .dma_open(path)
+        .await
+        .map_err(|e| io_err(&format!("open {}", path.display()), e))
+}
+
+async fn read_all(f: &DmaFile, len: u64) -> Result<Vec<u8>, LogError> {
+    let mut out = Vec::with_capacity(len as usize);
+    let chunk = 1 << 20;
+    while (out.len() as u64) < len {
+        let want = chunk.min(len as usize - out.len());
+        let r = f
+            .read_at(out.len() as u64, want)
+            .await
+            .map_err(|e| io_err("read", e))?;
+        if r.is_empty() {
+            break;
+        }
+        out.extend_from_slice(&r);
+    }
+    Ok(out)
+}
+
+fn sync_dir(dir: &Path) -> Result<(), LogError> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io_err("fsync directory", e))
+}
+
+fn random_id() -> [u8; 16] {
+    let mut id = [0u8; 16];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        use std::io::Read;
+        if f.read_exact(&mut id).is_ok() {
+            return id;
+        }
+    }
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    id.copy_from_slice(&(t ^ (std::process::id() as u128) << 64).to_le_bytes());
+    id
+}
+
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Read a log directory into a [`DiskView`] (used by open and by `inspect`). `scan_all`
+/// scans every segment (inspect); otherwise only what the planner needs.
+pub async fn read_view(
+    dir: &Path,
+    interval_bytes: u32,
+    scan_all: bool,
+) -> Result<DiskView, LogError> {
+    let mut logs = Vec::new();
+    let mut idxs = std::collections::BTreeSet::new();
+    let rd = match std::fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(DiskView::default()),
+        Err(e) => return Err(io_err("read directory", e)),
+    };
+    for e in rd {
+        let e = e.map_err(|e| io_err("read directory", e))?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        match parse_file_name(&name) {
+            Some((b, "log")) => logs.push(b),
+            Some((b, _)) => {
+                idxs.insert(b);
+            }
+            None => {}
+        }
+    }
+    logs.sort_unstable();
+    let mut view = DiskView::default();
+    for &base in &logs {
+        let path = dir.join(segment_file_name(base));
+        let f = DmaFile::open(&path)
+            .await
+            .map_err(|e| io_err("open segment", e))?;
+        let len = f.file_size().await.map_err(|e| io_err("stat", e))?;
+        let head = read_all(&f, len.min(BLOCK as u64)).await?;
+        let index = if idxs.remove(&base) {
+            Some(
+                std::fs::read(dir.join(index_file_name(base)))
+                    .map_err(|e| io_err("read index", e))?,
+            )
+        } else {
+            None
+        };
+        view.segments.push(SegmentView::from_read(
+            base,
+            len,
+            &head,
+            index.as_deref(),
+            None,
+            interval_bytes,
+        ));
+        let _ = f.close().await;
+    }
+    view.orphan_indexes = idxs.into_iter().collect();
+    let to_scan: Vec<usize> = if scan_all {
+        (0..view.segments.len()).collect()
+    } else {
+        must_scan(&view)
+    };
+    for i in to_scan {
+        let s = &mut view.segments[i];
+        let path = dir.join(segment_file_name(s.base));
+        let f = DmaFile::open(&path)
+            .await
+            .map_err(|e| io_err("open segment", e))?;
+        let bytes = read_all(&f, s.file_len).await?;
+        let _ = f.close().await;
+        s.scan = Some(crate::segment::scan_segment(&bytes, s.base, interval_bytes));
+    }
+    Ok(view)
+}
+
+async fn write_index(dir: &Path, idx: &SegmentIndex) -> Result<(), LogError> {
+    let body = idx.encode();
+    let tmp = dir.join(format!("{}.tmp", index_file_name(idx.base_offset)));
+    let f = open_rw(&tmp, true).await?;
+    let mut buf = f.alloc_dma_buffer(align_up(body.len()));
+    buf.as_bytes_mut().fill(0);
+    buf.as_bytes_mut()[..body.len()].copy_from_slice(&body);
+    f.write_at(buf, 0)
+        .await
+        .map_err(|e| io_err("write index", e))?;
+    f.fdatasync().await.map_err(|e| io_err("sync index", e))?;
+    let _ = f.close().await;
+    std::fs::rename(&tmp, dir.join(index_file_name(idx.base_offset)))
+        .map_err(|e| io_err("rename index", e))?;
+    sync_dir(dir)
+}
+
+impl Log {
+    /// Open (or create) the log in `dir`: read what is on disk, plan recovery, execute the
+    /// plan, and start the committer (and periodic fsync / retention) tasks on this executor.
+    pub async fn open(dir: &Path, cfg: LogConfig) -> Result<(Log, OpenReport), LogError> {
+        cfg.validate().map_err(LogError::Config)?;
+        std::fs::create_dir_all(dir).map_err(|e| io_err("create log directory", e))?;
+        seed_dma_probe(dir)
+            .await
+            .map_err(|e| io_err("DMA seed", e))?;
+        // Leftover temporary index files of a seal that did not finish.
+        if let Ok(rd) = std::fs::read_dir(dir) {
+            for e in rd.flatten() {
+                if e.file_name().to_string_lossy().ends_with(".idx.tmp") {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+        let view = read_view(dir, cfg.index_interval_bytes, false).await?;
+        let plan = plan_recovery(&view, cfg.first_offset);
+        if let Verdict::Refuse {
+            segment,
+            pos,
+            reason,
+        } = &plan.verdict
+        {
+            return Err(LogError::Refused {
+                segment: *segment,
+                pos: *pos,
+                reason: reason.clone(),
+            });
+        }
+        Self::execute(dir, &plan).await?;
+        let log_id = plan.log_id.unwrap_or_else(random_id);
+        let mut segs = VecDeque::new();
+        for r in &plan.segments {
+            let file = open_rw(&dir.join(segment_file_name(r.base)), false).await?;
+            segs.push_back(Seg {
+                base: r.base,
+                file: Rc::new(file),
+                end_offset: r.end_offset,
+                end_pos: r.end_pos,
+                write_pos: align_up(r.end_pos as usize) as u64,
+                max_ts_ms: r.max_ts_ms,
+                index: r.index.clone(),
+                sealed: r.sealed,
+            });
+        }
+        let inner = Inner {
+            dir: dir.to_path_buf(),
+            cfg: cfg.clone(),
+            log_id,
+            segs,
+            next_offset: plan.next_offset,
+            written: plan.next_offset,
+            synced: plan.next_offset,
+            pending: Vec::new(),
+            groups: VecDeque::new(),
+            failed: None,
+            closing: false,
+            committer_done: false,
+            committer: None,
+            waiters: Vec::new(),
+        };
+        let log = Log {
+            inner: Rc::new(RefCell::new(inner)),
+        };
+        if let Active::Create { base } = plan.active {
+            log.create_segment(base).await?;
+        }
+        let report = OpenReport {
+            verdict: plan.verdict.clone(),
+            actions: plan.actions.clone(),
+            next_offset: plan.next_offset,
+            oldest_offset: log.oldest_offset(),
+            segments: log.inner.borrow().segs.len(),
+        };
+        if report.verdict != Verdict::Clean {
+            tracing::warn!(dir = %dir.display(), actions = ?report.actions, "log repaired at open");
+        }
+        let l = log.clone();
+        glommio::spawn_local(async move { l.committer().await }).detach();
+        let l = log.clone();
+        glommio::spawn_local(async move { l.housekeeping().await }).detach();
+        Ok((log, report))
+    }
+
+    async fn execute(dir: &Path, plan: &Plan) -> Result<(), LogError> {
+        for a in &plan.actions {
+            match a {
+                Action::DeleteSegment { base } => {
+                    std::fs::remove_file(dir.join(segment_file_name(*base)))
+                        .map_err(|e| io_err("delete segment", e))?;
+                }
+                Action::TruncateSegment { base, pos } => {
+                    let f = open_rw(&dir.join(segment_file_name(*base)), false).await?;
+                    f.truncate(*pos).await.map_err(|e| io_err("truncate", e))?;
+                    f.fdatasync().await.map_err(|e| io_err("sync", e))?;
+                    let _ = f.close().await;
+                }
+                Action::WriteIndex { index } => write_index(dir, index).await?,
+                Action::RemoveIndex { base } | Action::RemoveOrphanIndex { base } => {
+                    std::fs::remove_file(dir.join(index_file_name(*base)))
+                        .map_err(|e| io_err("remove index", e))?;
+                }
+            }
+        }
+        if !plan.actions.is_empty() {
+            sync_dir(dir)?;
+        }
+        Ok(())
+    }
+
+    async fn create_segment(&self, base: u64) -> Result<(), LogError> {
+        let (dir, log_id, fault, bytes_max) = {
+            let i = self.inner.borrow();
+            (
+                i.dir.clone(),
+                i.log_id,
+                i.fault(FaultPoint::CreateSegment),
+                i.cfg.segment_bytes_max,
+            )
+        };
+        fault?;
+        let path = dir.join(segment_file_name(base));
+        let f = open_rw(&path, true).await?;
+        let header = SegmentHeader {
+            base_offset: base,
+            log_id,
+            created_ms: now_ms(),
+        }
+        .encode();
+        let mut buf = f.alloc_dma_buffer(BLOCK);
+        buf.as_bytes_mut().copy_from_slice(&header);
+        let n = f
+            .write_at(buf, 0)
+            .await
+            .map_err(|e| LogError::Failed(format!("write segment header: {e}")))?;
+        if n != BLOCK {
+            return Err(LogError::Failed(format!("short header write ({n} bytes)")));
+        }
+        // Reserve the segment's space up front (keeping the file size, so a scan at open
+        // reads only what was written). A filesystem without fallocate just skips it.
+        if let Err(e) = f.pre_allocate(bytes_max, true).await {
+            let e = std::io::Error::from(e);
+            if e.raw_os_error() == Some(libc::ENOSPC) {
+                return Err(LogError::Failed(format!("preallocate segment: {e}")));
+            }
+        }
+        f.fdatasync()
+            .await
+            .map_err(|e| LogError::Failed(format!("sync new segment: {e}")))?;
+        sync_dir(&dir)?;
+        self.inner.borrow_mut().segs.push_back(Seg {
+            base,
+            file: Rc::new(f),
+            end_offset: base,
+            end_pos: BLOCK as u64,
+            write_pos: BLOCK as u64,
+            max_ts_ms: 0,
+            index: Vec::new(),
+            sealed: false,
+        });
+        Ok(())
+    }
+
+    /// Queue records for the next commit and assign their offsets. Nothing is acknowledged
+    /// yet: wait for [`Log::acked`] to pass the returned range's end.
+    pub fn append(&self, records: &[RecordIn<'_>], ts_ms: u64) -> Result<Range<u64>, LogError> {
+        let mut i = self.inner.borrow_mut();
+        if let Some(f) = &i.failed {
+            return Err(LogError::Failed(f.clone()));
+        }
+        if i.closing {
+            return Err(LogError::Closed);
+        }
+        let bytes: usize = records.iter().map(|r| r.encoded_len()).sum();
+        let max = i.cfg.commit_bytes_max - COMMIT_HEADER_BYTES;
+        if bytes > max
+            || records
+                .iter()
+                .any(|r| r.encoded_len() > RECORD_BYTES_MAX || r.key.len() > u16::MAX as usize)
+        {
+            return Err(LogError::TooLarge { bytes, max });
+        }
+        if records.is_empty() {
+            let n = i.next_offset;
+            return Ok(n..n);
+        }
+        if i.pending.len() + bytes > i.cfg.pending_bytes_max {
+            return Err(LogError::Backpressure {
+                pending_bytes: i.pending.len(),
+            });
+        }
+        let first = i.next_offset;
+        for (k, r) in records.iter().enumerate() {
+            encode_into(&mut i.pending, first + k as u64, ts_ms, r);
+        }
+        let end = i.pending.len();
+        i.groups.push_back(Group {
+            first,
+            count: records.len() as u32,
+            bytes_end: end,
+            max_ts_ms: ts_ms,
+        });
+        i.next_offset += records.len() as u64;
+        if let Some(w) = i.committer.take() {
+            w.wake();
+        }
+        Ok(first..i.next_offset)
+    }
+
+    /// Offsets below this are acknowledged (written; and synced under `on_commit`).
+    pub fn acked(&self) -> u64 {
+        self.inner.borrow().acked()
+    }
+    /// Offsets below this have been fdatasynced.
+    pub fn synced(&self) -> u64 {
+        self.inner.borrow().synced
+    }
+    pub fn next_offset(&self) -> u64 {
+        self.inner.borrow().next_offset
+    }
+    pub fn oldest_offset(&self) -> u64 {
+        let i = self.inner.borrow();
+        i.segs.front().map(|s| s.base).unwrap_or(i.next_offset)
+    }
+    pub fn failed(&self) -> Option<String> {
+        self.inner.borrow().failed.clone()
+    }
+    pub fn log_id(&self) -> [u8; 16] {
+        self.inner.borrow().log_id
+    }
+    pub fn segment_count(&self) -> usize {
+        self.inner.borrow().segs.len()
+    }
+    pub fn fsync_mode(&self) -> FsyncMode {
+        self.inner.borrow().cfg.fsync
+    }
+
+    /// Wait until the acknowledged mark passes `seen`; returns the new mark. Errors once the
+    /// log has failed (the mark never moves again) or closed.
+    pub async fn wait_acked_beyond(&self, seen: u64) -> Result<u64, LogError> {
+        poll_fn(|cx| {
+            let mut i = self.inner.borrow_mut();
+            if let Some(f) = &i.failed {
+                return Poll::Ready(Err(LogError::Failed(f.clone())));
+            }
+            let a = i.acked();
+            if a > seen {
+                return Poll::Ready(Ok(a));
+            }
+            if i.committer_done {
+                return Poll::Ready(Err(LogError::Closed));
+            }
+            i.waiters.push(cx.waker().clone());
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Wait until every offset below `upto` is acknowledged.
+    pub async fn wait_acked(&self, upto: u64) -> Result<(), LogError> {
+        loop {
+            let a = self.acked();
+            if a >= upto {
+                return Ok(());
+            }
+            self.wait_acked_beyond(a).await?;
+        }
+    }
+
+    async fn committer(&self) {
+        loop {
+            // Wait for work.
+            let go = poll_fn(|cx| {
+                let mut i = self.inner.borrow_mut();
+                if i.failed.is_some() {
+                    return Poll::Ready(false);
+                }
+                if !i.groups.is_empty() {
+                    return Poll::Ready(true);
+                }
+                if i.closing {
+                    return Poll::Ready(false);
+                }
+                i.committer = Some(cx.waker().clone());
+                Poll::Pending
+            })
+            .await;
+            if !go {
+                break;
+            }
+            if let Err(e) = self.commit_once().await {
+                let why = match e {
+                    LogError::Failed(s) => s,
+                    other => other.to_string(),
+                };
+                self.inner.borrow_mut().fail(why);
+                break;
+            }
+        }
+        let mut i = self.inner.borrow_mut();
+        i.committer_done = true;
+        i.wake_all();
+    }
+
+    async fn commit_once(&self) -> Result<(), LogError> {
+        // Take whole append groups up to commit_bytes_max (at least one).
+        let (body, first, count, max_ts, need_roll) = {
+            let mut i = self.inner.borrow_mut();
+            let limit = i.cfg.commit_bytes_max - COMMIT_HEADER_BYTES;
+            let mut take = 0usize;
+            let mut end = 0usize;
+            while let Some(g) = i.groups.get(take) {
+                if take > 0 && g.bytes_end > limit {
+                    break;
+                }
+                end = g.bytes_end;
+                take += 1;
+            }
+            let groups: Vec<Group> = i.groups.drain(..take).collect();
+            let body: Vec<u8> = i.pending.drain(..end).collect();
+            for g in i.groups.iter_mut() {
+                g.bytes_end -= end;
+            }
+            let first = groups[0].first;
+            let count: u32 = groups.iter().map(|g| g.count).sum();
+            let max_ts = groups.iter().map(|g| g.max_ts_ms).max().unwrap_or(0);
+            assert_eq!(first, i.written, "commits must be contiguous");
+            let span = align_up(COMMIT_HEADER_BYTES + body.len()) as u64;
+            let seg = i.segs.back().expect("an active segment exists");
+            let need_roll = seg.sealed
+                || (seg.end_offset > seg.base && seg.write_pos + span > i.cfg.segment_bytes_max);
+            (body, first, count, max_ts, need_roll)
+        };
+        if need_roll {
+            self.seal_active().await?;
+            self.create_segment(first).await?;
+            self.apply_retention().await;
+        }
+        let (file, pos, fault) = {
+            let i = self.inner.borrow();
+            let s = i.segs.back().unwrap();
+            (s.file.clone(), s.write_pos, i.fault(FaultPoint::Write))
+        };
+        let mut bytes = Vec::with_capacity(align_up(COMMIT_HEADER_BYTES + body.len()));
+        let h: CommitHeader =
+            crate::segment::encode_commit(&mut bytes, &body, count, first, max_ts);
+        let mut buf = file.alloc_dma_buffer(bytes.len());
+        buf.as_bytes_mut().copy_from_slice(&bytes);
+        fault?;
+        let n = file
+            .write_at(buf, pos)
+            .await
+            .map_err(|e| LogError::Failed(format!("write: {e}")))?;
+        if n != bytes.len() {
+            return Err(LogError::Failed(format!(
+                "short write: {n} of {} bytes",
+                bytes.len()
+            )));
+        }
+        let on_commit = self.inner.borrow().cfg.fsync == FsyncMode::OnCommit;
+        if on_commit {
+            self.inner.borrow().fault(FaultPoint::Sync)?;
+            file.fdatasync()
+                .await
+                .map_err(|e| LogError::Failed(format!("fdatasync: {e}")))?;
+        }
+        let mut i = self.inner.borrow_mut();
+        if i.failed.is_some() {
+            return Ok(());
+        }
+        let interval = i.cfg.index_interval_bytes as u64;
+        let s = i.segs.back_mut().unwrap();
+        if s.index.last().is_none_or(|e| pos - e.pos >= interval) {
+            s.index.push(IndexEntry { offset: first, pos });
+        }
+        s.end_offset = first + count as u64;
+        s.end_pos = pos + h.span() as u64;
+        s.write_pos = pos + bytes.len() as u64;
+        s.max_ts_ms = s.max_ts_ms.max(max_ts);
+        i.written = first + count as u64;
+        if on_commit {
+            i.synced = i.written;
+        }
+        i.wake_all();
+        Ok(())
+    }
+
+    /// fdatasync the active segment and write its index; it takes no more commits.
+    async fn seal_active(&self) -> Result<(), LogError> {
+        let (file, idx, dir, fault) = {
+            let i = self.inner.borrow();
+            let s = i.segs.back().unwrap();
+            if s.sealed {
+                return Ok(());
+            }
+            let idx = SegmentIndex {
+                base_offset: s.base,
+                end_offset: s.end_offset,
+                end_pos: s.end_pos,
+                max_ts_ms: s.max_ts_ms,
+                interval_bytes: i.cfg.index_interval_bytes,
+                entries: s.index.clone(),
+            };
+            (
+                s.file.clone(),
+                idx,
+                i.dir.clone(),
+                i.fault(FaultPoint::Sync),
+            )
+        };
+        fault?;
+        file.fdatasync()
+            .await
+            .map_err(|e| LogError::Failed(format!("fdatasync at seal: {e}")))?;
+        write_index(&dir, &idx)
+            .await
+            .map_err(|e| LogError::Failed(e.to_string()))?;
+        let mut i = self.inner.borrow_mut();
+        let written = i.written;
+        i.synced = i.synced.max(written);
+        i.segs.back_mut().unwrap().sealed = true;
+        Ok(())
+    }
+
+    async fn apply_retention(&self) {
+        let victims: Vec<(u64, Rc<DmaFile>)> = {
+            let mut i = self.inner.borrow_mut();
+            let facts: Vec<SegmentFacts> = i
+                .segs
+                .iter()
+                .map(|s| SegmentFacts {
+                    base: s.base,
+                    bytes: s.write_pos,
+                    max_ts_ms: s.max_ts_ms,
+                    sealed: s.sealed && (s.base != i.segs.back().unwrap().base),
+                })
+                .collect();
+            let n = segments_to_delete(&facts, i.cfg.retention, now_ms());
+            i.segs.drain(..n).map(|s| (s.base, s.file)).collect()
+        };
+        if victims.is_empty() {
+            return;
+        }
+        let dir = self.inner.borrow().dir.clone();
+        for (base, _file) in &victims {
+            // Readers holding the file keep their descriptor; unlinking is safe.
+            let _ = std::fs::remove_file(dir.join(segment_file_name(*base)));
+            let _ = std::fs::remove_file(dir.join(index_file_name(*base)));
+        }
+        let _ = sync_dir(&dir);
+        tracing::debug!(dir = %dir.display(), deleted = victims.len(), "retention deleted segments");
+    }
+
+    /// Periodic fdatasync (under `periodic`) and retention by age; ends when the log closes
+    /// or fails.
+    async fn housekeeping(&self) {
+        let (fsync_ms, retention) = {
+            let i = self.inner.borrow();
+            let f = match i.cfg.fsync {
+                FsyncMode::Periodic { interval_ms } => Some(interval_ms),
+                _ => None,
+            };
+            (f, i.cfg.retention)
+        };
+        let retention_on = retention.age_max_ms.is_some() || retention.bytes_max.is_some();
+        if fsync_ms.is_none() && !retention_on {
+            return;
+        }
+        let tick_ms = fsync_ms.unwrap_or(1000).min(1000);
+        let mut since_retention_ms = 0u64;
+        loop {
+            glommio::timer::sleep(Duration::from_millis(tick_ms)).await;
+            {
+                let i = self.inner.borrow();
+                if i.failed.is_some() || i.committer_done {
+                    return;
+                }
+            }
+            if fsync_ms.is_some() {
+                if let Err(e) = self.sync_now().await {
+                    self.inner.borrow_mut().fail(e.to_string());
+                    return;
+                }
+            }
+            since_retention_ms += tick_ms;
+            if retention_on && since_retention_ms >= 1000 {
+                since_retention_ms = 0;
+                self.apply_retention().await;
+            }
+        }
+    }
+
+    /// fdatasync the active segment now if anything was written since the last sync.
+    pub async fn sync_now(&self) -> Result<(), LogError> {
+        let (file, target, fault) = {
+            let i = self.inner.borrow();
+            if i.synced >= i.written {
+                return Ok(());
+            }
+            (
+                i.segs.back().unwrap().file.clone(),
+                i.written,
+                i.fault(FaultPoint::Sync),
+            )
+        };
+        fault?;
+        file.fdatasync()
+            .await
+            .map_err(|e| LogError::Failed(format!("fdatasync: {e}")))?;
+        let mut i = self.inner.borrow_mut();
+        i.synced = i.synced.max(target);
+        Ok(())
+    }
+
+    /// Read acknowledged records from `from`, at most `records_max` and about `bytes_max`
+    /// payload bytes (at least one record if any is available). Never blocks appends.
+    pub async fn read(
+        &self,
+        from: u64,
+        records_max: usize,
+        bytes_max: usize,
+    ) -> Result<Vec<StoredRecord>, LogError> {
+        let mut out = Vec::new();
+        let mut at = from;
+        let mut bytes = 0usize;
+        // (segment base, byte position of the next commit to parse) once a read started.
+        let mut cursor: Option<(u64, u64)> = None;
+        loop {
+            let (file, base, pos, end_pos, acked) = {
+                let i = self.inner.borrow();
+                let acked = i.acked();
+                let oldest = i.segs.front().map(|s| s.base).unwrap_or(i.next_offset);
+                if at < oldest {
+                    return Err(LogError::BelowRetention {
+                        requested: at,
+                        oldest,
+                    });
+                }
+                if at > acked {
+                    return Err(LogError::BeyondTail {
+                        requested: at,
+                        tail: acked,
+                    });
+                }
+                if at == acked
+                    || out.len() >= records_max
+                    || (bytes >= bytes_max && !out.is_empty())
+                {
+                    return Ok(out);
+                }
+                let k = i.segs.partition_point(|s| s.base <= at) - 1;
+                let s = &i.segs[k];
+                let pos = match cursor {
+                    Some((b, p)) if b == s.base => p,
+                    _ => s
+                        .index
+                        .partition_point(|e| e.offset <= at)
+                        .checked_sub(1)
+                        .map(|j| s.index[j].pos)
+                        .unwrap_or(BLOCK as u64),
+                };
+                (s.file.clone(), s.base, pos, s.end_pos, acked)
+            };
+            if pos >= end_pos {
+                return Err(LogError::Corrupt {
+                    segment: base,
+                    pos,
+                    why: format!("offset {at} not found in its segment"),
+                });
+            }
+            let want = (bytes_max.max(64 << 10) as u64).min(end_pos - pos) as usize;
+            let mut chunk = Bytes::copy_from_slice(
+                &file
+                    .read_at(pos, want)
+                    .await
+                    .map_err(|e| io_err("read", e))?,
+            );
+            let h = CommitHeader::decode_at(&chunk, 0).ok_or_else(|| LogError::Corrupt {
+                segment: base,
+                pos,
+                why: "bad commit header".into(),
+            })?;
+            if chunk.len() < h.span() {
+                // A commit larger than the chunk: read exactly it.
+                chunk = Bytes::copy_from_slice(
+                    &file
+                        .read_at(pos, h.span())
+                        .await
+                        .map_err(|e| io_err("read", e))?,
+                );
+                if chunk.len() < h.span() {
+                    return Err(LogError::Corrupt {
+                        segment: base,
+                        pos,
+                        why: "commit cut short".into(),
+                    });
+                }
+            }
+            // Parse every commit wholly inside the chunk.
+            let mut rel = 0usize;
+            while rel + COMMIT_HEADER_BYTES <= chunk.len() && pos + (rel as u64) < end_pos {
+                let Some(h) = CommitHeader::decode_at(&chunk, rel) else {
+                    return Err(LogError::Corrupt {
+                        segment: base,
+                        pos: pos + rel as u64,
+                        why: "bad commit header".into(),
+                    });
+                };
+                if rel + h.span() > chunk.len() {
+                    break;
+                }
+                let mut p = rel + COMMIT_HEADER_BYTES;
+                for n in 0..h.count as u64 {
+                    let r = crate::record::decode_at(&chunk[..rel + h.span()], p).map_err(|e| {
+                        LogError::Corrupt {
+                            segment: base,
+                            pos: pos + p as u64,
+                            why: e.to_string(),
+                        }
+                    })?;
+                    assert_eq!(
+                        r.offset,
+                        h.first_offset + n,
+                        "offsets contiguous within a commit"
+                    );
+                    if r.offset >= at && r.offset < acked && out.len() < records_max {
+                        let key_at = p + crate::record::HEADER_BYTES;
+                        let pay_at = key_at + r.key.len();
+                        out.push(StoredRecord {
+                            offset: r.offset,
+                            ts_ms: r.ts_ms,
+                            flags: r.flags,
+                            key: chunk.slice(key_at..pay_at),
+                            payload: chunk.slice(pay_at..p + r.len),
+                        });
+                        bytes += r.payload.len();
+                        at = r.offset + 1;
+                    }
+                    p += r.len;
+                }
+                rel = align_up(rel + h.span());
+                if out.len() >= records_max || bytes >= bytes_max || at >= acked {
+                    break;
+                }
+            }
+            debug_assert!(rel > 0, "every pass consumes at least one commit");
+            cursor = Some((base, pos + rel as u64));
+        }
+    }
+
+    /// Write everything queued, fdatasync, and stop the tasks. Appends after this are refused.
+    pub async fn close(&self) -> Result<(), LogError> {
+        {
+            let mut i = self.inner.borrow_mut();
+            i.closing = true;
+            if let Some(w) = i.committer.take() {
+                w.wake();
+            }
+        }
+        // The committer drains what is queued, then ends.
+        poll_fn(|cx| {
+            let mut i = self.inner.borrow_mut();
+            if i.committer_done {
+                Poll::Ready(())
+            } else {
+                i.waiters.push(cx.waker().clone());
+                Poll::Pending
+            }
+        })
+        .await;
+        if let Some(f) = self.failed() {
+            return Err(LogError::Failed(f));
+        }
+        self.sync_now().await
+    }
+}
