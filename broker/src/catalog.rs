@@ -13,6 +13,18 @@ pub struct StreamDef {
     pub stream: String,
     #[serde(default = "default_shards")]
     pub shards: u32,
+    /// Persist records in a segment log (needs `durable_storage_dir`).
+    #[serde(default)]
+    pub durable: bool,
+    /// Per-stream fsync mode (on_commit, periodic, none); default `durable_fsync`.
+    #[serde(default)]
+    pub fsync: Option<String>,
+    /// Per-stream retention by size, bytes per shard; default `durable_retention_bytes`.
+    #[serde(default)]
+    pub retention_bytes: Option<u64>,
+    /// Per-stream retention by age, seconds; default `durable_retention_seconds`.
+    #[serde(default)]
+    pub retention_seconds: Option<u64>,
 }
 
 impl StreamDef {
@@ -48,6 +60,10 @@ impl Catalog {
             namespace: "default".into(),
             stream: "events".into(),
             shards: 4,
+            durable: false,
+            fsync: None,
+            retention_bytes: None,
+            retention_seconds: None,
         }])
         .expect("built-in catalog is valid")
     }
@@ -66,6 +82,20 @@ impl Catalog {
             if s.shards == 0 || s.shards > SHARDS_MAX {
                 return Err(format!(
                     "stream {}: shards must be 1..={SHARDS_MAX}",
+                    s.stream
+                ));
+            }
+            if let Some(f) = &s.fsync {
+                felix_storage::FsyncMode::parse(f, 1)
+                    .map_err(|e| format!("stream {}: {e}", s.stream))?;
+            }
+            if !s.durable
+                && (s.fsync.is_some()
+                    || s.retention_bytes.is_some()
+                    || s.retention_seconds.is_some())
+            {
+                return Err(format!(
+                    "stream {}: fsync and retention apply only to durable streams",
                     s.stream
                 ));
             }

@@ -94,6 +94,16 @@ settings! {
         sub_queue_bytes_max: u64 = 16 << 20, "FELIX_SUB_QUEUE_BYTES_MAX";
         /// glommio io_memory per executor, bytes (memlock is 8 MiB on this kind of machine).
         io_memory_bytes: usize = 1 << 20, "FELIX_IO_MEMORY_BYTES";
+        /// Default fsync mode of durable streams: on_commit, periodic or none.
+        durable_fsync: String = "periodic".into(), "FELIX_DURABLE_FSYNC";
+        /// Interval of the periodic fsync mode, milliseconds.
+        durable_fsync_interval_ms: u64 = 250, "FELIX_DURABLE_FSYNC_INTERVAL_MS";
+        /// Segment size of durable logs before rolling, bytes.
+        durable_segment_bytes: u64 = 64 << 20, "FELIX_DURABLE_SEGMENT_BYTES";
+        /// Queued-but-unwritten bytes per durable shard before publishes are refused.
+        durable_pending_bytes_max: usize = 32 << 20, "FELIX_DURABLE_PENDING_BYTES_MAX";
+        /// Bytes one history read (a subscriber catching up from disk) fetches at a time.
+        history_fetch_bytes: usize = 256 << 10, "FELIX_HISTORY_FETCH_BYTES";
     }
     optional {
         /// Stream catalog file (YAML).
@@ -102,6 +112,12 @@ settings! {
         tls_cert: PathBuf, "FELIX_TLS_CERT";
         /// TLS private key (PEM).
         tls_key: PathBuf, "FELIX_TLS_KEY";
+        /// Directory of durable stream logs; without it, durable streams are refused.
+        durable_storage_dir: PathBuf, "FELIX_DURABLE_STORAGE_DIR";
+        /// Default retention of durable streams by size, bytes per shard (off when unset).
+        durable_retention_bytes: u64, "FELIX_DURABLE_RETENTION_BYTES";
+        /// Default retention of durable streams by age, seconds (off when unset).
+        durable_retention_seconds: u64, "FELIX_DURABLE_RETENTION_SECONDS";
     }
 }
 
@@ -149,6 +165,20 @@ impl Config {
             if v == 0 {
                 return Err(format!("{name} must be positive"));
             }
+        }
+        felix_storage::FsyncMode::parse(&c.durable_fsync, c.durable_fsync_interval_ms)
+            .map_err(|e| format!("durable_fsync: {e}"))?;
+        if c.durable_fsync_interval_ms == 0 {
+            return Err("durable_fsync_interval_ms must be positive".into());
+        }
+        if c.durable_segment_bytes < 1 << 20 || c.durable_segment_bytes > 1 << 32 {
+            return Err(format!(
+                "durable_segment_bytes must be 1 MiB..=4 GiB, got {}",
+                c.durable_segment_bytes
+            ));
+        }
+        if c.history_fetch_bytes < 4096 || c.history_fetch_bytes > 16 << 20 {
+            return Err("history_fetch_bytes must be 4 KiB..=16 MiB".into());
         }
         if c.io_memory_bytes < 512 * 1024 {
             return Err(format!(

@@ -27,11 +27,12 @@ use felix_quic::server::{ConnKey, Endpoint, Route, TxBatch};
 use felix_quic::wire::{
     features, ErrorCode, Frame, Limits, QueuePolicy, Records, ShardSelector, StartAt,
 };
+use felix_storage::{FsyncMode, Log, LogConfig, LogError, RecordIn};
 use glommio::channels::channel_mesh::{Receivers, Senders};
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -85,7 +86,21 @@ pub enum MeshMsg {
     /// Owner → connection core: what to replay, and the offset live deliveries continue at.
     AttachResult {
         sub: u64,
-        result: Result<(Option<Lag>, Vec<Batch>, u64), (ErrorCode, String)>,
+        result: Result<AttachOk, (ErrorCode, String)>,
+    },
+    /// Connection core → owner of a durable shard: the next history chunk from `from`.
+    Fetch {
+        core: u8,
+        sub: u64,
+        stream: u32,
+        shard: u32,
+        from: u64,
+    },
+    /// Owner → connection core: a history chunk (from disk), or the ring's tail and the
+    /// switch to live delivery (`live`).
+    FetchResult {
+        sub: u64,
+        result: Result<Fetched, (ErrorCode, String)>,
     },
     /// Connection core → owner: one subscriber of `core` is gone.
     Detach { core: u8, stream: u32, shard: u32 },
@@ -99,6 +114,37 @@ pub enum MeshMsg {
     /// Owner → itself: try the next held publish (queued behind the deliveries just sent, so
     /// local subscribers park before the next append if they are full).
     DrainHeld { stream: u32, shard: u32 },
+}
+
+/// A successful attach.
+#[derive(Debug)]
+pub struct AttachOk {
+    pub lag: Option<Lag>,
+    pub replay: Vec<Batch>,
+    pub from: u64,
+    /// The subscriber starts below the owner's in-memory tail: it fetches history from disk
+    /// (one chunk at a time, as its queue empties) and ignores live batches until a fetch
+    /// answers `live`.
+    pub catch_up: bool,
+}
+
+/// A history chunk.
+#[derive(Debug)]
+pub struct Fetched {
+    /// Records retention deleted while the subscriber was catching up.
+    pub lag: Option<Lag>,
+    pub batches: Vec<Batch>,
+    /// These batches reach the owner's current end: live deliveries follow them.
+    pub live: bool,
+}
+
+/// A durable shard's log and the publishes waiting for their commit.
+struct DurableShard {
+    /// None when the log could not be opened (the shard is failed from the start).
+    log: Option<Log>,
+    /// In offset order: answered and delivered once the log acknowledges them.
+    pending: VecDeque<(PublishReq, std::ops::Range<u64>)>,
+    failed: Option<String>,
 }
 
 /// Static settings of a core.
@@ -137,6 +183,8 @@ struct Sub {
     next_offset: Option<u64>,
     request_id: u64,
     reply_stream: u64,
+    /// Catching up from disk: `Some(fetch in flight)`; live once `None`.
+    catch_up: Option<bool>,
 }
 
 type ShardKey = (u32, u32);
@@ -157,6 +205,9 @@ struct CoreState {
     parked_subs: HashMap<ShardKey, u32>,
     rr: HashMap<u32, u32>,
     next_sub: u64,
+    durable: HashMap<ShardKey, DurableShard>,
+    me: Weak<RefCell<CoreState>>,
+    wake: Wake,
 }
 
 /// Run one core until shutdown. `sock` is this core's SO_REUSEPORT socket.
@@ -197,7 +248,12 @@ pub async fn run_core(
         parked_subs: HashMap::new(),
         rr: HashMap::new(),
         next_sub: 1,
+        durable: HashMap::new(),
+        me: Weak::new(),
+        wake: wake.clone(),
     }));
+    state.borrow_mut().me = Rc::downgrade(&state);
+    open_durable_shards(&state).await;
 
     // Mesh receivers: one task per peer.
     for (_peer, rx) in receivers.streams() {
@@ -281,6 +337,133 @@ pub async fn run_core(
     }
 
     flusher(state, sock, wake_rx).await;
+}
+
+/// The log directory of one durable shard.
+pub fn shard_dir(
+    root: &std::path::Path,
+    name: &felix_quic::wire::StreamName,
+    shard: u32,
+) -> std::path::PathBuf {
+    root.join(&name.tenant)
+        .join(&name.namespace)
+        .join(&name.stream)
+        .join(format!("{shard:05}"))
+}
+
+fn commit_bytes_max(cfg: &Config) -> usize {
+    let seg = cfg.durable_segment_bytes as usize - 2 * felix_storage::segment::BLOCK;
+    cfg.max_frame_bytes
+        .saturating_mul(4)
+        .min(seg)
+        .min(256 << 20)
+}
+
+/// The storage settings of a durable stream (its own, else the broker's defaults).
+pub fn log_config(cfg: &Config, def: &crate::catalog::StreamDef) -> LogConfig {
+    let mode = def.fsync.as_deref().unwrap_or(&cfg.durable_fsync);
+    LogConfig {
+        segment_bytes_max: cfg.durable_segment_bytes,
+        // A frame's records grow on disk (24 more header bytes per record): allow 4x the
+        // frame, within the segment. A batch beyond it is refused `payload_too_large`.
+        commit_bytes_max: commit_bytes_max(cfg),
+        pending_bytes_max: cfg.durable_pending_bytes_max.max(commit_bytes_max(cfg)),
+        fsync: FsyncMode::parse(mode, cfg.durable_fsync_interval_ms).expect("validated at start"),
+        retention: felix_storage::retention::RetentionLimits {
+            bytes_max: def.retention_bytes.or(cfg.durable_retention_bytes),
+            age_max_ms: def
+                .retention_seconds
+                .or(cfg.durable_retention_seconds)
+                .map(|s| s.saturating_mul(1000)),
+        },
+        ..LogConfig::default()
+    }
+}
+
+/// Open the logs of the durable shards this core owns (before serving), and start one
+/// commit watcher per log. A log that cannot be opened (refused: corruption in the middle,
+/// or an I/O error) leaves its shard failed: it answers `unavailable`, the rest serve.
+async fn open_durable_shards(state: &Rc<RefCell<CoreState>>) {
+    let (cfg, catalog, id, cores) = {
+        let st = state.borrow();
+        (
+            st.s.cfg.clone(),
+            st.s.catalog.clone(),
+            st.id,
+            st.s.cores as u32,
+        )
+    };
+    let Some(root) = cfg.durable_storage_dir.clone() else {
+        return;
+    };
+    for (idx, def) in catalog.streams().iter().enumerate() {
+        if !def.durable {
+            continue;
+        }
+        let name = def.name();
+        for shard in 0..def.shards {
+            if core_for_shard(&name, shard, cores) as u8 != id {
+                continue;
+            }
+            let key = (idx as u32, shard);
+            let dir = shard_dir(&root, &name, shard);
+            match Log::open(&dir, log_config(&cfg, def)).await {
+                Ok((log, report)) => {
+                    tracing::info!(stream = %name, shard, next_offset = report.next_offset,
+                        oldest = report.oldest_offset, verdict = ?report.verdict, "durable shard open");
+                    let mut st = state.borrow_mut();
+                    st.owner(key.0, key.1).start_at(report.next_offset);
+                    st.durable.insert(
+                        key,
+                        DurableShard {
+                            log: Some(log.clone()),
+                            pending: VecDeque::new(),
+                            failed: None,
+                        },
+                    );
+                    let weak = Rc::downgrade(state);
+                    glommio::spawn_local(commit_watcher(weak, key, log)).detach();
+                }
+                Err(e) => {
+                    tracing::error!(stream = %name, shard, error = %e, "durable shard cannot open; it will answer unavailable");
+                    let mut st = state.borrow_mut();
+                    CoreCounters::inc(&st.s.counters.durable_shards_failed);
+                    st.durable.insert(
+                        key,
+                        DurableShard {
+                            log: None,
+                            pending: VecDeque::new(),
+                            failed: Some(e.to_string()),
+                        },
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Answer and deliver publishes as their commits complete; fail the shard on a device error.
+async fn commit_watcher(state: Weak<RefCell<CoreState>>, key: ShardKey, log: Log) {
+    let mut seen = log.acked();
+    loop {
+        let r = log.wait_acked_beyond(seen).await;
+        let Some(st) = state.upgrade() else { return };
+        let mut st = st.borrow_mut();
+        match r {
+            Ok(acked) => {
+                seen = acked;
+                st.on_durable_acked(key, acked);
+            }
+            Err(e) => {
+                st.on_durable_failed(key, e.to_string());
+                st.drain_inbox();
+                st.wake.wake();
+                return;
+            }
+        }
+        st.drain_inbox();
+        st.wake.wake();
+    }
 }
 
 async fn flusher(state: Rc<RefCell<CoreState>>, sock: Rc<GlommioUdp>, wake_rx: WakeRx) {
@@ -434,6 +617,14 @@ impl CoreState {
                 start,
             } => self.on_attach(core, sub, stream, shard, start),
             MeshMsg::AttachResult { sub, result } => self.on_attach_result(sub, result),
+            MeshMsg::Fetch {
+                core,
+                sub,
+                stream,
+                shard,
+                from,
+            } => self.on_fetch(core, sub, stream, shard, from),
+            MeshMsg::FetchResult { sub, result } => self.on_fetch_result(sub, result),
             MeshMsg::Detach {
                 core,
                 stream,
@@ -488,6 +679,103 @@ impl CoreState {
     }
 
     fn append(&mut self, req: PublishReq) {
+        let key = (req.stream, req.shard);
+        let Some(d) = self.durable.get_mut(&key) else {
+            self.publish_committed(req);
+            return;
+        };
+        // Durable: queue into the log now; answer and deliver when the commit completes.
+        let refusal = match (&d.failed, &d.log) {
+            (Some(why), _) => Some((
+                ErrorCode::Unavailable,
+                format!("shard storage failed: {why}"),
+            )),
+            (None, None) => Some((ErrorCode::Unavailable, "shard storage is not open".into())),
+            (None, Some(log)) => {
+                let recs: Vec<bytes::Bytes> = req.records.iter().collect();
+                let ins: Vec<RecordIn> = recs.iter().map(|p| RecordIn::new(p)).collect();
+                match log.append(&ins, felix_storage::log::now_ms()) {
+                    Ok(range) => {
+                        d.pending.push_back((req, range));
+                        return;
+                    }
+                    Err(LogError::Backpressure { pending_bytes }) => Some((
+                        ErrorCode::Unavailable,
+                        format!(
+                            "shard storage has {pending_bytes} bytes waiting to be written; retry"
+                        ),
+                    )),
+                    Err(LogError::TooLarge { bytes, max }) => Some((
+                        ErrorCode::PayloadTooLarge,
+                        format!("a batch of {bytes} bytes exceeds the storage commit limit {max}"),
+                    )),
+                    Err(e) => Some((ErrorCode::Unavailable, format!("shard storage: {e}"))),
+                }
+            }
+        };
+        let (code, msg) = refusal.expect("every non-queued path refuses");
+        CoreCounters::inc(&self.s.counters.durable_publishes_refused);
+        self.route(
+            req.origin.core,
+            MeshMsg::PublishResult {
+                origin: req.origin,
+                result: Err((code, msg)),
+            },
+        );
+    }
+
+    /// Commit progress of a durable shard: every pending publish wholly below `acked` is now
+    /// on disk — append it to the in-memory tail (ring), deliver it, answer it.
+    fn on_durable_acked(&mut self, key: ShardKey, acked: u64) {
+        CoreCounters::inc(&self.s.counters.durable_commits);
+        loop {
+            let Some(d) = self.durable.get_mut(&key) else {
+                return;
+            };
+            match d.pending.front() {
+                Some((_, r)) if r.end <= acked => {}
+                _ => return,
+            }
+            let (req, range) = d.pending.pop_front().unwrap();
+            let next = self.owner(key.0, key.1).next_offset();
+            assert_eq!(
+                next, range.start,
+                "the ring continues exactly where the log assigned"
+            );
+            CoreCounters::add(
+                &self.s.counters.durable_records_committed,
+                range.end - range.start,
+            );
+            self.publish_committed(req);
+        }
+    }
+
+    /// The log failed: nothing pending will be acknowledged.
+    fn on_durable_failed(&mut self, key: ShardKey, why: String) {
+        let Some(d) = self.durable.get_mut(&key) else {
+            return;
+        };
+        if d.failed.is_none() {
+            CoreCounters::inc(&self.s.counters.durable_shards_failed);
+            d.failed = Some(why.clone());
+        }
+        let pending: Vec<_> = d.pending.drain(..).collect();
+        for (req, _) in pending {
+            CoreCounters::inc(&self.s.counters.durable_publishes_refused);
+            self.route(
+                req.origin.core,
+                MeshMsg::PublishResult {
+                    origin: req.origin,
+                    result: Err((
+                        ErrorCode::Unavailable,
+                        format!("shard storage failed; the publish was not acknowledged: {why}"),
+                    )),
+                },
+            );
+        }
+    }
+
+    fn publish_committed(&mut self, req: PublishReq) {
         let (stream, shard) = (req.stream, req.shard);
         let o = self.owner(stream, shard);
         let batch = o.append(&req.records);
@@ -578,10 +866,58 @@ impl CoreState {
     }
 
     fn on_attach(&mut self, core: u8, sub: u64, stream: u32, shard: u32, start: StartAt) {
-        let o = self.owner(stream, shard);
         // Interest counts every attach, even a refused one, so the subscriber's core can
         // always answer its removal with one Detach.
-        o.attach(core as usize);
+        self.owner(stream, shard).attach(core as usize);
+        if let Some(d) = self.durable.get(&(stream, shard)) {
+            let result = match (&d.failed, &d.log) {
+                (Some(why), _) => Err((
+                    ErrorCode::Unavailable,
+                    format!("shard storage failed: {why}"),
+                )),
+                (None, None) => Err((ErrorCode::Unavailable, "shard storage is not open".into())),
+                (None, Some(log)) => {
+                    let oldest = log.oldest_offset();
+                    let o = self.owned.get(&(stream, shard)).expect("attached above");
+                    let next = o.next_offset();
+                    let from = match start {
+                        StartAt::Latest => Ok(next),
+                        StartAt::Earliest => Ok(oldest),
+                        StartAt::Offset(x) if x < oldest => Err((
+                            ErrorCode::RevisionTooOld,
+                            format!("offset {x} is below retention; the oldest retained offset is {oldest}"),
+                        )),
+                        StartAt::Offset(x) if x > next => Err((
+                            ErrorCode::InvalidRequest,
+                            format!("offset {x} is beyond the tail of the shard ({next})"),
+                        )),
+                        StartAt::Offset(x) => Ok(x),
+                    };
+                    from.map(|from| {
+                        if from >= o.ring.oldest().unwrap_or(next) {
+                            let (lag, replay) = o.ring.replay_from(shard, from);
+                            debug_assert!(lag.is_none());
+                            AttachOk {
+                                lag,
+                                replay,
+                                from,
+                                catch_up: false,
+                            }
+                        } else {
+                            AttachOk {
+                                lag: None,
+                                replay: vec![],
+                                from,
+                                catch_up: true,
+                            }
+                        }
+                    })
+                }
+            };
+            self.route(core, MeshMsg::AttachResult { sub, result });
+            return;
+        }
+        let o = self.owner(stream, shard);
         let next = o.next_offset();
         let oldest = o.ring.oldest().unwrap_or(next);
         let from = match start {
@@ -595,9 +931,115 @@ impl CoreState {
         };
         let result = from.map(|from| {
             let (lag, replay) = o.ring.replay_from(shard, from);
-            (lag, replay, from)
+            AttachOk {
+                lag,
+                replay,
+                from,
+                catch_up: false,
+            }
         });
         self.route(core, MeshMsg::AttachResult { sub, result });
+    }
+
+    /// Owner: the next history chunk for a catching-up subscriber. From the ring (and live)
+    /// once `from` is inside it, else read from disk on a task (appends go on meanwhile).
+    fn on_fetch(&mut self, core: u8, sub: u64, stream: u32, shard: u32, from: u64) {
+        let key = (stream, shard);
+        let log = match self.durable.get(&key) {
+            Some(DurableShard {
+                log: Some(log),
+                failed: None,
+                ..
+            }) => log.clone(),
+            Some(DurableShard {
+                failed: Some(why), ..
+            }) => {
+                let why = why.clone();
+                self.route(
+                    core,
+                    MeshMsg::FetchResult {
+                        sub,
+                        result: Err((
+                            ErrorCode::Unavailable,
+                            format!("shard storage failed: {why}"),
+                        )),
+                    },
+                );
+                return;
+            }
+            _ => {
+                self.route(
+                    core,
+                    MeshMsg::FetchResult {
+                        sub,
+                        result: Err((ErrorCode::Unavailable, "not a durable shard".into())),
+                    },
+                );
+                return;
+            }
+        };
+        let o = self.owner(stream, shard);
+        let next = o.next_offset();
+        if from >= o.ring.oldest().unwrap_or(next) {
+            let (_, batches) = o.ring.replay_from(shard, from);
+            self.route(
+                core,
+                MeshMsg::FetchResult {
+                    sub,
+                    result: Ok(Fetched {
+                        lag: None,
+                        batches,
+                        live: true,
+                    }),
+                },
+            );
+            return;
+        }
+        let weak = self.me.clone();
+        let bytes_max = self.s.cfg.history_fetch_bytes;
+        CoreCounters::inc(&self.s.counters.history_reads);
+        glommio::spawn_local(async move {
+            let r = log.read(from, 4096, bytes_max).await;
+            let Some(st) = weak.upgrade() else { return };
+            let mut st = st.borrow_mut();
+            let result = match r {
+                Ok(recs) if !recs.is_empty() => {
+                    CoreCounters::add(&st.s.counters.history_records_read, recs.len() as u64);
+                    let first = recs[0].offset;
+                    let records =
+                        felix_quic::wire::Records::encode(recs.iter().map(|r| &r.payload[..]));
+                    Ok(Fetched {
+                        lag: None,
+                        batches: vec![Batch::new(shard, first, &records)],
+                        live: false,
+                    })
+                }
+                // Nothing to read below the ring is impossible (the ring holds only committed
+                // records); answer with the ring so the subscriber can go live.
+                Ok(_) => {
+                    let o = st.owner(stream, shard);
+                    let (_, batches) = o.ring.replay_from(shard, from);
+                    Ok(Fetched {
+                        lag: None,
+                        batches,
+                        live: true,
+                    })
+                }
+                Err(LogError::BelowRetention { oldest, .. }) => Ok(Fetched {
+                    lag: Some(Lag {
+                        from_offset: from,
+                        lost: oldest - from,
+                    }),
+                    batches: vec![],
+                    live: false,
+                }),
+                Err(e) => Err((ErrorCode::Unavailable, format!("history read failed: {e}"))),
+            };
+            st.route(core, MeshMsg::FetchResult { sub, result });
+            st.drain_inbox();
+            st.wake.wake();
+        })
+        .detach();
     }
 
     // ---------- connection side ----------
@@ -641,6 +1083,9 @@ impl CoreState {
             return;
         };
         for sid in ids.clone() {
+            if self.subs.get(&sid).is_some_and(|s| s.catch_up.is_some()) {
+                continue; // catching up from disk: this batch comes back through a fetch
+            }
             self.offer_to_sub(sid, batch.clone());
             self.pump_sub(sid);
         }
@@ -744,6 +1189,7 @@ impl CoreState {
                 self.unparked(key);
             }
             if item_is_none(&self.subs, sid) {
+                self.maybe_fetch(sid);
                 return;
             }
         }
@@ -782,11 +1228,7 @@ impl CoreState {
         self.ep.mark_dirty(key);
     }
 
-    fn on_attach_result(
-        &mut self,
-        sid: u64,
-        result: Result<(Option<Lag>, Vec<Batch>, u64), (ErrorCode, String)>,
-    ) {
+    fn on_attach_result(&mut self, sid: u64, result: Result<AttachOk, (ErrorCode, String)>) {
         let Some(sub) = self.subs.get_mut(&sid) else {
             return;
         };
@@ -798,8 +1240,16 @@ impl CoreState {
                 }
                 self.remove_sub(sid, Some((code.number(), "subscribe refused".into())));
             }
-            Ok((lag, replay, from)) => {
+            Ok(AttachOk {
+                lag,
+                replay,
+                from,
+                catch_up,
+            }) => {
                 sub.next_offset = Some(from);
+                if catch_up {
+                    sub.catch_up = Some(false);
+                }
                 if let Some(l) = lag {
                     sub.queue.offer_lag(l);
                     sub.next_offset = Some(l.from_offset + l.lost);
@@ -820,6 +1270,55 @@ impl CoreState {
                 }
                 self.ep.mark_dirty(conn);
                 self.pump_sub(sid);
+                self.maybe_fetch(sid);
+            }
+        }
+    }
+
+    /// A catching-up subscriber with an empty queue and no fetch in flight asks its shard's
+    /// owner for the next chunk (so history never outruns the subscriber's queue bound).
+    fn maybe_fetch(&mut self, sid: u64) {
+        let Some(sub) = self.subs.get_mut(&sid) else {
+            return;
+        };
+        if sub.catch_up != Some(false) || !sub.queue.is_empty() {
+            return;
+        }
+        let Some(from) = sub.next_offset else { return };
+        sub.catch_up = Some(true);
+        let (stream, shard) = (sub.stream, sub.shard);
+        let owner = self.owner_core(stream, shard);
+        self.route(
+            owner,
+            MeshMsg::Fetch {
+                core: self.id,
+                sub: sid,
+                stream,
+                shard,
+                from,
+            },
+        );
+    }
+
+    fn on_fetch_result(&mut self, sid: u64, result: Result<Fetched, (ErrorCode, String)>) {
+        let Some(sub) = self.subs.get_mut(&sid) else {
+            return;
+        };
+        match result {
+            Err((code, msg)) => {
+                self.remove_sub(sid, Some((code.number(), msg)));
+            }
+            Ok(Fetched { lag, batches, live }) => {
+                sub.catch_up = if live { None } else { Some(false) };
+                if let Some(l) = lag {
+                    sub.queue.offer_lag(l);
+                    sub.next_offset = Some(l.from_offset + l.lost);
+                }
+                for b in batches {
+                    self.offer_to_sub(sid, b);
+                }
+                self.pump_sub(sid);
+                self.maybe_fetch(sid);
             }
         }
     }
@@ -944,7 +1443,7 @@ impl CoreState {
                             Ok((_, def)) => Frame::StreamInfo {
                                 request_id,
                                 shards: def.shards,
-                                durable: false,
+                                durable: def.durable,
                             },
                             Err((code, msg)) => Frame::error(request_id, code, msg),
                         };
@@ -1235,6 +1734,7 @@ impl CoreState {
                 next_offset: None,
                 request_id,
                 reply_stream,
+                catch_up: None,
             },
         );
         self.local_subs.entry((idx, shard)).or_default().push(sid);

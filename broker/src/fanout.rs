@@ -372,6 +372,11 @@ impl<H> ShardOwner<H> {
     pub fn next_offset(&self) -> u64 {
         self.next_offset
     }
+    /// Continue an existing log's numbering (a durable shard reopened at `next`).
+    pub fn start_at(&mut self, next: u64) {
+        assert!(self.ring.oldest().is_none(), "start_at before any append");
+        self.next_offset = next;
+    }
     /// Assign offsets, encode the delivery once, keep it in the ring.
     pub fn append(&mut self, records: &Records) -> Batch {
         let b = Batch::new(self.shard, self.next_offset, records);

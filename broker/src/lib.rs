@@ -2,12 +2,12 @@
 //!
 //! Executors pinned one per core, each with its own SO_REUSEPORT UDP socket and QUIC
 //! endpoint; ephemeral pub/sub with shard owners, replay rings and per-subscriber queues
-//! (`fanout`, pure) driven by `core`. Not yet: durable shards (felix-storage), the control
+//! (`fanout`, pure) driven by `core`; durable shards on felix-storage logs. Not yet: the control
 //! plane, caches and queues.
 
 pub mod catalog;
 pub mod config;
 pub mod core;
-pub mod dma;
 pub mod fanout;
+pub mod inspect;
 pub mod metrics;

@@ -16,6 +16,10 @@ fn main() {
         )
         .with_writer(std::io::stderr)
         .init();
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("inspect") {
+        std::process::exit(felix_broker::inspect::main(&args[2..]));
+    }
     let flags = Flags::parse();
     let cfg = match Config::resolve(&flags) {
         Ok(c) => c,
@@ -43,6 +47,14 @@ fn run(cfg: Config) -> Result<(), String> {
         .map_err(|e| format!("catalog {}: {e}", p.display()))?,
         None => Catalog::default_catalog(),
     };
+    if cfg.durable_storage_dir.is_none() {
+        if let Some(d) = catalog.streams().iter().find(|d| d.durable) {
+            return Err(format!(
+                "stream {} is durable but no durable storage directory is set (durable_storage_dir / FELIX_DURABLE_STORAGE_DIR)",
+                d.name()
+            ));
+        }
+    }
     let catalog = Arc::new(catalog);
     let cert = match (&cfg.tls_cert, &cfg.tls_key) {
         (Some(c), Some(k)) => CertPaths {
@@ -124,12 +136,15 @@ fn run(cfg: Config) -> Result<(), String> {
         } else {
             Placement::Unbound
         };
-        let data_dir = cfg.data_dir.clone();
+        let seed_dir = cfg
+            .durable_storage_dir
+            .clone()
+            .unwrap_or_else(|| cfg.data_dir.clone());
         let h = LocalExecutorBuilder::new(placement)
             .name(&format!("felix-core-{i}"))
             .io_memory(cfg.io_memory_bytes)
             .spawn(move || async move {
-                if let Err(e) = felix_broker::dma::seed_dma_probe(&data_dir).await {
+                if let Err(e) = felix_storage::seed_dma_probe(&seed_dir).await {
                     tracing::warn!(error = %e, "DMA probe seed failed; durable reads may fail");
                 }
                 let qc = tls::server_config(&cert, &transport).expect("validated at start");

@@ -45,6 +45,12 @@ counters! {
     lag_notices: "lag notices written to subscription streams",
     subscriptions_opened: "subscriptions opened on this core",
     subscriptions_closed: "subscriptions closed on this core",
+    durable_commits: "commit progress events of durable shards this core owns (acked records answered)",
+    durable_records_committed: "records of durable shards acknowledged after commit",
+    durable_shards_failed: "durable shards on this core that failed (device error or refused at open); publishes to them get unavailable",
+    durable_publishes_refused: "publishes to durable shards refused by storage (failed, write queue full)",
+    history_reads: "history reads from disk for subscribers catching up",
+    history_records_read: "records read from disk for subscribers catching up",
 }
 
 impl CoreCounters {

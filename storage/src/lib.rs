@@ -5,6 +5,7 @@
 //! The driver, [`log`], does the I/O through glommio DMA files (io_uring, O_DIRECT) on the
 //! core that owns the shard. The byte layout is in `docs/storage-format.md`.
 
+pub mod inspect;
 pub mod log;
 pub mod record;
 pub mod recovery;

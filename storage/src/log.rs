@@ -348,24 +348,18 @@ pub fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// Read a log directory into a [`DiskView`] (used by open and by `inspect`). `scan_all`
-/// scans every segment (inspect); otherwise only what the planner needs.
-pub async fn read_view(
-    dir: &Path,
-    interval_bytes: u32,
-    scan_all: bool,
-) -> Result<DiskView, LogError> {
+/// The segment and index files of a log directory: (segment bases sorted, index bases).
+pub fn list_log_dir(dir: &Path) -> Result<(Vec<u64>, std::collections::BTreeSet<u64>), LogError> {
     let mut logs = Vec::new();
     let mut idxs = std::collections::BTreeSet::new();
     let rd = match std::fs::read_dir(dir) {
         Ok(rd) => rd,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(DiskView::default()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((logs, idxs)),
         Err(e) => return Err(io_err("read directory", e)),
     };
     for e in rd {
         let e = e.map_err(|e| io_err("read directory", e))?;
-        let name = e.file_name().to_string_lossy().into_owned();
-        match parse_file_name(&name) {
+        match parse_file_name(&e.file_name().to_string_lossy()) {
             Some((b, "log")) => logs.push(b),
             Some((b, _)) => {
                 idxs.insert(b);
@@ -374,6 +368,13 @@ pub async fn read_view(
         }
     }
     logs.sort_unstable();
+    Ok((logs, idxs))
+}
+
+/// Read a log directory into a [`DiskView`] through DMA (what open does): headers and index
+/// files of every segment, full bytes of the segments the planner must scan.
+pub async fn read_view(dir: &Path, interval_bytes: u32) -> Result<DiskView, LogError> {
+    let (logs, mut idxs) = list_log_dir(dir)?;
     let mut view = DiskView::default();
     for &base in &logs {
         let path = dir.join(segment_file_name(base));
@@ -401,15 +402,9 @@ pub async fn read_view(
         let _ = f.close().await;
     }
     view.orphan_indexes = idxs.into_iter().collect();
-    let to_scan: Vec<usize> = if scan_all {
-        (0..view.segments.len()).collect()
-    } else {
-        must_scan(&view)
-    };
-    for i in to_scan {
+    for i in must_scan(&view) {
         let s = &mut view.segments[i];
-        let path = dir.join(segment_file_name(s.base));
-        let f = DmaFile::open(&path)
+        let f = DmaFile::open(dir.join(segment_file_name(s.base)))
             .await
             .map_err(|e| io_err("open segment", e))?;
         let bytes = read_all(&f, s.file_len).await?;
@@ -453,7 +448,7 @@ impl Log {
                 }
             }
         }
-        let view = read_view(dir, cfg.index_interval_bytes, false).await?;
+        let view = read_view(dir, cfg.index_interval_bytes).await?;
         let plan = plan_recovery(&view, cfg.first_offset);
         if let Verdict::Refuse {
             segment,

@@ -263,7 +263,7 @@ fn torn_tail_is_cut_and_middle_corruption_refused() {
     let last_commit = (BLOCK..len)
         .step_by(BLOCK)
         .filter(|p| &b[*p..p + 4] == b"FXCM")
-        .last()
+        .max()
         .unwrap();
     let cut = last_commit + 40;
     b[cut..].fill(0);

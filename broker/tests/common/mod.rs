@@ -27,7 +27,27 @@ impl Drop for Broker {
 impl Broker {
     /// Start a broker with `cores` executors and extra flags.
     pub fn start(cores: usize, extra: &[&str]) -> Broker {
-        let dir = tempfile::tempdir().unwrap();
+        Broker::start_in(tempfile::tempdir().unwrap(), cores, extra)
+    }
+
+    /// Start a broker on an existing data directory (a restart).
+    pub fn start_in(dir: tempfile::TempDir, cores: usize, extra: &[&str]) -> Broker {
+        Broker::try_start_in(dir, cores, extra).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// SIGKILL the broker (no shutdown path runs) and hand back its data directory.
+    pub fn kill(mut self) -> tempfile::TempDir {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap())
+    }
+
+    /// Start, or the broker's exit status and stderr if it exits instead of becoming ready.
+    pub fn try_start_in(
+        dir: tempfile::TempDir,
+        cores: usize,
+        extra: &[&str],
+    ) -> Result<Broker, String> {
         let mut child = Command::new(env!("CARGO_BIN_EXE_felix-broker"))
             .args([
                 "--listen",
@@ -42,8 +62,27 @@ impl Broker {
             .args(extra)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("start felix-broker");
+        let mut err = child.stderr.take().unwrap();
+        let stderr = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let sink = stderr.clone();
+        std::thread::spawn(move || {
+            // Keep draining (and echoing) stderr so the broker never blocks on a full pipe.
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = err.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+                eprint!("{text}");
+                let mut s = sink.lock().unwrap();
+                if s.len() < 64 << 10 {
+                    s.push_str(&text);
+                }
+            }
+        });
         let out = child.stdout.take().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
@@ -51,9 +90,18 @@ impl Broker {
                 let _ = tx.send(line);
             }
         });
-        let line = rx
-            .recv_timeout(Duration::from_secs(30))
-            .expect("broker prints its ready line");
+        let line = match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(l) => l,
+            Err(_) => {
+                let status = child.wait().ok();
+                std::thread::sleep(Duration::from_millis(50));
+                return Err(format!(
+                    "broker did not become ready (exit {:?}): {}",
+                    status.and_then(|s| s.code()),
+                    stderr.lock().unwrap()
+                ));
+            }
+        };
         let field = |k: &str| {
             line.split_whitespace()
                 .find_map(|w| w.strip_prefix(k))
@@ -61,12 +109,12 @@ impl Broker {
                 .parse()
                 .unwrap()
         };
-        Broker {
+        Ok(Broker {
             quic: field("quic="),
             metrics: field("metrics="),
             child,
             dir,
-        }
+        })
     }
 
     /// The generated dev certificate (the CA clients trust).
