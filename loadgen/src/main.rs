@@ -6,6 +6,10 @@
 //!   batches awaiting their ack. Reports publish and per-subscriber rates.
 //! * `latency`: closed loop, one record in flight: publish, wait until all F subscribers
 //!   have it, publish the next. One-way publish→delivery percentiles (same process clock).
+//! * `ingest`: acked publishes of one record each, up to `--inflight K` awaiting their ack
+//!   at once, no subscribers (peer-bench's `js-publish` shape). Reports acks/s, MB/s and
+//!   ack latency percentiles (publish call → ack). Against a durable stream the ack follows
+//!   the commit under the stream's fsync mode.
 //! * `demo-slow-consumer`: for each policy, one fast and one stalled subscriber; prints what
 //!   each received, the lag notices, and whether the publisher waited.
 //!
@@ -24,6 +28,7 @@ use std::time::{Duration, Instant};
 enum Mode {
     Throughput,
     Latency,
+    Ingest,
     DemoSlowConsumer,
 }
 
@@ -93,6 +98,7 @@ async fn main() {
     let r = match a.mode {
         Mode::Throughput => throughput(&a).await,
         Mode::Latency => latency(&a).await,
+        Mode::Ingest => ingest(&a).await,
         Mode::DemoSlowConsumer => demo(&a).await,
     };
     if let Err(e) = r {
@@ -246,6 +252,69 @@ async fn latency(a: &Args) -> Result<(), felix_client::Error> {
         })
     );
     let _ = publisher.close().await;
+    Ok(())
+}
+
+async fn ingest(a: &Args) -> Result<(), felix_client::Error> {
+    let count = a.count.unwrap_or(100_000).min(COUNT_MAX);
+    let warmup = (count / 20).min(2000);
+    let deadline = Instant::now() + Duration::from_secs(a.max_secs);
+    let load = load1();
+    let c = Client::connect(cfg(a)).await?;
+    let info = c.describe_stream(&name(a)).await?;
+    let p = c.publisher();
+    let payload = Bytes::from(vec![b'x'; a.payload]);
+    let mut hist = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
+    let mut inflight = tokio::task::JoinSet::new();
+    let mut truncated = false;
+    let mut start = Instant::now();
+    let mut acked = 0u64;
+    let mut sent = 0u64;
+    while sent < count + warmup {
+        if Instant::now() > deadline {
+            truncated = true;
+            break;
+        }
+        while inflight.len() >= a.inflight {
+            let (i, d): (u64, Duration) = inflight.join_next().await.unwrap().unwrap()?;
+            if i >= warmup {
+                hist.record(d.as_micros().max(1) as u64).unwrap();
+                acked += 1;
+            }
+        }
+        if sent == warmup {
+            start = Instant::now();
+        }
+        let (p, n, pl, i) = (p.clone(), name(a), payload.clone(), sent);
+        let sel = ShardSelector::Shard(a.shard);
+        inflight.spawn(async move {
+            let t0 = Instant::now();
+            p.publish_batch(&n, sel, vec![pl])
+                .await
+                .map(|_| (i, t0.elapsed()))
+        });
+        sent += 1;
+    }
+    while let Some(r) = inflight.join_next().await {
+        let (i, d) = r.unwrap()?;
+        if i >= warmup {
+            hist.record(d.as_micros().max(1) as u64).unwrap();
+            acked += 1;
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let rate = acked as f64 / secs;
+    println!(
+        "{}",
+        serde_json::json!({
+            "tool": "felix-loadgen", "mode": "ingest", "stream": a.stream, "durable": info.durable,
+            "payload": a.payload, "inflight": a.inflight, "count": acked, "load1": load,
+            "truncated": truncated, "acks_per_s": rate, "mb_per_s": rate * a.payload as f64 / 1e6,
+            "unit": "us", "ack": {"p50": hist.value_at_quantile(0.5), "p90": hist.value_at_quantile(0.9),
+            "p99": hist.value_at_quantile(0.99), "p999": hist.value_at_quantile(0.999), "max": hist.max()},
+        })
+    );
+    let _ = c.close().await;
     Ok(())
 }
 
