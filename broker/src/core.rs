@@ -147,6 +147,20 @@ struct DurableShard {
     failed: Option<String>,
 }
 
+impl DurableShard {
+    /// The log, or the `unavailable` refusal every durable operation answers instead.
+    fn usable(&self) -> Result<&Log, (ErrorCode, String)> {
+        match (&self.failed, &self.log) {
+            (None, Some(log)) => Ok(log),
+            (Some(why), _) => Err((
+                ErrorCode::Unavailable,
+                format!("shard storage failed: {why}"),
+            )),
+            (None, None) => Err((ErrorCode::Unavailable, "shard storage is not open".into())),
+        }
+    }
+}
+
 /// Static settings of a core.
 pub struct CoreSettings {
     pub cores: u8,
@@ -685,13 +699,9 @@ impl CoreState {
             return;
         };
         // Durable: queue into the log now; answer and deliver when the commit completes.
-        let refusal = match (&d.failed, &d.log) {
-            (Some(why), _) => Some((
-                ErrorCode::Unavailable,
-                format!("shard storage failed: {why}"),
-            )),
-            (None, None) => Some((ErrorCode::Unavailable, "shard storage is not open".into())),
-            (None, Some(log)) => {
+        let (code, msg) = match d.usable() {
+            Err(e) => e,
+            Ok(log) => {
                 let recs: Vec<bytes::Bytes> = req.records.iter().collect();
                 let ins: Vec<RecordIn> = recs.iter().map(|p| RecordIn::new(p)).collect();
                 match log.append(&ins, felix_storage::log::now_ms()) {
@@ -699,21 +709,20 @@ impl CoreState {
                         d.pending.push_back((req, range));
                         return;
                     }
-                    Err(LogError::Backpressure { pending_bytes }) => Some((
+                    Err(LogError::Backpressure { pending_bytes }) => (
                         ErrorCode::Unavailable,
                         format!(
                             "shard storage has {pending_bytes} bytes waiting to be written; retry"
                         ),
-                    )),
-                    Err(LogError::TooLarge { bytes, max }) => Some((
+                    ),
+                    Err(LogError::TooLarge { bytes, max }) => (
                         ErrorCode::PayloadTooLarge,
                         format!("a batch of {bytes} bytes exceeds the storage commit limit {max}"),
-                    )),
-                    Err(e) => Some((ErrorCode::Unavailable, format!("shard storage: {e}"))),
+                    ),
+                    Err(e) => (ErrorCode::Unavailable, format!("shard storage: {e}")),
                 }
             }
         };
-        let (code, msg) = refusal.expect("every non-queued path refuses");
         CoreCounters::inc(&self.s.counters.durable_publishes_refused);
         self.route(
             req.origin.core,
@@ -870,13 +879,9 @@ impl CoreState {
         // always answer its removal with one Detach.
         self.owner(stream, shard).attach(core as usize);
         if let Some(d) = self.durable.get(&(stream, shard)) {
-            let result = match (&d.failed, &d.log) {
-                (Some(why), _) => Err((
-                    ErrorCode::Unavailable,
-                    format!("shard storage failed: {why}"),
-                )),
-                (None, None) => Err((ErrorCode::Unavailable, "shard storage is not open".into())),
-                (None, Some(log)) => {
+            let result = match d.usable() {
+                Err(e) => Err(e),
+                Ok(log) => {
                     let oldest = log.oldest_offset();
                     let o = self.owned.get(&(stream, shard)).expect("attached above");
                     let next = o.next_offset();
@@ -945,29 +950,19 @@ impl CoreState {
     /// once `from` is inside it, else read from disk on a task (appends go on meanwhile).
     fn on_fetch(&mut self, core: u8, sub: u64, stream: u32, shard: u32, from: u64) {
         let key = (stream, shard);
-        let log = match self.durable.get(&key) {
-            Some(DurableShard {
-                log: Some(log),
-                failed: None,
-                ..
-            }) => log.clone(),
-            Some(DurableShard {
-                failed: Some(why), ..
-            }) => {
-                let why = why.clone();
+        let log = match self.durable.get(&key).map(DurableShard::usable) {
+            Some(Ok(log)) => log.clone(),
+            Some(Err(e)) => {
                 self.route(
                     core,
                     MeshMsg::FetchResult {
                         sub,
-                        result: Err((
-                            ErrorCode::Unavailable,
-                            format!("shard storage failed: {why}"),
-                        )),
+                        result: Err(e),
                     },
                 );
                 return;
             }
-            _ => {
+            None => {
                 self.route(
                     core,
                     MeshMsg::FetchResult {

@@ -738,8 +738,9 @@ impl Log {
     }
 
     async fn commit_once(&self) -> Result<(), LogError> {
-        // Take whole append groups up to commit_bytes_max (at least one).
-        let (body, first, count, max_ts, need_roll) = {
+        // Take whole append groups up to commit_bytes_max (at least one) and encode the
+        // commit straight into the DMA buffer: header, the queued records, zero padding.
+        let (buf, h, need_roll) = {
             let mut i = self.inner.borrow_mut();
             let limit = i.cfg.commit_bytes_max - COMMIT_HEADER_BYTES;
             let mut take = 0usize;
@@ -752,20 +753,31 @@ impl Log {
                 take += 1;
             }
             let groups: Vec<Group> = i.groups.drain(..take).collect();
-            let body: Vec<u8> = i.pending.drain(..end).collect();
             for g in i.groups.iter_mut() {
                 g.bytes_end -= end;
             }
-            let first = groups[0].first;
-            let count: u32 = groups.iter().map(|g| g.count).sum();
-            let max_ts = groups.iter().map(|g| g.max_ts_ms).max().unwrap_or(0);
-            assert_eq!(first, i.written, "commits must be contiguous");
-            let span = align_up(COMMIT_HEADER_BYTES + body.len()) as u64;
+            let h = CommitHeader {
+                records_bytes: u32::try_from(end).expect("commit < 4 GiB"),
+                count: groups.iter().map(|g| g.count).sum(),
+                first_offset: groups[0].first,
+                max_ts_ms: groups.iter().map(|g| g.max_ts_ms).max().unwrap_or(0),
+            };
+            assert_eq!(h.first_offset, i.written, "commits must be contiguous");
+            let span = align_up(h.span());
             let seg = i.segs.back().expect("an active segment exists");
+            // DMA buffers are not tied to a file: one allocated here serves a new segment too.
+            let mut buf = seg.file.alloc_dma_buffer(span);
+            let out = buf.as_bytes_mut();
+            out[..COMMIT_HEADER_BYTES].copy_from_slice(&h.encode());
+            out[COMMIT_HEADER_BYTES..h.span()].copy_from_slice(&i.pending[..end]);
+            out[h.span()..].fill(0);
             let need_roll = seg.sealed
-                || (seg.end_offset > seg.base && seg.write_pos + span > i.cfg.segment_bytes_max);
-            (body, first, count, max_ts, need_roll)
+                || (seg.end_offset > seg.base
+                    && seg.write_pos + span as u64 > i.cfg.segment_bytes_max);
+            i.pending.drain(..end);
+            (buf, h, need_roll)
         };
+        let (first, count, max_ts, len) = (h.first_offset, h.count, h.max_ts_ms, buf.len());
         if need_roll {
             self.seal_active().await?;
             self.create_segment(first).await?;
@@ -776,21 +788,13 @@ impl Log {
             let s = i.segs.back().unwrap();
             (s.file.clone(), s.write_pos, i.fault(FaultPoint::Write))
         };
-        let mut bytes = Vec::with_capacity(align_up(COMMIT_HEADER_BYTES + body.len()));
-        let h: CommitHeader =
-            crate::segment::encode_commit(&mut bytes, &body, count, first, max_ts);
-        let mut buf = file.alloc_dma_buffer(bytes.len());
-        buf.as_bytes_mut().copy_from_slice(&bytes);
         fault?;
         let n = file
             .write_at(buf, pos)
             .await
             .map_err(|e| LogError::Failed(format!("write: {e}")))?;
-        if n != bytes.len() {
-            return Err(LogError::Failed(format!(
-                "short write: {n} of {} bytes",
-                bytes.len()
-            )));
+        if n != len {
+            return Err(LogError::Failed(format!("short write: {n} of {len} bytes")));
         }
         let on_commit = self.inner.borrow().cfg.fsync == FsyncMode::OnCommit;
         if on_commit {
@@ -810,7 +814,7 @@ impl Log {
         }
         s.end_offset = first + count as u64;
         s.end_pos = pos + h.span() as u64;
-        s.write_pos = pos + bytes.len() as u64;
+        s.write_pos = pos + len as u64;
         s.max_ts_ms = s.max_ts_ms.max(max_ts);
         i.written = first + count as u64;
         if on_commit {

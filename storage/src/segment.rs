@@ -476,31 +476,31 @@ fn damaged(
     }
 }
 
-/// Encode one commit (header + records) into `out`, zero-padded to a block boundary.
-/// Returns the commit header. `records` must be contiguous from `first_offset`.
-pub fn encode_commit(
-    out: &mut Vec<u8>,
-    records: &[u8],
-    count: u32,
-    first_offset: u64,
-    max_ts_ms: u64,
-) -> CommitHeader {
-    let h = CommitHeader {
-        records_bytes: u32::try_from(records.len()).expect("commit < 4 GiB"),
-        count,
-        first_offset,
-        max_ts_ms,
-    };
-    let start = out.len();
-    debug_assert_eq!(start % BLOCK, 0);
-    out.extend_from_slice(&h.encode());
-    out.extend_from_slice(records);
-    out.resize(start + align_up(h.span()), 0);
-    h
-}
-
 #[cfg(test)]
 pub(crate) mod tests {
+    /// Encode one commit (header + records) into `out`, zero-padded to a block boundary.
+    /// Returns the commit header. `records` must be contiguous from `first_offset`.
+    pub(crate) fn encode_commit(
+        out: &mut Vec<u8>,
+        records: &[u8],
+        count: u32,
+        first_offset: u64,
+        max_ts_ms: u64,
+    ) -> CommitHeader {
+        let h = CommitHeader {
+            records_bytes: u32::try_from(records.len()).expect("commit < 4 GiB"),
+            count,
+            first_offset,
+            max_ts_ms,
+        };
+        let start = out.len();
+        debug_assert_eq!(start % BLOCK, 0);
+        out.extend_from_slice(&h.encode());
+        out.extend_from_slice(records);
+        out.resize(start + align_up(h.span()), 0);
+        h
+    }
+
     use super::*;
     use crate::record::{encode_into, RecordIn};
 

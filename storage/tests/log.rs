@@ -235,14 +235,8 @@ fn device_errors_stop_acknowledging() {
 }
 
 fn last_segment(d: &Path) -> PathBuf {
-    let mut v: Vec<_> = std::fs::read_dir(d)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "log"))
-        .collect();
-    v.sort();
-    v.pop().unwrap()
+    let (bases, _) = felix_storage::log::list_log_dir(d).unwrap();
+    d.join(segment_file_name(*bases.last().unwrap()))
 }
 
 #[test]
