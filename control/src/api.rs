@@ -502,4 +502,18 @@ pub struct ClusterStatus {
     /// Raft term and last applied log index (0 for the memory store).
     pub term: u64,
     pub applied_index: u64,
+    /// Every member of the Raft group (empty for the memory store, or before the group forms).
+    pub members: Vec<Member>,
+}
+
+/// One Raft member. A member whose data dir was wiped rejoins under a new `generation`: the
+/// old identity is removed first and never votes again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(ToSchema))]
+pub struct Member {
+    pub node_id: u64,
+    pub generation: u32,
+    /// Its REST listener (`host:port`).
+    pub addr: String,
+    pub voter: bool,
 }

@@ -44,6 +44,7 @@ impl MetadataStore for MemoryStore {
             catalog_revision: self.shared.read(|c| c.revision()),
             term: 0,
             applied_index: 0,
+            members: vec![],
         }
     }
 
