@@ -194,6 +194,7 @@ pub struct RaftStore {
     shared: Arc<Shared>,
     node: OnceLock<Node>,
     fresh: AtomicBool,
+    boot: tokio::sync::Mutex<()>,
     http: reqwest::Client,
     peers: BTreeMap<u64, String>,
     dir: PathBuf,
@@ -216,6 +217,7 @@ pub async fn open(cfg: Arc<Config>) -> Result<(Arc<dyn MetadataStore>, Router), 
         cfg: cfg.clone(),
         node: OnceLock::new(),
         fresh: AtomicBool::new(false),
+        boot: tokio::sync::Mutex::new(()),
         http,
         peers,
         dir,
@@ -254,6 +256,7 @@ pub async fn open(cfg: Arc<Config>) -> Result<(Arc<dyn MetadataStore>, Router), 
         .route("/raft/{member}/snapshot", post(rpc_snapshot))
         .route("/internal/v1/identity", get(identity))
         .route("/internal/v1/rejoin", post(rejoin))
+        .route("/internal/v1/assign", post(assign))
         .layer(DefaultBodyLimit::max(64 << 20))
         .with_state(st.clone());
     Ok((st, routes))
@@ -303,9 +306,28 @@ impl RaftStore {
         .map_err(|e| e.to_string())
     }
 
-    /// An empty data dir: form a new group with the peers, or rejoin one under a new generation.
+    /// Adopt `member` as this process's identity and start (once).
+    async fn adopt(&self, member: u64) -> Result<bool, String> {
+        let _g = self.boot.lock().await;
+        if let Some(n) = self.node.get() {
+            return Ok(n.member == member);
+        }
+        self.write_identity(member)?;
+        self.start(member).await?;
+        self.fresh.store(false, Ordering::SeqCst);
+        Ok(true)
+    }
+
+    /// An empty data dir. Three ways out, decided by probing the peers:
+    /// * some peer is in a group: this member's data was wiped — rejoin under the next
+    ///   generation (the old identity is removed by the leader first);
+    /// * this is the lowest node id and every peer answers with no group: found the group —
+    ///   assign every peer its generation-0 identity first, then initialize, so no peer can
+    ///   see the group before it holds its identity;
+    /// * otherwise wait (for the founder's assignment, or for the group to appear).
     async fn boot_fresh(self: Arc<Self>) {
         let me = self.cfg.raft_node_id;
+        let founder = self.peers.keys().next() == Some(&me);
         let others: Vec<(u64, String)> = self
             .peers
             .iter()
@@ -313,8 +335,11 @@ impl RaftStore {
             .map(|(i, a)| (*i, a.clone()))
             .collect();
         let mut last_log = Instant::now();
-        let (generation, rejoin) = loop {
-            let mut all_fresh = true;
+        loop {
+            if self.node.get().is_some() {
+                return; // assigned by the founder
+            }
+            let mut all_answered = true;
             let mut group: Option<Vec<Member>> = None;
             for (_, addr) in &others {
                 match self
@@ -326,10 +351,10 @@ impl RaftStore {
                 {
                     Ok(r) if r.status().is_success() => match r.json::<PeerIdentity>().await {
                         Ok(p) if !p.members.is_empty() => group = Some(p.members),
-                        Ok(p) if p.fresh => {}
-                        _ => all_fresh = false,
+                        Ok(_) => {}
+                        Err(_) => all_answered = false,
                     },
-                    _ => all_fresh = false,
+                    _ => all_answered = false,
                 }
             }
             if let Some(members) = group {
@@ -339,46 +364,64 @@ impl RaftStore {
                     .map(|m| m.generation + 1)
                     .max()
                     .unwrap_or(0);
-                break (g, true);
+                let member = member_id(me, g);
+                match self.adopt(member).await {
+                    Ok(true) => return self.rejoin_loop(member, &others).await,
+                    Ok(false) => return,
+                    Err(e) => {
+                        tracing::error!("cannot start raft: {e}");
+                        return;
+                    }
+                }
             }
-            if all_fresh {
-                break (0, false);
+            if founder && all_answered && self.form(&others).await {
+                return;
             }
             if last_log.elapsed() > Duration::from_secs(5) {
-                tracing::warn!("empty data dir: waiting for every peer to answer before forming or rejoining the group");
+                tracing::warn!(
+                    "empty data dir: waiting for the peers (to form the group, or to rejoin it)"
+                );
                 last_log = Instant::now();
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
-        };
-        let member = member_id(me, generation);
-        if let Err(e) = self.write_identity(member).and(Ok(())) {
-            tracing::error!("cannot write identity: {e}");
-            return;
         }
-        if let Err(e) = self.start(member).await {
-            tracing::error!("cannot start raft: {e}");
-            return;
-        }
-        let raft = &self.node.get().expect("started").raft;
-        if !rejoin {
-            // A new group: the lowest node id proposes the membership; the rest wait for it.
-            if self.peers.keys().next() == Some(&me) {
-                let nodes: BTreeMap<u64, BasicNode> = self
-                    .peers
-                    .iter()
-                    .map(|(id, a)| (member_id(*id, 0), BasicNode { addr: a.clone() }))
-                    .collect();
-                if let Err(e) = raft.initialize(nodes).await {
-                    tracing::warn!("raft initialize: {e}");
-                }
+    }
+
+    /// Found the group: assign every peer its identity, then initialize. False: try again.
+    async fn form(&self, others: &[(u64, String)]) -> bool {
+        for (id, addr) in others {
+            let r = self
+                .http
+                .post(format!("http://{addr}/internal/v1/assign"))
+                .timeout(Duration::from_secs(5))
+                .json(&member_id(*id, 0))
+                .send()
+                .await;
+            if !matches!(&r, Ok(r) if r.status().is_success()) {
+                return false;
             }
-            self.fresh.store(false, Ordering::SeqCst);
-            return;
         }
-        self.fresh.store(false, Ordering::SeqCst);
+        let me = member_id(self.cfg.raft_node_id, 0);
+        match self.adopt(me).await {
+            Ok(true) => {}
+            _ => return false,
+        }
+        let nodes: BTreeMap<u64, BasicNode> = self
+            .peers
+            .iter()
+            .map(|(id, a)| (member_id(*id, 0), BasicNode { addr: a.clone() }))
+            .collect();
+        let raft = &self.node.get().expect("started").raft;
+        if let Err(e) = raft.initialize(nodes).await {
+            tracing::warn!("raft initialize: {e}");
+        }
+        true
+    }
+
+    async fn rejoin_loop(&self, member: u64, others: &[(u64, String)]) {
+        let me = self.cfg.raft_node_id;
         tracing::info!(
             member,
-            generation,
             "empty data dir in an existing group: rejoining under a new generation"
         );
         let req = RejoinRequest {
@@ -387,7 +430,7 @@ impl RaftStore {
             addr: self.peers[&me].clone(),
         };
         loop {
-            for (_, addr) in &others {
+            for (_, addr) in others {
                 let r = self
                     .http
                     .post(format!("http://{addr}/internal/v1/rejoin"))
@@ -666,6 +709,25 @@ async fn identity(State(st): St) -> Result<axum::Json<PeerIdentity>, Refusal> {
         fresh,
         members: st.members(),
     }))
+}
+
+/// From the founder of a new group: this (fresh) process is `member`.
+async fn assign(State(st): St, Json(member): Json<u64>) -> Result<StatusCode, Refusal> {
+    if split_member(member).0 != st.cfg.raft_node_id {
+        return Err(ApiError::invalid("that identity belongs to another node").into());
+    }
+    if st.node.get().is_none() && !st.fresh.load(Ordering::SeqCst) {
+        return Err(ApiError::new(ErrorCode::Unavailable, "starting").into());
+    }
+    match st.adopt(member).await {
+        Ok(true) => Ok(StatusCode::OK),
+        Ok(false) => Err(ApiError::new(
+            ErrorCode::Conflict,
+            "this process already has another identity",
+        )
+        .into()),
+        Err(e) => Err(ApiError::new(ErrorCode::Unavailable, e).into()),
+    }
 }
 
 /// On the leader: replace a wiped member's old identity by its new one (remove the old voter,

@@ -50,7 +50,7 @@ impl Server {
     pub fn start_exact(args: Vec<String>) -> Server {
         let mut child = Command::new(BIN)
             .args(&args)
-            .env("FELIX_LOG", "warn")
+            .env("FELIX_LOG", "warn,openraft=off")
             .env_remove("FELIX_RAFT_PEERS")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
