@@ -258,7 +258,39 @@ async fn readyz(State(st): State<Arc<AppState>>) -> Res<Json<Health>> {
 }
 
 async fn openapi_json() -> impl IntoResponse {
-    axum::Json(ApiDoc::openapi())
+    axum::Json(openapi_document().clone())
+}
+
+/// The OpenAPI document: generated from the handlers and types, plus the refusals every JSON
+/// body can meet before a handler runs (413 too large, 415 not JSON).
+pub fn openapi_document() -> &'static serde_json::Value {
+    static DOC: std::sync::OnceLock<serde_json::Value> = std::sync::OnceLock::new();
+    DOC.get_or_init(|| {
+        let mut doc = serde_json::to_value(ApiDoc::openapi()).expect("openapi serializes");
+        let err = serde_json::json!({
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
+        });
+        if let Some(paths) = doc.get_mut("paths").and_then(|p| p.as_object_mut()) {
+            for ops in paths.values_mut().filter_map(|o| o.as_object_mut()) {
+                for op in ops.values_mut().filter_map(|o| o.as_object_mut()) {
+                    if !op.contains_key("requestBody") {
+                        continue;
+                    }
+                    if let Some(r) = op.get_mut("responses").and_then(|r| r.as_object_mut()) {
+                        for (code, what) in [
+                            ("413", "Body larger than the limit"),
+                            ("415", "Body is not application/json"),
+                        ] {
+                            let mut e = err.clone();
+                            e["description"] = what.into();
+                            r.entry(code).or_insert(e);
+                        }
+                    }
+                }
+            }
+        }
+        doc
+    })
 }
 
 // ------------------------------------------------------------------ tenants
