@@ -48,10 +48,11 @@ run_store() {
     sleep 0.05
   done
   echo "== schemathesis against the $name store at $addr (max ${MAX_TIME}s)"
-  "$VENV/bin/st" run "http://$addr/v1/openapi.json" \
+  # Run from the temp dir: schemathesis leaves a .schemathesis/ cache in its working dir.
+  (cd "$WORK" && "$VENV/bin/st" run "http://$addr/v1/openapi.json" \
     --checks not_a_server_error,status_code_conformance,response_schema_conformance,content_type_conformance \
     --max-time "$MAX_TIME" --workers 2 --max-failures 20 \
-    --suppress-health-check all --warnings off
+    --suppress-health-check all --warnings off)
   kill "$PID"; wait "$PID" 2>/dev/null || true; PID=""
 }
 

@@ -114,7 +114,7 @@ async fn settled(c: &reqwest::Client, cl: &Cluster, secs: u64) -> usize {
                 .ok()?
                 .status()
                 .is_success();
-            if !ready || s["voters"].as_array()?.len() != 3 || s["learners"].as_array()?.len() != 0
+            if !ready || s["voters"].as_array()?.len() != 3 || !s["learners"].as_array()?.is_empty()
             {
                 return None;
             }

@@ -28,6 +28,7 @@ use std::sync::{Arc, Mutex};
 
 type SE = StorageError<u64>;
 type Mem = StoredMembership<u64, BasicNode>;
+type Meta = SnapshotMeta<u64, BasicNode>;
 
 fn io_err(e: impl std::fmt::Display) -> io::Error {
     io::Error::other(e.to_string())
@@ -312,7 +313,7 @@ struct SnapFile {
 }
 
 impl SnapFile {
-    fn read(&self) -> io::Result<Option<(SnapshotMeta<u64, BasicNode>, Vec<u8>)>> {
+    fn read(&self) -> io::Result<Option<(Meta, Vec<u8>)>> {
         let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         let data = match fs::read(&self.path) {
             Ok(d) => d,
