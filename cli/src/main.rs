@@ -1,7 +1,10 @@
 //! felixctl: Felix from the command line.
 //!
-//! Over QUIC: `describe`, `publish`, `subscribe`. Admin commands over REST arrive with the
-//! control plane. Exit codes: 0 ok, 1 the broker refused or the connection failed, 2 usage.
+//! Over QUIC: `describe`, `publish`, `subscribe`. Over the control plane's REST API (see
+//! `admin`): `tenant|namespace|stream|cache create|get|ls|set|rm`, `node ls`, `shard ls`,
+//! `context`, `completions`. Exit codes: 0 ok, 1 refused or the connection failed, 2 usage.
+
+mod admin;
 
 use clap::{Parser, Subcommand};
 use felix_client::{Client, ClientConfig, Event, SubscribeOptions};
@@ -44,6 +47,19 @@ struct Cli {
     /// Per-request timeout, milliseconds.
     #[arg(long, default_value_t = 10_000, global = true)]
     timeout_ms: u64,
+    /// Control-plane REST URL; default: the current context of the config file, else
+    /// http://127.0.0.1:7410.
+    #[arg(long, env = "FELIX_CONTROLPLANE_URL", global = true)]
+    controlplane: Option<String>,
+    /// Context (named control-plane URL) from the config file.
+    #[arg(long, env = "FELIX_CONTEXT", global = true)]
+    context: Option<String>,
+    /// Config file; default: $XDG_CONFIG_HOME/felix/felixctl.json (~/.config/...).
+    #[arg(long, env = "FELIX_CONFIG", global = true)]
+    config: Option<PathBuf>,
+    /// Do not ask before deleting (required when stdin is not a terminal).
+    #[arg(long, short = 'y', global = true)]
+    yes: bool,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -88,6 +104,8 @@ enum Cmd {
         #[arg(long)]
         idle_exit_ms: Option<u64>,
     },
+    #[command(flatten)]
+    Admin(admin::AdminCmd),
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -97,6 +115,19 @@ async fn main() {
 }
 
 async fn run(cli: Cli) -> i32 {
+    if let Cmd::Admin(a) = &cli.cmd {
+        let g = admin::Globals {
+            url: cli.controlplane.clone(),
+            context: cli.context.clone(),
+            config: cli.config.clone(),
+            tenant: cli.tenant.clone(),
+            namespace: cli.namespace.clone(),
+            json: cli.json,
+            yes: cli.yes,
+            timeout: Duration::from_millis(cli.timeout_ms),
+        };
+        return admin::run(a, &g).await;
+    }
     let mut cfg = ClientConfig::new(cli.broker, None);
     cfg.verify = if cli.insecure {
         Verify::Insecure
@@ -183,6 +214,7 @@ async fn run(cli: Cli) -> i32 {
             )
             .await
         }
+        Cmd::Admin(_) => unreachable!("handled before connecting"),
         Cmd::Describe { stream } => {
             let name = StreamName::new(&cli.tenant, &cli.namespace, stream);
             match client.describe_stream(&name).await {

@@ -1,1 +1,21 @@
-//! placeholder
+//! Felix control plane.
+//!
+//! * [`api`] — the REST API's JSON shapes (usable without the server).
+//! * [`catalog`] — the deterministic catalog state machine: commands, revisions, the bounded
+//!   change ring, validation.
+//! * [`placement`] — which broker owns each shard (pure).
+//! * `store`, `server`, `raft` (feature `server`) — the metadata stores behind one trait, the
+//!   axum REST server with its OpenAPI document, and the openraft adapters.
+
+pub mod api;
+pub mod catalog;
+pub mod placement;
+
+#[cfg(feature = "server")]
+pub mod config;
+#[cfg(feature = "server")]
+pub mod raft;
+#[cfg(feature = "server")]
+pub mod server;
+#[cfg(feature = "server")]
+pub mod store;

@@ -1,0 +1,831 @@
+//! Admin commands over the control plane's REST API: tenants, namespaces, streams, caches,
+//! nodes, shard placement, contexts and shell completions.
+//!
+//! Output is a table by default and one JSON object per line with `--json`. Deletes ask
+//! `[y/N]` at a terminal and need `--yes` anywhere else (exit 2 without it).
+
+use clap::{Args, Subcommand};
+use felix_control::api::*;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub const DEFAULT_URL: &str = "http://127.0.0.1:7410";
+
+#[derive(Subcommand)]
+pub enum AdminCmd {
+    /// Tenants (control plane).
+    Tenant {
+        #[command(subcommand)]
+        op: ScopeOp,
+    },
+    /// Namespaces of --tenant (control plane).
+    Namespace {
+        #[command(subcommand)]
+        op: ScopeOp,
+    },
+    /// Streams of --tenant/--namespace (control plane).
+    Stream {
+        #[command(subcommand)]
+        op: StreamOp,
+    },
+    /// Caches of --tenant/--namespace (control plane).
+    Cache {
+        #[command(subcommand)]
+        op: CacheOp,
+    },
+    /// Brokers registered with the control plane.
+    Node {
+        #[command(subcommand)]
+        op: NodeOp,
+    },
+    /// Shard placement.
+    Shard {
+        #[command(subcommand)]
+        op: ShardOp,
+    },
+    /// Named control-plane URLs in the config file.
+    Context {
+        #[command(subcommand)]
+        op: ContextOp,
+    },
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions { shell: clap_complete::Shell },
+}
+
+#[derive(Subcommand)]
+pub enum ScopeOp {
+    Create {
+        name: String,
+        #[arg(long)]
+        description: Option<String>,
+    },
+    Get {
+        name: String,
+    },
+    Ls,
+    /// Change the description (`""` clears it).
+    Set {
+        name: String,
+        #[arg(long)]
+        description: Option<String>,
+    },
+    Rm {
+        name: String,
+    },
+}
+
+#[derive(Args)]
+pub struct StreamFields {
+    /// Bytes kept per shard (0 = unbounded).
+    #[arg(long)]
+    retention_bytes: Option<u64>,
+    /// Seconds kept per shard (0 = unbounded).
+    #[arg(long)]
+    retention_seconds: Option<u64>,
+    /// always, interval or never.
+    #[arg(long)]
+    fsync: Option<String>,
+    /// leader or quorum (quorum is refused until replication exists).
+    #[arg(long)]
+    consistency: Option<String>,
+    /// Replicas per shard (above 1 is refused until replication exists).
+    #[arg(long)]
+    replication_factor: Option<u32>,
+}
+
+#[derive(Subcommand)]
+pub enum StreamOp {
+    Create {
+        name: String,
+        #[arg(long, default_value_t = 1)]
+        shards: u32,
+        #[arg(long)]
+        durable: bool,
+        #[command(flatten)]
+        f: StreamFields,
+    },
+    Get {
+        name: String,
+    },
+    Ls,
+    Set {
+        name: String,
+        #[command(flatten)]
+        f: StreamFields,
+    },
+    Rm {
+        name: String,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum CacheOp {
+    Create {
+        name: String,
+        #[arg(long, default_value_t = 1)]
+        shards: u32,
+        #[arg(long)]
+        durable: bool,
+        /// Default entry TTL in seconds (0 = none).
+        #[arg(long)]
+        ttl_seconds: Option<u64>,
+    },
+    Get {
+        name: String,
+    },
+    Ls,
+    Set {
+        name: String,
+        #[arg(long)]
+        ttl_seconds: Option<u64>,
+    },
+    Rm {
+        name: String,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum NodeOp {
+    Ls,
+}
+
+#[derive(Subcommand)]
+pub enum ShardOp {
+    /// Where each shard of a stream (or, with --cache, a cache) lives.
+    Ls {
+        name: String,
+        #[arg(long)]
+        cache: bool,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum ContextOp {
+    Ls,
+    /// Make NAME the current context.
+    Use {
+        name: String,
+    },
+    /// Create or change a context.
+    Set {
+        name: String,
+        #[arg(long)]
+        url: String,
+    },
+}
+
+/// What every admin command needs from the global flags.
+pub struct Globals {
+    pub url: Option<String>,
+    pub context: Option<String>,
+    pub config: Option<PathBuf>,
+    pub tenant: String,
+    pub namespace: String,
+    pub json: bool,
+    pub yes: bool,
+    pub timeout: Duration,
+}
+
+// ------------------------------------------------------------------ config file
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct ConfigFile {
+    #[serde(default)]
+    pub current_context: Option<String>,
+    #[serde(default)]
+    pub contexts: BTreeMap<String, Context>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Context {
+    pub url: String,
+}
+
+pub fn config_path(explicit: &Option<PathBuf>) -> PathBuf {
+    if let Some(p) = explicit {
+        return p.clone();
+    }
+    let base = std::env::var_os("XDG_CONFIG_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))
+        .unwrap_or_else(|| PathBuf::from("."));
+    base.join("felix").join("felixctl.json")
+}
+
+fn load_config(path: &PathBuf) -> Result<ConfigFile, String> {
+    match std::fs::read(path) {
+        Ok(b) => serde_json::from_slice(&b).map_err(|e| format!("{}: {e}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(ConfigFile::default()),
+        Err(e) => Err(format!("{}: {e}", path.display())),
+    }
+}
+
+fn save_config(path: &PathBuf, c: &ConfigFile) -> Result<(), String> {
+    if let Some(d) = path.parent() {
+        std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
+    }
+    let mut b = serde_json::to_vec_pretty(c).expect("config");
+    b.push(b'\n');
+    std::fs::write(path, b).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// `--controlplane`/`FELIX_CONTROLPLANE_URL`, else the context (`--context` or the current
+/// one), else the default.
+fn resolve_url(g: &Globals) -> Result<String, String> {
+    if let Some(u) = &g.url {
+        return Ok(u.trim_end_matches('/').to_string());
+    }
+    let cfg = load_config(&config_path(&g.config))?;
+    let name = g.context.clone().or(cfg.current_context.clone());
+    match name {
+        Some(n) => cfg
+            .contexts
+            .get(&n)
+            .map(|c| c.url.trim_end_matches('/').to_string())
+            .ok_or_else(|| format!("no context {n:?} in {}", config_path(&g.config).display())),
+        None => Ok(DEFAULT_URL.to_string()),
+    }
+}
+
+// ------------------------------------------------------------------ HTTP
+
+enum Failure {
+    Usage(String),
+    Refused(String),
+}
+
+struct Api {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl Api {
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<Value, Failure> {
+        let url = format!("{}{path}", self.base);
+        let mut rq = self.http.request(method, &url);
+        if let Some(b) = body {
+            rq = rq.json(&b);
+        }
+        let r = rq
+            .send()
+            .await
+            .map_err(|e| Failure::Refused(format!("{url}: {e}")))?;
+        let status = r.status();
+        let text = r.text().await.unwrap_or_default();
+        if status.is_success() {
+            return Ok(if text.is_empty() {
+                Value::Null
+            } else {
+                serde_json::from_str(&text).unwrap_or(Value::Null)
+            });
+        }
+        match serde_json::from_str::<ErrorBody>(&text) {
+            Ok(e) => Err(Failure::Refused(format!(
+                "{} ({}): {}",
+                e.code,
+                status.as_u16(),
+                e.message
+            ))),
+            Err(_) => Err(Failure::Refused(format!("{url} answered {status}"))),
+        }
+    }
+
+    async fn get(&self, path: &str) -> Result<Value, Failure> {
+        self.call(reqwest::Method::GET, path, None).await
+    }
+}
+
+fn seg(s: &str) -> String {
+    // Names are one path segment; escape anything that is not unreserved so a bad name reaches
+    // the server intact and is refused there with invalid_name.
+    let mut o = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            o.push(b as char);
+        } else {
+            o.push_str(&format!("%{b:02X}"));
+        }
+    }
+    o
+}
+
+// ------------------------------------------------------------------ output
+
+fn print_table(headers: &[&str], rows: Vec<Vec<String>>) {
+    let mut w: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for r in &rows {
+        for (i, c) in r.iter().enumerate() {
+            w[i] = w[i].max(c.len());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let s: Vec<String> = cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{c:<width$}", width = w[i]))
+            .collect();
+        println!("{}", s.join("  ").trim_end());
+    };
+    line(headers.iter().map(|h| h.to_string()).collect());
+    for r in rows {
+        line(r);
+    }
+}
+
+fn opt<T: ToString>(v: &Option<T>) -> String {
+    v.as_ref()
+        .map(|x| x.to_string())
+        .unwrap_or_else(|| "-".into())
+}
+
+fn json_lines(v: &Value) {
+    match v {
+        Value::Array(a) => a.iter().for_each(|x| println!("{x}")),
+        Value::Null => {}
+        x => println!("{x}"),
+    }
+}
+
+fn from<T: for<'de> Deserialize<'de>>(v: Value) -> Result<T, Failure> {
+    serde_json::from_value(v).map_err(|e| Failure::Refused(format!("unexpected answer: {e}")))
+}
+
+fn show(json: bool, kind: &str, v: Value) -> Result<(), Failure> {
+    if json {
+        json_lines(&v);
+        return Ok(());
+    }
+    let many = v.is_array();
+    let items: Vec<Value> = match v {
+        Value::Array(a) => a,
+        Value::Null => vec![],
+        x => vec![x],
+    };
+    match kind {
+        "tenant" => {
+            let ts: Vec<Tenant> = from(Value::Array(items))?;
+            print_table(
+                &["NAME", "DESCRIPTION", "REVISION"],
+                ts.iter()
+                    .map(|t| vec![t.name.clone(), opt(&t.description), t.revision.to_string()])
+                    .collect(),
+            );
+        }
+        "namespace" => {
+            let ns: Vec<Namespace> = from(Value::Array(items))?;
+            print_table(
+                &["TENANT", "NAME", "DESCRIPTION", "REVISION"],
+                ns.iter()
+                    .map(|n| {
+                        vec![
+                            n.tenant.clone(),
+                            n.name.clone(),
+                            opt(&n.description),
+                            n.revision.to_string(),
+                        ]
+                    })
+                    .collect(),
+            );
+        }
+        "stream" => {
+            let ss: Vec<Stream> = from(Value::Array(items))?;
+            print_table(
+                &[
+                    "NAME",
+                    "SHARDS",
+                    "DURABLE",
+                    "RETENTION_BYTES",
+                    "RETENTION_SECONDS",
+                    "FSYNC",
+                    "CONSISTENCY",
+                    "RF",
+                    "STATE",
+                    "PLACED",
+                ],
+                ss.iter()
+                    .map(|s| {
+                        let placed = s
+                            .placement
+                            .iter()
+                            .filter(|p| p.state == ShardState::Assigned)
+                            .count();
+                        vec![
+                            s.name.clone(),
+                            s.shards.to_string(),
+                            s.durable.to_string(),
+                            opt(&s.retention_bytes),
+                            opt(&s.retention_seconds),
+                            enum_name(&s.fsync),
+                            enum_name(&s.consistency),
+                            s.replication_factor.to_string(),
+                            enum_name(&s.state),
+                            format!("{placed}/{}", s.shards),
+                        ]
+                    })
+                    .collect(),
+            );
+        }
+        "cache" => {
+            let cs: Vec<Cache> = from(Value::Array(items))?;
+            print_table(
+                &[
+                    "NAME",
+                    "SHARDS",
+                    "DURABLE",
+                    "TTL_SECONDS",
+                    "STATE",
+                    "PLACED",
+                ],
+                cs.iter()
+                    .map(|c| {
+                        let placed = c
+                            .placement
+                            .iter()
+                            .filter(|p| p.state == ShardState::Assigned)
+                            .count();
+                        vec![
+                            c.name.clone(),
+                            c.shards.to_string(),
+                            c.durable.to_string(),
+                            opt(&c.ttl_seconds),
+                            enum_name(&c.state),
+                            format!("{placed}/{}", c.shards),
+                        ]
+                    })
+                    .collect(),
+            );
+        }
+        _ => unreachable!(),
+    }
+    let _ = many;
+    Ok(())
+}
+
+fn enum_name<T: Serialize>(v: &T) -> String {
+    serde_json::to_value(v)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+fn parse_enum<T: for<'de> Deserialize<'de>>(
+    flag: &str,
+    v: &Option<String>,
+    allowed: &str,
+) -> Result<Option<T>, Failure> {
+    match v {
+        None => Ok(None),
+        Some(s) => serde_json::from_value(Value::String(s.clone()))
+            .map(Some)
+            .map_err(|_| Failure::Usage(format!("--{flag} must be {allowed}, got {s:?}"))),
+    }
+}
+
+/// Ask at a terminal; elsewhere `--yes` is required.
+fn confirm(g: &Globals, what: &str) -> Result<(), Failure> {
+    if g.yes {
+        return Ok(());
+    }
+    if !std::io::stdin().is_terminal() {
+        return Err(Failure::Usage(format!(
+            "refusing to delete {what} without --yes (stdin is not a terminal)"
+        )));
+    }
+    eprint!("delete {what}? [y/N] ");
+    let _ = std::io::stderr().flush();
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line);
+    if matches!(line.trim(), "y" | "Y" | "yes") {
+        Ok(())
+    } else {
+        Err(Failure::Usage("not deleted".into()))
+    }
+}
+
+// ------------------------------------------------------------------ dispatch
+
+/// Run an admin command; returns the exit code.
+pub async fn run(cmd: &AdminCmd, g: &Globals) -> i32 {
+    match run_inner(cmd, g).await {
+        Ok(()) => 0,
+        Err(Failure::Usage(m)) => {
+            eprintln!("felixctl: {m}");
+            2
+        }
+        Err(Failure::Refused(m)) => {
+            eprintln!("felixctl: {m}");
+            1
+        }
+    }
+}
+
+async fn run_inner(cmd: &AdminCmd, g: &Globals) -> Result<(), Failure> {
+    use reqwest::Method as M;
+    match cmd {
+        AdminCmd::Completions { shell } => {
+            let mut c = <crate::Cli as clap::CommandFactory>::command();
+            clap_complete::generate(*shell, &mut c, "felixctl", &mut std::io::stdout());
+            return Ok(());
+        }
+        AdminCmd::Context { op } => return context(op, g),
+        _ => {}
+    }
+    let api = Api {
+        base: resolve_url(g).map_err(Failure::Usage)?,
+        http: reqwest::Client::builder()
+            .timeout(g.timeout)
+            .build()
+            .map_err(|e| Failure::Refused(e.to_string()))?,
+    };
+    let (t, n) = (seg(&g.tenant), seg(&g.namespace));
+    let nsp = format!("/v1/tenants/{t}/namespaces/{n}");
+    match cmd {
+        AdminCmd::Tenant { op } => {
+            scope(&api, g, "tenant", "/v1/tenants".to_string(), op, |name| {
+                name.to_string()
+            })
+            .await
+        }
+        AdminCmd::Namespace { op } => {
+            let tn = g.tenant.clone();
+            scope(
+                &api,
+                g,
+                "namespace",
+                format!("/v1/tenants/{t}/namespaces"),
+                op,
+                move |name| format!("{tn}/{name}"),
+            )
+            .await
+        }
+        AdminCmd::Stream { op } => {
+            let base = format!("{nsp}/streams");
+            match op {
+                StreamOp::Create {
+                    name,
+                    shards,
+                    durable,
+                    f,
+                } => {
+                    let mut body =
+                        serde_json::json!({"name": name, "shards": shards, "durable": durable});
+                    stream_fields(&mut body, f)?;
+                    let v = api.call(M::POST, &base, Some(body)).await?;
+                    show(g.json, "stream", v)
+                }
+                StreamOp::Get { name } => show(
+                    g.json,
+                    "stream",
+                    api.get(&format!("{base}/{}", seg(name))).await?,
+                ),
+                StreamOp::Ls => show(g.json, "stream", api.get(&base).await?),
+                StreamOp::Set { name, f } => {
+                    let mut body = serde_json::json!({});
+                    stream_fields(&mut body, f)?;
+                    let v = api
+                        .call(M::PATCH, &format!("{base}/{}", seg(name)), Some(body))
+                        .await?;
+                    show(g.json, "stream", v)
+                }
+                StreamOp::Rm { name } => {
+                    confirm(g, &format!("stream {}/{}/{name}", g.tenant, g.namespace))?;
+                    let v = api
+                        .call(M::DELETE, &format!("{base}/{}", seg(name)), None)
+                        .await?;
+                    done(g, v, &format!("stream {name} is being deleted"))
+                }
+            }
+        }
+        AdminCmd::Cache { op } => {
+            let base = format!("{nsp}/caches");
+            match op {
+                CacheOp::Create {
+                    name,
+                    shards,
+                    durable,
+                    ttl_seconds,
+                } => {
+                    let body = serde_json::json!({"name": name, "shards": shards, "durable": durable, "ttl_seconds": ttl_seconds});
+                    show(g.json, "cache", api.call(M::POST, &base, Some(body)).await?)
+                }
+                CacheOp::Get { name } => show(
+                    g.json,
+                    "cache",
+                    api.get(&format!("{base}/{}", seg(name))).await?,
+                ),
+                CacheOp::Ls => show(g.json, "cache", api.get(&base).await?),
+                CacheOp::Set { name, ttl_seconds } => {
+                    let body = serde_json::json!({"ttl_seconds": ttl_seconds});
+                    show(
+                        g.json,
+                        "cache",
+                        api.call(M::PATCH, &format!("{base}/{}", seg(name)), Some(body))
+                            .await?,
+                    )
+                }
+                CacheOp::Rm { name } => {
+                    confirm(g, &format!("cache {}/{}/{name}", g.tenant, g.namespace))?;
+                    let v = api
+                        .call(M::DELETE, &format!("{base}/{}", seg(name)), None)
+                        .await?;
+                    done(g, v, &format!("cache {name} is being deleted"))
+                }
+            }
+        }
+        AdminCmd::Node { op: NodeOp::Ls } => {
+            let v = api.get("/v1/brokers").await?;
+            if g.json {
+                json_lines(&v);
+                return Ok(());
+            }
+            let bs: Vec<Broker> = from(v)?;
+            print_table(
+                &["NODE", "QUIC_ADDR", "CORES", "LIVE", "INCARNATION"],
+                bs.iter()
+                    .map(|b| {
+                        vec![
+                            b.node_id.to_string(),
+                            b.quic_addr.clone(),
+                            b.cores.to_string(),
+                            b.live.to_string(),
+                            b.incarnation.to_string(),
+                        ]
+                    })
+                    .collect(),
+            );
+            Ok(())
+        }
+        AdminCmd::Shard {
+            op: ShardOp::Ls { name, cache },
+        } => {
+            let kind = if *cache { "caches" } else { "streams" };
+            let v = api
+                .get(&format!("{nsp}/{kind}/{}/shards", seg(name)))
+                .await?;
+            if g.json {
+                json_lines(&v);
+                return Ok(());
+            }
+            let ps: Vec<ShardPlacement> = from(v)?;
+            let bs: Vec<Broker> = from(api.get("/v1/brokers").await?)?;
+            let addr: BTreeMap<u64, String> =
+                bs.into_iter().map(|b| (b.node_id, b.quic_addr)).collect();
+            print_table(
+                &["SHARD", "OWNER", "QUIC_ADDR", "STATE", "GENERATION"],
+                ps.iter()
+                    .map(|p| {
+                        vec![
+                            p.shard.to_string(),
+                            opt(&p.owner),
+                            p.owner
+                                .and_then(|o| addr.get(&o).cloned())
+                                .unwrap_or_else(|| "-".into()),
+                            enum_name(&p.state),
+                            p.generation.to_string(),
+                        ]
+                    })
+                    .collect(),
+            );
+            Ok(())
+        }
+        AdminCmd::Context { .. } | AdminCmd::Completions { .. } => unreachable!(),
+    }
+}
+
+fn done(g: &Globals, v: Value, msg: &str) -> Result<(), Failure> {
+    if g.json {
+        if v.is_null() {
+            println!("{}", serde_json::json!({"deleted": true}));
+        } else {
+            println!("{v}");
+        }
+    } else {
+        println!("{msg}");
+    }
+    Ok(())
+}
+
+fn stream_fields(body: &mut Value, f: &StreamFields) -> Result<(), Failure> {
+    let fsync: Option<FsyncMode> = parse_enum("fsync", &f.fsync, "always, interval or never")?;
+    let consistency: Option<Consistency> =
+        parse_enum("consistency", &f.consistency, "leader or quorum")?;
+    let o = body.as_object_mut().expect("object");
+    let mut put = |k: &str, v: Value| {
+        if !v.is_null() {
+            o.insert(k.to_string(), v);
+        }
+    };
+    put("retention_bytes", serde_json::json!(f.retention_bytes));
+    put("retention_seconds", serde_json::json!(f.retention_seconds));
+    put("fsync", serde_json::json!(fsync));
+    put("consistency", serde_json::json!(consistency));
+    put(
+        "replication_factor",
+        serde_json::json!(f.replication_factor),
+    );
+    Ok(())
+}
+
+async fn scope(
+    api: &Api,
+    g: &Globals,
+    kind: &str,
+    base: String,
+    op: &ScopeOp,
+    label: impl Fn(&str) -> String,
+) -> Result<(), Failure> {
+    use reqwest::Method as M;
+    match op {
+        ScopeOp::Create { name, description } => {
+            let body = serde_json::json!({"name": name, "description": description});
+            show(g.json, kind, api.call(M::POST, &base, Some(body)).await?)
+        }
+        ScopeOp::Get { name } => show(
+            g.json,
+            kind,
+            api.get(&format!("{base}/{}", seg(name))).await?,
+        ),
+        ScopeOp::Ls => show(g.json, kind, api.get(&base).await?),
+        ScopeOp::Set { name, description } => {
+            let body = serde_json::json!({"description": description});
+            show(
+                g.json,
+                kind,
+                api.call(M::PATCH, &format!("{base}/{}", seg(name)), Some(body))
+                    .await?,
+            )
+        }
+        ScopeOp::Rm { name } => {
+            confirm(g, &format!("{kind} {}", label(name)))?;
+            let v = api
+                .call(M::DELETE, &format!("{base}/{}", seg(name)), None)
+                .await?;
+            done(g, v, &format!("{kind} {} deleted", label(name)))
+        }
+    }
+}
+
+fn context(op: &ContextOp, g: &Globals) -> Result<(), Failure> {
+    let path = config_path(&g.config);
+    let mut cfg = load_config(&path).map_err(Failure::Usage)?;
+    match op {
+        ContextOp::Ls => {
+            if g.json {
+                for (n, c) in &cfg.contexts {
+                    println!(
+                        "{}",
+                        serde_json::json!({"name": n, "url": c.url, "current": cfg.current_context.as_deref() == Some(n)})
+                    );
+                }
+            } else {
+                print_table(
+                    &["CURRENT", "NAME", "URL"],
+                    cfg.contexts
+                        .iter()
+                        .map(|(n, c)| {
+                            let cur = if cfg.current_context.as_deref() == Some(n) {
+                                "*"
+                            } else {
+                                ""
+                            };
+                            vec![cur.to_string(), n.clone(), c.url.clone()]
+                        })
+                        .collect(),
+                );
+            }
+            Ok(())
+        }
+        ContextOp::Use { name } => {
+            if !cfg.contexts.contains_key(name) {
+                return Err(Failure::Usage(format!(
+                    "no context {name:?} in {}",
+                    path.display()
+                )));
+            }
+            cfg.current_context = Some(name.clone());
+            save_config(&path, &cfg).map_err(Failure::Refused)
+        }
+        ContextOp::Set { name, url } => {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(Failure::Usage(format!(
+                    "--url must start with http:// or https://, got {url:?}"
+                )));
+            }
+            cfg.contexts
+                .insert(name.clone(), Context { url: url.clone() });
+            if cfg.current_context.is_none() {
+                cfg.current_context = Some(name.clone());
+            }
+            save_config(&path, &cfg).map_err(Failure::Refused)
+        }
+    }
+}

@@ -1,0 +1,191 @@
+//! felixctl's REST admin commands against a real control plane (the felix-control server,
+//! started in this test process on a free loopback port).
+
+use felix_control::config::Config;
+use felix_control::server::{serve, AppState};
+use felix_control::store::memory::MemoryStore;
+use std::process::{Command, Output, Stdio};
+use std::sync::Arc;
+
+const CTL: &str = env!("CARGO_BIN_EXE_felixctl");
+
+fn start_control_plane() -> String {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(l.local_addr().unwrap().to_string()).unwrap();
+            let mut cfg = Config::defaults();
+            cfg.sweep_interval_ms = 50;
+            let cfg = Arc::new(cfg);
+            let st = AppState::new(Arc::new(MemoryStore::new(cfg.limits())), cfg);
+            let (_stop_tx, stop) = tokio::sync::watch::channel(false);
+            serve(l, st, axum::Router::new(), stop).await.unwrap();
+        });
+    });
+    format!("http://{}", rx.recv().unwrap())
+}
+
+fn ctl(url: &str, cfg: &std::path::Path, args: &[&str]) -> Output {
+    let mut c = Command::new(CTL);
+    if !url.is_empty() {
+        c.args(["--controlplane", url]);
+    }
+    c.args(["--config", cfg.to_str().unwrap()])
+        .args(args)
+        .env_remove("FELIX_CONTROLPLANE_URL")
+        .env_remove("FELIX_CONTEXT")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run felixctl")
+}
+
+fn ok(o: &Output) -> String {
+    assert!(
+        o.status.success(),
+        "felixctl failed ({:?}): {}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout.clone()).unwrap()
+}
+
+#[test]
+fn admin_commands_over_rest() {
+    let url = start_control_plane();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("felixctl.json");
+    let u = url.as_str();
+
+    ok(&ctl(
+        u,
+        &cfg,
+        &["tenant", "create", "acme", "--description", "first tenant"],
+    ));
+    ok(&ctl(
+        u,
+        &cfg,
+        &["--tenant", "acme", "namespace", "create", "prod"],
+    ));
+    let out = ok(&ctl(u, &cfg, &["tenant", "ls"]));
+    assert!(out.starts_with("NAME"), "{out}");
+    assert!(
+        out.contains("acme") && out.contains("first tenant"),
+        "{out}"
+    );
+
+    let scope = ["--tenant", "acme", "--namespace", "prod"];
+    let run = |args: &[&str]| {
+        let mut a: Vec<&str> = scope.to_vec();
+        a.extend_from_slice(args);
+        ctl(u, &cfg, &a)
+    };
+    ok(&run(&[
+        "stream",
+        "create",
+        "orders",
+        "--shards",
+        "3",
+        "--durable",
+        "--retention-bytes",
+        "1000",
+        "--fsync",
+        "interval",
+    ]));
+    let j: serde_json::Value =
+        serde_json::from_str(ok(&run(&["--json", "stream", "get", "orders"])).trim()).unwrap();
+    assert_eq!(j["shards"], 3);
+    assert_eq!(j["fsync"], "interval");
+    assert_eq!(j["retention_bytes"], 1000);
+    let out = ok(&run(&[
+        "stream",
+        "set",
+        "orders",
+        "--retention-seconds",
+        "60",
+    ]));
+    assert!(out.contains("60"), "{out}");
+    let lines = ok(&run(&["--json", "stream", "ls"]));
+    assert_eq!(lines.lines().count(), 1);
+
+    // Refusals are typed and exit 1; bad flags exit 2.
+    let o = run(&["stream", "create", "r3", "--replication-factor", "3"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("unsupported"));
+    let o = run(&["stream", "create", "x", "--fsync", "sometimes"]);
+    assert_eq!(o.status.code(), Some(2));
+    let o = run(&["stream", "get", "bad name"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("invalid_name"));
+
+    // Caches.
+    ok(&run(&[
+        "cache",
+        "create",
+        "sessions",
+        "--shards",
+        "2",
+        "--ttl-seconds",
+        "30",
+    ]));
+    let out = ok(&run(&["cache", "ls"]));
+    assert!(out.contains("sessions") && out.contains("30"), "{out}");
+
+    // Nodes and shards: register a broker over REST, as a broker would.
+    let body = r#"{"node_id": 7, "quic_addr": "127.0.0.1:7400", "cores": 2}"#;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let st = rt.block_on(async {
+        reqwest::Client::new()
+            .post(format!("{u}/v1/brokers"))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap()
+            .status()
+    });
+    assert!(st.is_success());
+    let out = ok(&ctl(u, &cfg, &["node", "ls"]));
+    assert!(
+        out.contains("127.0.0.1:7400") && out.contains("true"),
+        "{out}"
+    );
+    let out = ok(&run(&["shard", "ls", "orders"]));
+    assert_eq!(out.lines().count(), 4, "{out}");
+    assert!(
+        out.lines()
+            .skip(1)
+            .all(|l| l.contains("assigned") && l.contains(" 7 ")),
+        "{out}"
+    );
+    let out = ok(&run(&["--json", "shard", "ls", "sessions", "--cache"]));
+    assert_eq!(out.lines().count(), 2);
+
+    // Deletes: no terminal and no --yes -> exit 2, nothing deleted.
+    let o = run(&["stream", "rm", "orders"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--yes"));
+    ok(&run(&["stream", "get", "orders"]));
+    ok(&run(&["--yes", "stream", "rm", "orders"]));
+    ok(&run(&["--yes", "cache", "rm", "sessions"]));
+
+    // Contexts: the URL comes from the config file when no flag names one.
+    ok(&ctl("", &cfg, &["context", "set", "local", "--url", u]));
+    let out = ok(&ctl("", &cfg, &["context", "ls"]));
+    assert!(out.contains("local") && out.contains('*'), "{out}");
+    let out = ok(&ctl("", &cfg, &["tenant", "get", "acme"]));
+    assert!(out.contains("acme"));
+    let o = ctl("", &cfg, &["--context", "nope", "tenant", "ls"]);
+    assert_eq!(o.status.code(), Some(2));
+
+    // Completions.
+    let out = ok(&ctl("", &cfg, &["completions", "bash"]));
+    assert!(out.contains("felixctl") && out.contains("namespace"));
+}

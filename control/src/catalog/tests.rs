@@ -1,0 +1,494 @@
+use super::*;
+use proptest::prelude::*;
+
+fn cat() -> Catalog {
+    let mut c = Catalog::new(Limits::default());
+    c.apply(&Command::Init {
+        catalog_id: "test".into(),
+    })
+    .unwrap();
+    c
+}
+
+fn tenant(c: &mut Catalog, t: &str) -> Outcome {
+    c.apply(&Command::CreateTenant {
+        req: CreateTenant {
+            name: t.into(),
+            description: None,
+        },
+    })
+}
+
+fn ns(c: &mut Catalog, t: &str, n: &str) -> Outcome {
+    c.apply(&Command::CreateNamespace {
+        tenant: t.into(),
+        req: CreateNamespace {
+            name: n.into(),
+            description: None,
+        },
+    })
+}
+
+fn stream(c: &mut Catalog, name: &str, shards: u32, durable: bool) -> Outcome {
+    c.apply(&Command::CreateStream {
+        tenant: "t".into(),
+        namespace: "n".into(),
+        req: CreateStream {
+            shards: Some(shards),
+            durable,
+            ..CreateStream::named(name)
+        },
+    })
+}
+
+fn code(o: Outcome) -> ErrorCode {
+    o.unwrap_err().code
+}
+
+fn broker(c: &mut Catalog, id: u64) -> Outcome {
+    c.apply(&Command::RegisterBroker {
+        req: RegisterBroker {
+            node_id: id,
+            quic_addr: format!("127.0.0.1:{}", 7000 + id),
+            cores: 2,
+        },
+    })
+}
+
+fn base() -> Catalog {
+    let mut c = cat();
+    tenant(&mut c, "t").unwrap();
+    ns(&mut c, "t", "n").unwrap();
+    c
+}
+
+#[test]
+fn create_get_and_duplicates() {
+    let mut c = base();
+    assert_eq!(code(tenant(&mut c, "t")), ErrorCode::AlreadyExists);
+    assert_eq!(code(ns(&mut c, "t", "n")), ErrorCode::AlreadyExists);
+    assert_eq!(code(ns(&mut c, "nope", "n")), ErrorCode::UnknownTenant);
+    let Reply::Stream(s) = stream(&mut c, "s", 3, false).unwrap() else {
+        panic!()
+    };
+    assert_eq!(s.shards, 3);
+    assert_eq!(s.revision, c.revision());
+    assert_eq!(
+        code(stream(&mut c, "s", 3, false)),
+        ErrorCode::AlreadyExists
+    );
+    assert_eq!(c.stream("t", "n", "s").unwrap(), &s);
+    assert_eq!(
+        c.stream("t", "n", "x").unwrap_err().code,
+        ErrorCode::UnknownStream
+    );
+    assert_eq!(
+        c.stream("t", "m", "x").unwrap_err().code,
+        ErrorCode::UnknownNamespace
+    );
+}
+
+#[test]
+fn names_are_validated() {
+    let mut c = cat();
+    for bad in ["", "a/b", ".x", "sp ace", &"x".repeat(65), "é"] {
+        assert_eq!(code(tenant(&mut c, bad)), ErrorCode::InvalidName, "{bad:?}");
+    }
+    assert!(tenant(&mut c, &"x".repeat(64)).is_ok());
+    assert_eq!(c.revision(), 1);
+}
+
+#[test]
+fn unsupported_fields_are_refused() {
+    let mut c = base();
+    let r = c.apply(&Command::CreateStream {
+        tenant: "t".into(),
+        namespace: "n".into(),
+        req: CreateStream {
+            replication_factor: Some(3),
+            ..CreateStream::named("s")
+        },
+    });
+    assert_eq!(code(r), ErrorCode::Unsupported);
+    let r = c.apply(&Command::CreateStream {
+        tenant: "t".into(),
+        namespace: "n".into(),
+        req: CreateStream {
+            consistency: Some(Consistency::Quorum),
+            ..CreateStream::named("s")
+        },
+    });
+    assert_eq!(code(r), ErrorCode::Unsupported);
+    assert_eq!(
+        code(stream(&mut c, "s", 0, false)),
+        ErrorCode::InvalidRequest
+    );
+    assert_eq!(
+        code(stream(&mut c, "s", 4097, false)),
+        ErrorCode::InvalidRequest
+    );
+    stream(&mut c, "s", 2, false).unwrap();
+    let r = c.apply(&Command::UpdateStream {
+        tenant: "t".into(),
+        namespace: "n".into(),
+        name: "s".into(),
+        req: UpdateStream {
+            shards: Some(3),
+            ..Default::default()
+        },
+    });
+    assert_eq!(code(r), ErrorCode::Unsupported);
+}
+
+#[test]
+fn delete_is_two_phase_and_blocks_recreate() {
+    let mut c = base();
+    stream(&mut c, "s", 1, false).unwrap();
+    let del = Command::DeleteStream {
+        tenant: "t".into(),
+        namespace: "n".into(),
+        name: "s".into(),
+    };
+    let Reply::Stream(s) = c.apply(&del).unwrap() else {
+        panic!()
+    };
+    assert_eq!(s.state, ResourceState::Deleting);
+    let rev = c.revision();
+    // Deleting again is idempotent and changes nothing.
+    c.apply(&del).unwrap();
+    assert_eq!(c.revision(), rev);
+    assert_eq!(code(stream(&mut c, "s", 1, false)), ErrorCode::Conflict);
+    let upd = Command::UpdateStream {
+        tenant: "t".into(),
+        namespace: "n".into(),
+        name: "s".into(),
+        req: UpdateStream::default(),
+    };
+    assert_eq!(code(c.apply(&upd)), ErrorCode::Conflict);
+    // The namespace cannot go while the stream is deleting.
+    let dn = Command::DeleteNamespace {
+        tenant: "t".into(),
+        name: "n".into(),
+    };
+    assert_eq!(code(c.apply(&dn)), ErrorCode::Conflict);
+    // A stale finish is a no-op.
+    c.apply(&Command::FinishStreamDelete {
+        tenant: "t".into(),
+        namespace: "n".into(),
+        name: "s".into(),
+        revision: s.revision - 1,
+    })
+    .unwrap();
+    assert!(c.stream("t", "n", "s").is_ok());
+    c.apply(&Command::FinishStreamDelete {
+        tenant: "t".into(),
+        namespace: "n".into(),
+        name: "s".into(),
+        revision: s.revision,
+    })
+    .unwrap();
+    assert!(c.stream("t", "n", "s").is_err());
+    stream(&mut c, "s", 1, false).unwrap();
+    assert_eq!(
+        code(c.apply(&Command::DeleteTenant { name: "t".into() })),
+        ErrorCode::Conflict
+    );
+}
+
+#[test]
+fn placement_follows_brokers() {
+    let mut c = base();
+    stream(&mut c, "e", 4, false).unwrap();
+    stream(&mut c, "d", 4, true).unwrap();
+    assert!(c
+        .stream("t", "n", "e")
+        .unwrap()
+        .placement
+        .iter()
+        .all(|p| p.state == ShardState::Unassigned));
+    broker(&mut c, 1).unwrap();
+    broker(&mut c, 2).unwrap();
+    let e = c.stream("t", "n", "e").unwrap().clone();
+    assert_eq!(e.placement.iter().filter(|p| p.owner == Some(2)).count(), 2);
+    // The durable stream was placed whole on broker 1 and does not move when 2 joins.
+    let d = c.stream("t", "n", "d").unwrap().clone();
+    assert!(d.placement.iter().all(|p| p.owner == Some(1)));
+    c.apply(&Command::SetBrokerLive {
+        node_id: 1,
+        live: false,
+    })
+    .unwrap();
+    let e = c.stream("t", "n", "e").unwrap();
+    assert!(e.placement.iter().all(|p| p.owner == Some(2)));
+    let d = c.stream("t", "n", "d").unwrap();
+    assert!(d
+        .placement
+        .iter()
+        .all(|p| p.owner == Some(1) && p.state == ShardState::Unavailable));
+    // A new stream goes to the live broker only.
+    let Reply::Stream(n) = stream(&mut c, "later", 2, true).unwrap() else {
+        panic!()
+    };
+    assert!(n.placement.iter().all(|p| p.owner == Some(2)));
+}
+
+#[test]
+fn re_registration_bumps_incarnation() {
+    let mut c = base();
+    let Reply::Broker(b) = broker(&mut c, 5).unwrap() else {
+        panic!()
+    };
+    assert_eq!(b.incarnation, 1);
+    let Reply::Broker(b) = broker(&mut c, 5).unwrap() else {
+        panic!()
+    };
+    assert_eq!(b.incarnation, 2);
+    let bad = c.apply(&Command::RegisterBroker {
+        req: RegisterBroker {
+            node_id: 6,
+            quic_addr: "nohost".into(),
+            cores: 1,
+        },
+    });
+    assert_eq!(code(bad), ErrorCode::InvalidRequest);
+}
+
+#[test]
+fn change_ring_is_bounded_and_typed() {
+    let mut c = Catalog::new(Limits {
+        change_log_len: 5,
+        ..Limits::default()
+    });
+    for i in 0..10 {
+        tenant(&mut c, &format!("t{i}")).unwrap();
+    }
+    assert_eq!(c.revision(), 10);
+    assert_eq!(c.oldest_since(), 5);
+    assert_eq!(
+        c.changes_since(4, 100).unwrap_err().code,
+        ErrorCode::RevisionTooOld
+    );
+    assert_eq!(
+        c.changes_since(11, 100).unwrap_err().code,
+        ErrorCode::RevisionTooOld
+    );
+    let p = c.changes_since(5, 2).unwrap();
+    assert_eq!(
+        p.changes.iter().map(|c| c.revision).collect::<Vec<_>>(),
+        vec![6, 7]
+    );
+    assert!(p.more);
+    assert_eq!(p.next_since, 7);
+    let p = c.changes_since(10, 2).unwrap();
+    assert!(p.changes.is_empty() && !p.more && p.next_since == 10);
+}
+
+#[test]
+fn image_round_trips() {
+    let mut c = base();
+    broker(&mut c, 1).unwrap();
+    stream(&mut c, "s", 3, true).unwrap();
+    let json = serde_json::to_string(&c.to_image()).unwrap();
+    let back = Catalog::from_image(Limits::default(), serde_json::from_str(&json).unwrap());
+    assert_eq!(back, c);
+}
+
+// ---- property tests ----
+
+fn arb_name() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just("a".to_string()),
+        Just("b".to_string()),
+        Just("c".to_string()),
+        Just("bad/name".to_string()),
+    ]
+}
+
+fn arb_cmd() -> impl Strategy<Value = Command> {
+    let tn = || arb_name();
+    prop_oneof![
+        tn().prop_map(|name| Command::CreateTenant {
+            req: CreateTenant {
+                name,
+                description: None
+            }
+        }),
+        tn().prop_map(|name| Command::DeleteTenant { name }),
+        (tn(), tn()).prop_map(|(tenant, name)| Command::CreateNamespace {
+            tenant,
+            req: CreateNamespace {
+                name,
+                description: Some("d".into())
+            }
+        }),
+        (tn(), tn()).prop_map(|(tenant, name)| Command::DeleteNamespace { tenant, name }),
+        (tn(), tn(), tn(), 0u32..6, any::<bool>(), 0u32..3).prop_map(
+            |(tenant, namespace, name, shards, durable, rf)| Command::CreateStream {
+                tenant,
+                namespace,
+                req: CreateStream {
+                    shards: Some(shards),
+                    durable,
+                    replication_factor: Some(rf),
+                    ..CreateStream::named(name)
+                }
+            }
+        ),
+        (tn(), tn(), tn(), 0u64..3).prop_map(|(tenant, namespace, name, r)| {
+            Command::UpdateStream {
+                tenant,
+                namespace,
+                name,
+                req: UpdateStream {
+                    retention_bytes: Some(r),
+                    ..Default::default()
+                },
+            }
+        }),
+        (tn(), tn(), tn()).prop_map(|(tenant, namespace, name)| Command::DeleteStream {
+            tenant,
+            namespace,
+            name
+        }),
+        (tn(), tn(), tn(), 0u64..40).prop_map(|(tenant, namespace, name, revision)| {
+            Command::FinishStreamDelete {
+                tenant,
+                namespace,
+                name,
+                revision,
+            }
+        }),
+        (tn(), tn(), tn(), 1u32..4).prop_map(|(tenant, namespace, name, shards)| {
+            Command::CreateCache {
+                tenant,
+                namespace,
+                req: CreateCache {
+                    name,
+                    shards: Some(shards),
+                    durable: false,
+                    ttl_seconds: None,
+                },
+            }
+        }),
+        (tn(), tn(), tn()).prop_map(|(tenant, namespace, name)| Command::DeleteCache {
+            tenant,
+            namespace,
+            name
+        }),
+        (0u64..4).prop_map(|id| Command::RegisterBroker {
+            req: RegisterBroker {
+                node_id: id,
+                quic_addr: "h:1".into(),
+                cores: 1
+            }
+        }),
+        (0u64..4, any::<bool>())
+            .prop_map(|(node_id, live)| Command::SetBrokerLive { node_id, live }),
+    ]
+}
+
+/// Rebuild a catalog from nothing but the change feed, the way a broker does.
+fn replay(changes: &[Change]) -> CatalogSnapshot {
+    let mut t = BTreeMap::new();
+    let mut n = BTreeMap::new();
+    let mut s = BTreeMap::new();
+    let mut ca = BTreeMap::new();
+    let mut b = BTreeMap::new();
+    for ch in changes {
+        match &ch.event {
+            ChangeEvent::TenantPut { tenant } => {
+                t.insert(tenant.name.clone(), tenant.clone());
+            }
+            ChangeEvent::TenantDeleted { name } => {
+                t.remove(name);
+            }
+            ChangeEvent::NamespacePut { namespace } => {
+                n.insert(
+                    (namespace.tenant.clone(), namespace.name.clone()),
+                    namespace.clone(),
+                );
+            }
+            ChangeEvent::NamespaceDeleted { tenant, name } => {
+                n.remove(&(tenant.clone(), name.clone()));
+            }
+            ChangeEvent::StreamPut { stream } => {
+                s.insert(
+                    key(&stream.tenant, &stream.namespace, &stream.name),
+                    stream.clone(),
+                );
+            }
+            ChangeEvent::StreamDeleted {
+                tenant,
+                namespace,
+                name,
+            } => {
+                s.remove(&key(tenant, namespace, name));
+            }
+            ChangeEvent::CachePut { cache } => {
+                ca.insert(
+                    key(&cache.tenant, &cache.namespace, &cache.name),
+                    cache.clone(),
+                );
+            }
+            ChangeEvent::CacheDeleted {
+                tenant,
+                namespace,
+                name,
+            } => {
+                ca.remove(&key(tenant, namespace, name));
+            }
+            ChangeEvent::BrokerPut { broker } => {
+                b.insert(broker.node_id, broker.clone());
+            }
+        }
+    }
+    CatalogSnapshot {
+        catalog_id: String::new(),
+        revision: changes.last().map(|c| c.revision).unwrap_or(0),
+        tenants: t.into_values().collect(),
+        namespaces: n.into_values().collect(),
+        streams: s.into_values().collect(),
+        caches: ca.into_values().collect(),
+        brokers: b.into_values().collect(),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// Determinism, gap-free revisions, refusals change nothing, the feed replays to the
+    /// snapshot, and images round-trip.
+    #[test]
+    fn state_machine_properties(cmds in proptest::collection::vec(arb_cmd(), 1..60)) {
+        let mut a = Catalog::new(Limits { change_log_len: 1000, ..Limits::default() });
+        let mut b = Catalog::new(Limits { change_log_len: 1000, ..Limits::default() });
+        for cmd in &cmds {
+            let before = a.clone();
+            let ra = a.apply(cmd);
+            let rb = b.apply(cmd);
+            prop_assert_eq!(&ra, &rb);
+            if ra.is_err() {
+                prop_assert_eq!(&a, &before, "a refusal changed the catalog");
+            }
+            // Every shard owner is a registered broker; every live-only ephemeral placement is on live brokers.
+            for s in a.all_streams() {
+                prop_assert_eq!(s.placement.len() as u32, s.shards);
+                prop_assert!(s.replication_factor == 1);
+                for p in &s.placement {
+                    if let Some(o) = p.owner { prop_assert!(a.brokers.contains_key(&o)); }
+                }
+            }
+            // Every namespace has its tenant; every stream its namespace.
+            for n in a.namespaces.values() { prop_assert!(a.tenants.contains_key(&n.tenant)); }
+            for s in a.streams.values() { prop_assert!(a.namespaces.contains_key(&(s.tenant.clone(), s.namespace.clone()))); }
+        }
+        let revs: Vec<u64> = a.changes.iter().map(|c| c.revision).collect();
+        prop_assert_eq!(revs, (1..=a.revision()).collect::<Vec<_>>());
+        let all = a.changes_since(0, usize::MAX).unwrap();
+        let mut want = a.snapshot();
+        want.catalog_id = String::new();
+        prop_assert_eq!(replay(&all.changes), want);
+        let back = Catalog::from_image(*a.limits(), a.to_image());
+        prop_assert_eq!(back, a);
+    }
+}

@@ -1,0 +1,182 @@
+//! `felix-controlplane` settings: flags, each with a `FELIX_*` environment variable.
+
+use crate::catalog::Limits;
+use clap::{Parser, ValueEnum};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StoreKind {
+    Memory,
+    Raft,
+}
+
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "felix-controlplane",
+    about = "Felix control plane (REST + metadata store)"
+)]
+pub struct Config {
+    /// REST listener (also carries the Raft RPCs between members).
+    #[arg(
+        long,
+        env = "FELIX_CONTROLPLANE_LISTEN",
+        default_value = "127.0.0.1:7410"
+    )]
+    pub listen: SocketAddr,
+    /// Metadata store; default `raft` when a Raft data dir is given, else `memory`.
+    #[arg(long, env = "FELIX_CONTROLPLANE_STORE", value_enum)]
+    pub store: Option<StoreKind>,
+
+    /// This member's Raft node id (1..).
+    #[arg(long, env = "FELIX_RAFT_NODE_ID", default_value_t = 1)]
+    pub raft_node_id: u64,
+    /// Directory for the Raft log, vote and snapshot.
+    #[arg(long, env = "FELIX_RAFT_DATA_DIR")]
+    pub raft_data_dir: Option<PathBuf>,
+    /// Members as `id=host:port,...` (their REST listeners), this member included. Empty: a
+    /// single-member group of this node at `--listen`.
+    #[arg(long, env = "FELIX_RAFT_PEERS", default_value = "")]
+    pub raft_peers: String,
+    #[arg(long, env = "FELIX_RAFT_HEARTBEAT_MS", default_value_t = 100)]
+    pub raft_heartbeat_ms: u64,
+    #[arg(long, env = "FELIX_RAFT_ELECTION_MIN_MS", default_value_t = 600)]
+    pub raft_election_min_ms: u64,
+    #[arg(long, env = "FELIX_RAFT_ELECTION_MAX_MS", default_value_t = 1200)]
+    pub raft_election_max_ms: u64,
+    /// Take a snapshot (and purge the log behind it) after this many applied entries.
+    #[arg(long, env = "FELIX_RAFT_SNAPSHOT_LOGS", default_value_t = 2000)]
+    pub raft_snapshot_logs: u64,
+    /// Per-RPC timeout between members.
+    #[arg(long, env = "FELIX_RAFT_RPC_TIMEOUT_MS", default_value_t = 1000)]
+    pub raft_rpc_timeout_ms: u64,
+
+    /// How often brokers are told to heartbeat.
+    #[arg(
+        long,
+        env = "FELIX_CONTROLPLANE_HEARTBEAT_INTERVAL_MS",
+        default_value_t = 1000
+    )]
+    pub heartbeat_interval_ms: u64,
+    /// A broker silent this long is counted dead.
+    #[arg(long, env = "FELIX_CONTROLPLANE_DEAD_AFTER_MS", default_value_t = 5000)]
+    pub dead_after_ms: u64,
+    /// A deleted stream/cache is removed once every live broker reported a catalog revision
+    /// past the delete, or after this long at the latest.
+    #[arg(
+        long,
+        env = "FELIX_CONTROLPLANE_DELETE_GRACE_MS",
+        default_value_t = 10_000
+    )]
+    pub delete_grace_ms: u64,
+    /// Period of the leader's sweep (liveness, delete completion).
+    #[arg(
+        long,
+        env = "FELIX_CONTROLPLANE_SWEEP_INTERVAL_MS",
+        default_value_t = 200
+    )]
+    pub sweep_interval_ms: u64,
+    /// Longest `wait_ms` a changes long-poll may ask for.
+    #[arg(long, env = "FELIX_CONTROLPLANE_MAX_WAIT_MS", default_value_t = 30_000)]
+    pub max_wait_ms: u64,
+    /// Most changes in one feed answer.
+    #[arg(
+        long,
+        env = "FELIX_CONTROLPLANE_CHANGES_PAGE_MAX",
+        default_value_t = 1000
+    )]
+    pub changes_page_max: usize,
+    /// Largest accepted request body.
+    #[arg(
+        long,
+        env = "FELIX_CONTROLPLANE_MAX_BODY_BYTES",
+        default_value_t = 65_536
+    )]
+    pub max_body_bytes: usize,
+    /// How long a write waits for the store (commit, or the leader when forwarded).
+    #[arg(
+        long,
+        env = "FELIX_CONTROLPLANE_WRITE_TIMEOUT_MS",
+        default_value_t = 5000
+    )]
+    pub write_timeout_ms: u64,
+
+    /// Changes kept for the feed.
+    #[arg(
+        long,
+        env = "FELIX_CONTROLPLANE_CHANGE_LOG_LEN",
+        default_value_t = 10_000
+    )]
+    pub change_log_len: usize,
+    #[arg(long, env = "FELIX_CONTROLPLANE_MAX_SHARDS", default_value_t = 4096)]
+    pub max_shards: u32,
+    /// Tenants + namespaces + streams + caches.
+    #[arg(
+        long,
+        env = "FELIX_CONTROLPLANE_MAX_OBJECTS",
+        default_value_t = 100_000
+    )]
+    pub max_objects: usize,
+    #[arg(long, env = "FELIX_CONTROLPLANE_MAX_BROKERS", default_value_t = 1024)]
+    pub max_brokers: usize,
+}
+
+impl Config {
+    /// Defaults, as if started with no flags and no environment.
+    pub fn defaults() -> Self {
+        Config::parse_from(["felix-controlplane"])
+    }
+
+    pub fn store_kind(&self) -> StoreKind {
+        self.store.unwrap_or(if self.raft_data_dir.is_some() {
+            StoreKind::Raft
+        } else {
+            StoreKind::Memory
+        })
+    }
+
+    pub fn limits(&self) -> Limits {
+        Limits {
+            max_shards: self.max_shards,
+            max_objects: self.max_objects,
+            max_brokers: self.max_brokers,
+            change_log_len: self.change_log_len,
+            ..Limits::default()
+        }
+    }
+
+    pub fn write_timeout(&self) -> Duration {
+        Duration::from_millis(self.write_timeout_ms)
+    }
+
+    /// Parse `FELIX_RAFT_PEERS`; this node is added at `--listen` if absent.
+    pub fn peers(&self) -> Result<BTreeMap<u64, String>, String> {
+        let mut m = BTreeMap::new();
+        for part in self
+            .raft_peers
+            .split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+        {
+            let (id, addr) = part
+                .split_once('=')
+                .ok_or_else(|| format!("FELIX_RAFT_PEERS entry {part:?} is not id=host:port"))?;
+            let id: u64 = id
+                .trim()
+                .parse()
+                .map_err(|_| format!("FELIX_RAFT_PEERS id {id:?} is not a number"))?;
+            if id == 0 || id > u32::MAX as u64 {
+                return Err(format!("FELIX_RAFT_PEERS id {id} must be 1..={}", u32::MAX));
+            }
+            crate::catalog::check_addr(addr.trim()).map_err(|e| e.message)?;
+            if m.insert(id, addr.trim().to_string()).is_some() {
+                return Err(format!("FELIX_RAFT_PEERS names {id} twice"));
+            }
+        }
+        m.entry(self.raft_node_id)
+            .or_insert_with(|| self.listen.to_string());
+        Ok(m)
+    }
+}

@@ -1,0 +1,73 @@
+//! `felix-controlplane`: the Felix control plane process.
+
+use clap::Parser;
+use felix_control::config::{Config, StoreKind};
+use felix_control::server::{serve, AppState};
+use felix_control::store::memory::MemoryStore;
+use felix_control::store::MetadataStore;
+use std::sync::Arc;
+
+#[tokio::main]
+async fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("FELIX_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cfg = Arc::new(Config::parse());
+    std::process::exit(run(cfg).await);
+}
+
+async fn run(cfg: Arc<Config>) -> i32 {
+    let listener = match tokio::net::TcpListener::bind(cfg.listen).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("felix-controlplane: cannot listen on {}: {e}", cfg.listen);
+            return 1;
+        }
+    };
+    let (store, extra): (Arc<dyn MetadataStore>, axum::Router) = match cfg.store_kind() {
+        StoreKind::Memory => (
+            Arc::new(MemoryStore::new(cfg.limits())),
+            axum::Router::new(),
+        ),
+        StoreKind::Raft => match felix_control::raft::open(cfg.clone()).await {
+            Ok((s, r)) => (s, r),
+            Err(e) => {
+                eprintln!("felix-controlplane: {e}");
+                return 1;
+            }
+        },
+    };
+    let st = AppState::new(store.clone(), cfg.clone());
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("sigterm");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        let _ = stop_tx.send(true);
+    });
+    tracing::info!(listen = %cfg.listen, store = ?cfg.store_kind(), "felix-controlplane serving");
+    // Machine-readable line for tests and scripts.
+    println!(
+        "listening {}",
+        listener
+            .local_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_default()
+    );
+    let r = serve(listener, st, extra, stop_rx).await;
+    store.shutdown().await;
+    match r {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("felix-controlplane: {e}");
+            1
+        }
+    }
+}

@@ -1,0 +1,1050 @@
+//! The REST server: thin axum handlers over a [`MetadataStore`], the OpenAPI document generated
+//! from the handlers and types (utoipa), and the leader's sweep (broker liveness, delete
+//! completion), which turns time into commands for the deterministic state machine.
+
+use crate::api::*;
+use crate::catalog::{Command, Reply};
+use crate::config::Config;
+use crate::store::{MetadataStore, Route};
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, State};
+use axum::http::{StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use felix_quic::wire::ErrorCode;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use utoipa::{IntoParams, OpenApi};
+
+// ------------------------------------------------------------------ errors and extractors
+
+/// A refusal as an HTTP response: status + `{code, message}`.
+#[derive(Debug)]
+pub struct Refusal {
+    pub status: StatusCode,
+    pub err: ApiError,
+}
+
+impl From<ApiError> for Refusal {
+    fn from(err: ApiError) -> Self {
+        let status = StatusCode::from_u16(err.http_status()).unwrap_or(StatusCode::BAD_REQUEST);
+        Refusal { status, err }
+    }
+}
+
+impl Refusal {
+    fn new(status: StatusCode, code: ErrorCode, msg: impl Into<String>) -> Self {
+        Refusal {
+            status,
+            err: ApiError::new(code, msg),
+        }
+    }
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        (self.status, axum::Json(self.err.body())).into_response()
+    }
+}
+
+impl From<JsonRejection> for Refusal {
+    fn from(r: JsonRejection) -> Self {
+        let status = r.status();
+        let code = if status == StatusCode::PAYLOAD_TOO_LARGE {
+            ErrorCode::PayloadTooLarge
+        } else {
+            ErrorCode::InvalidRequest
+        };
+        // 415 stays 415; everything else about a body is a 400 (never axum's 422).
+        let status = match status {
+            StatusCode::PAYLOAD_TOO_LARGE | StatusCode::UNSUPPORTED_MEDIA_TYPE => status,
+            _ => StatusCode::BAD_REQUEST,
+        };
+        Refusal::new(status, code, r.body_text())
+    }
+}
+
+impl From<PathRejection> for Refusal {
+    fn from(r: PathRejection) -> Self {
+        Refusal::new(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::InvalidRequest,
+            r.body_text(),
+        )
+    }
+}
+
+impl From<QueryRejection> for Refusal {
+    fn from(r: QueryRejection) -> Self {
+        Refusal::new(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::InvalidRequest,
+            r.body_text(),
+        )
+    }
+}
+
+/// JSON body whose rejections are typed error bodies.
+#[derive(FromRequest)]
+#[from_request(via(axum::Json), rejection(Refusal))]
+pub struct Json<T>(pub T);
+
+impl<T: Serialize> IntoResponse for Json<T> {
+    fn into_response(self) -> Response {
+        axum::Json(self.0).into_response()
+    }
+}
+
+#[derive(FromRequestParts)]
+#[from_request(via(axum::extract::Path), rejection(Refusal))]
+pub struct Path<T>(pub T);
+
+#[derive(FromRequestParts)]
+#[from_request(via(axum::extract::Query), rejection(Refusal))]
+pub struct Query<T>(pub T);
+
+type Res<T> = Result<T, Refusal>;
+
+// ------------------------------------------------------------------ state
+
+pub struct AppState {
+    pub store: Arc<dyn MetadataStore>,
+    pub cfg: Arc<Config>,
+    soft: Mutex<Soft>,
+    http: reqwest::Client,
+}
+
+/// Leader soft state: what heartbeats taught this node. Lost on a leader change, which only
+/// delays decisions (every broker gets a fresh `dead_after` on the new leader).
+#[derive(Default)]
+struct Soft {
+    leader_since: Option<Instant>,
+    /// node id -> (incarnation, last heartbeat or first sight).
+    last_seen: HashMap<u64, (u64, Instant)>,
+    /// node id -> catalog revision the broker reported applied.
+    reported: HashMap<u64, u64>,
+    /// (is_cache, tenant, namespace, name, revision) -> first seen deleting.
+    deleting: HashMap<(bool, String, String, String, u64), Instant>,
+}
+
+impl AppState {
+    pub fn new(store: Arc<dyn MetadataStore>, cfg: Arc<Config>) -> Arc<Self> {
+        let http = reqwest::Client::builder()
+            .timeout(cfg.write_timeout())
+            .build()
+            .expect("http client");
+        Arc::new(AppState {
+            store,
+            cfg,
+            soft: Mutex::new(Soft::default()),
+            http,
+        })
+    }
+
+    async fn write(&self, cmd: Command) -> Res<Reply> {
+        match tokio::time::timeout(self.cfg.write_timeout(), self.store.write(cmd)).await {
+            Ok(r) => r.map_err(Refusal::from),
+            Err(_) => Err(ApiError::new(
+                ErrorCode::Unavailable,
+                "the store did not commit the write in time; its outcome is unknown",
+            )
+            .into()),
+        }
+    }
+
+    fn read<R>(&self, f: impl FnOnce(&crate::catalog::Catalog) -> R) -> R {
+        self.store.shared().read(f)
+    }
+}
+
+// ------------------------------------------------------------------ router
+
+pub fn router(st: Arc<AppState>) -> Router {
+    let t = "/v1/tenants/{tenant}";
+    let n = "/v1/tenants/{tenant}/namespaces/{namespace}";
+    let api = Router::new()
+        .route("/livez", get(livez))
+        .route("/readyz", get(readyz))
+        .route("/v1/openapi.json", get(openapi_json))
+        .route("/v1/tenants", get(list_tenants).post(create_tenant))
+        .route(
+            t,
+            get(get_tenant).patch(update_tenant).delete(delete_tenant),
+        )
+        .route(
+            &format!("{t}/namespaces"),
+            get(list_namespaces).post(create_namespace),
+        )
+        .route(
+            n,
+            get(get_namespace)
+                .patch(update_namespace)
+                .delete(delete_namespace),
+        )
+        .route(
+            &format!("{n}/streams"),
+            get(list_streams).post(create_stream),
+        )
+        .route(
+            &format!("{n}/streams/{{stream}}"),
+            get(get_stream).patch(update_stream).delete(delete_stream),
+        )
+        .route(
+            &format!("{n}/streams/{{stream}}/shards"),
+            get(stream_shards),
+        )
+        .route(&format!("{n}/caches"), get(list_caches).post(create_cache))
+        .route(
+            &format!("{n}/caches/{{cache}}"),
+            get(get_cache).patch(update_cache).delete(delete_cache),
+        )
+        .route(&format!("{n}/caches/{{cache}}/shards"), get(cache_shards))
+        .route("/v1/catalog", get(catalog))
+        .route("/v1/catalog/changes", get(changes))
+        .route("/v1/brokers", get(list_brokers).post(register_broker))
+        .route("/v1/brokers/{node_id}", get(get_broker))
+        .route("/v1/brokers/{node_id}/heartbeat", post(heartbeat))
+        .route("/v1/cluster", get(cluster))
+        .route("/internal/v1/write", post(internal_write))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(st.cfg.max_body_bytes))
+        .with_state(st.clone());
+    api
+}
+
+async fn not_found(uri: Uri) -> Refusal {
+    Refusal::new(
+        StatusCode::NOT_FOUND,
+        ErrorCode::NotFound,
+        format!("no route {}", uri.path()),
+    )
+}
+
+async fn method_not_allowed() -> Refusal {
+    Refusal::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        ErrorCode::InvalidRequest,
+        "method not allowed on this path",
+    )
+}
+
+// ------------------------------------------------------------------ health
+
+#[derive(Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Health {
+    pub status: String,
+}
+
+#[utoipa::path(get, path = "/livez", tag = "health", responses((status = 200, body = Health)))]
+async fn livez() -> Json<Health> {
+    Json(Health {
+        status: "ok".into(),
+    })
+}
+
+/// Ready when the store can serve: the catalog is initialized and, under Raft, a leader is
+/// known and answering.
+#[utoipa::path(get, path = "/readyz", tag = "health", responses(
+    (status = 200, body = Health), (status = 503, body = ErrorBody)))]
+async fn readyz(State(st): State<Arc<AppState>>) -> Res<Json<Health>> {
+    st.store.ready().await.map_err(Refusal::from)?;
+    Ok(Json(Health {
+        status: "ready".into(),
+    }))
+}
+
+async fn openapi_json() -> impl IntoResponse {
+    axum::Json(openapi_document().clone())
+}
+
+/// The OpenAPI document: generated from the handlers and types, plus the refusals every JSON
+/// body can meet before a handler runs (413 too large, 415 not JSON).
+pub fn openapi_document() -> &'static serde_json::Value {
+    static DOC: std::sync::OnceLock<serde_json::Value> = std::sync::OnceLock::new();
+    DOC.get_or_init(|| {
+        let mut doc = serde_json::to_value(ApiDoc::openapi()).expect("openapi serializes");
+        let err = serde_json::json!({
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
+        });
+        if let Some(paths) = doc.get_mut("paths").and_then(|p| p.as_object_mut()) {
+            for ops in paths.values_mut().filter_map(|o| o.as_object_mut()) {
+                for op in ops.values_mut().filter_map(|o| o.as_object_mut()) {
+                    if !op.contains_key("requestBody") {
+                        continue;
+                    }
+                    if let Some(r) = op.get_mut("responses").and_then(|r| r.as_object_mut()) {
+                        for (code, what) in [
+                            ("413", "Body larger than the limit"),
+                            ("415", "Body is not application/json"),
+                        ] {
+                            let mut e = err.clone();
+                            e["description"] = what.into();
+                            r.entry(code).or_insert(e);
+                        }
+                    }
+                }
+            }
+        }
+        doc
+    })
+}
+
+// ------------------------------------------------------------------ tenants
+
+#[utoipa::path(get, path = "/v1/tenants", tag = "tenants",
+    responses((status = 200, body = Vec<Tenant>)))]
+async fn list_tenants(State(st): State<Arc<AppState>>) -> Json<Vec<Tenant>> {
+    Json(st.read(|c| c.tenants().cloned().collect()))
+}
+
+#[utoipa::path(post, path = "/v1/tenants", tag = "tenants", request_body = CreateTenant,
+    responses((status = 201, body = Tenant), (status = 400, body = ErrorBody),
+              (status = 409, body = ErrorBody), (status = 503, body = ErrorBody)))]
+async fn create_tenant(
+    State(st): State<Arc<AppState>>,
+    Json(req): Json<CreateTenant>,
+) -> Res<(StatusCode, Json<Tenant>)> {
+    match st.write(Command::CreateTenant { req }).await? {
+        Reply::Tenant(t) => Ok((StatusCode::CREATED, Json(t))),
+        other => Err(unexpected(other)),
+    }
+}
+
+#[utoipa::path(get, path = "/v1/tenants/{tenant}", tag = "tenants",
+    params(("tenant" = String, Path)),
+    responses((status = 200, body = Tenant), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn get_tenant(
+    State(st): State<Arc<AppState>>,
+    Path(tenant): Path<String>,
+) -> Res<Json<Tenant>> {
+    Ok(Json(st.read(|c| c.tenant(&tenant).cloned())?))
+}
+
+#[utoipa::path(patch, path = "/v1/tenants/{tenant}", tag = "tenants",
+    params(("tenant" = String, Path)), request_body = UpdateTenant,
+    responses((status = 200, body = Tenant), (status = 400, body = ErrorBody),
+              (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)))]
+async fn update_tenant(
+    State(st): State<Arc<AppState>>,
+    Path(name): Path<String>,
+    Json(req): Json<UpdateTenant>,
+) -> Res<Json<Tenant>> {
+    match st.write(Command::UpdateTenant { name, req }).await? {
+        Reply::Tenant(t) => Ok(Json(t)),
+        other => Err(unexpected(other)),
+    }
+}
+
+#[utoipa::path(delete, path = "/v1/tenants/{tenant}", tag = "tenants",
+    params(("tenant" = String, Path)),
+    responses((status = 204), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 409, body = ErrorBody), (status = 503, body = ErrorBody)))]
+async fn delete_tenant(
+    State(st): State<Arc<AppState>>,
+    Path(name): Path<String>,
+) -> Res<StatusCode> {
+    st.write(Command::DeleteTenant { name }).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+// ------------------------------------------------------------------ namespaces
+
+#[utoipa::path(get, path = "/v1/tenants/{tenant}/namespaces", tag = "namespaces",
+    params(("tenant" = String, Path)),
+    responses((status = 200, body = Vec<Namespace>), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn list_namespaces(
+    State(st): State<Arc<AppState>>,
+    Path(tenant): Path<String>,
+) -> Res<Json<Vec<Namespace>>> {
+    Ok(Json(st.read(|c| c.namespaces(&tenant))?))
+}
+
+#[utoipa::path(post, path = "/v1/tenants/{tenant}/namespaces", tag = "namespaces",
+    params(("tenant" = String, Path)), request_body = CreateNamespace,
+    responses((status = 201, body = Namespace), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 409, body = ErrorBody), (status = 503, body = ErrorBody)))]
+async fn create_namespace(
+    State(st): State<Arc<AppState>>,
+    Path(tenant): Path<String>,
+    Json(req): Json<CreateNamespace>,
+) -> Res<(StatusCode, Json<Namespace>)> {
+    match st.write(Command::CreateNamespace { tenant, req }).await? {
+        Reply::Namespace(n) => Ok((StatusCode::CREATED, Json(n))),
+        other => Err(unexpected(other)),
+    }
+}
+
+#[utoipa::path(get, path = "/v1/tenants/{tenant}/namespaces/{namespace}", tag = "namespaces",
+    params(("tenant" = String, Path), ("namespace" = String, Path)),
+    responses((status = 200, body = Namespace), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn get_namespace(
+    State(st): State<Arc<AppState>>,
+    Path((t, n)): Path<(String, String)>,
+) -> Res<Json<Namespace>> {
+    Ok(Json(st.read(|c| c.namespace(&t, &n).cloned())?))
+}
+
+#[utoipa::path(patch, path = "/v1/tenants/{tenant}/namespaces/{namespace}", tag = "namespaces",
+    params(("tenant" = String, Path), ("namespace" = String, Path)), request_body = UpdateNamespace,
+    responses((status = 200, body = Namespace), (status = 400, body = ErrorBody),
+              (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)))]
+async fn update_namespace(
+    State(st): State<Arc<AppState>>,
+    Path((tenant, name)): Path<(String, String)>,
+    Json(req): Json<UpdateNamespace>,
+) -> Res<Json<Namespace>> {
+    match st
+        .write(Command::UpdateNamespace { tenant, name, req })
+        .await?
+    {
+        Reply::Namespace(n) => Ok(Json(n)),
+        other => Err(unexpected(other)),
+    }
+}
+
+#[utoipa::path(delete, path = "/v1/tenants/{tenant}/namespaces/{namespace}", tag = "namespaces",
+    params(("tenant" = String, Path), ("namespace" = String, Path)),
+    responses((status = 204), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 409, body = ErrorBody), (status = 503, body = ErrorBody)))]
+async fn delete_namespace(
+    State(st): State<Arc<AppState>>,
+    Path((tenant, name)): Path<(String, String)>,
+) -> Res<StatusCode> {
+    st.write(Command::DeleteNamespace { tenant, name }).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+// ------------------------------------------------------------------ streams
+
+#[utoipa::path(get, path = "/v1/tenants/{tenant}/namespaces/{namespace}/streams", tag = "streams",
+    params(("tenant" = String, Path), ("namespace" = String, Path)),
+    responses((status = 200, body = Vec<Stream>), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn list_streams(
+    State(st): State<Arc<AppState>>,
+    Path((t, n)): Path<(String, String)>,
+) -> Res<Json<Vec<Stream>>> {
+    Ok(Json(st.read(|c| c.streams(&t, &n))?))
+}
+
+/// `replication_factor > 1` and `consistency: quorum` answer 400 `unsupported` until
+/// replication exists.
+#[utoipa::path(post, path = "/v1/tenants/{tenant}/namespaces/{namespace}/streams", tag = "streams",
+    params(("tenant" = String, Path), ("namespace" = String, Path)), request_body = CreateStream,
+    responses((status = 201, body = Stream), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 409, body = ErrorBody), (status = 503, body = ErrorBody)))]
+async fn create_stream(
+    State(st): State<Arc<AppState>>,
+    Path((tenant, namespace)): Path<(String, String)>,
+    Json(req): Json<CreateStream>,
+) -> Res<(StatusCode, Json<Stream>)> {
+    match st
+        .write(Command::CreateStream {
+            tenant,
+            namespace,
+            req,
+        })
+        .await?
+    {
+        Reply::Stream(s) => Ok((StatusCode::CREATED, Json(s))),
+        other => Err(unexpected(other)),
+    }
+}
+
+#[utoipa::path(get, path = "/v1/tenants/{tenant}/namespaces/{namespace}/streams/{stream}", tag = "streams",
+    params(("tenant" = String, Path), ("namespace" = String, Path), ("stream" = String, Path)),
+    responses((status = 200, body = Stream), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn get_stream(
+    State(st): State<Arc<AppState>>,
+    Path((t, n, s)): Path<(String, String, String)>,
+) -> Res<Json<Stream>> {
+    Ok(Json(st.read(|c| c.stream(&t, &n, &s).cloned())?))
+}
+
+#[utoipa::path(get, path = "/v1/tenants/{tenant}/namespaces/{namespace}/streams/{stream}/shards", tag = "streams",
+    params(("tenant" = String, Path), ("namespace" = String, Path), ("stream" = String, Path)),
+    responses((status = 200, body = Vec<ShardPlacement>), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn stream_shards(
+    State(st): State<Arc<AppState>>,
+    Path((t, n, s)): Path<(String, String, String)>,
+) -> Res<Json<Vec<ShardPlacement>>> {
+    Ok(Json(st.read(|c| {
+        c.stream(&t, &n, &s).map(|s| s.placement.clone())
+    })?))
+}
+
+#[utoipa::path(patch, path = "/v1/tenants/{tenant}/namespaces/{namespace}/streams/{stream}", tag = "streams",
+    params(("tenant" = String, Path), ("namespace" = String, Path), ("stream" = String, Path)),
+    request_body = UpdateStream,
+    responses((status = 200, body = Stream), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 409, body = ErrorBody), (status = 503, body = ErrorBody)))]
+async fn update_stream(
+    State(st): State<Arc<AppState>>,
+    Path((tenant, namespace, name)): Path<(String, String, String)>,
+    Json(req): Json<UpdateStream>,
+) -> Res<Json<Stream>> {
+    match st
+        .write(Command::UpdateStream {
+            tenant,
+            namespace,
+            name,
+            req,
+        })
+        .await?
+    {
+        Reply::Stream(s) => Ok(Json(s)),
+        other => Err(unexpected(other)),
+    }
+}
+
+/// Marks the stream `deleting` (202). It disappears once every live broker has caught up with
+/// the delete (or after the delete grace); until then its name answers 409 `conflict`.
+#[utoipa::path(delete, path = "/v1/tenants/{tenant}/namespaces/{namespace}/streams/{stream}", tag = "streams",
+    params(("tenant" = String, Path), ("namespace" = String, Path), ("stream" = String, Path)),
+    responses((status = 202, body = Stream), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 503, body = ErrorBody)))]
+async fn delete_stream(
+    State(st): State<Arc<AppState>>,
+    Path((tenant, namespace, name)): Path<(String, String, String)>,
+) -> Res<(StatusCode, Json<Stream>)> {
+    match st
+        .write(Command::DeleteStream {
+            tenant,
+            namespace,
+            name,
+        })
+        .await?
+    {
+        Reply::Stream(s) => Ok((StatusCode::ACCEPTED, Json(s))),
+        other => Err(unexpected(other)),
+    }
+}
+
+// ------------------------------------------------------------------ caches
+
+#[utoipa::path(get, path = "/v1/tenants/{tenant}/namespaces/{namespace}/caches", tag = "caches",
+    params(("tenant" = String, Path), ("namespace" = String, Path)),
+    responses((status = 200, body = Vec<Cache>), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn list_caches(
+    State(st): State<Arc<AppState>>,
+    Path((t, n)): Path<(String, String)>,
+) -> Res<Json<Vec<Cache>>> {
+    Ok(Json(st.read(|c| c.caches(&t, &n))?))
+}
+
+#[utoipa::path(post, path = "/v1/tenants/{tenant}/namespaces/{namespace}/caches", tag = "caches",
+    params(("tenant" = String, Path), ("namespace" = String, Path)), request_body = CreateCache,
+    responses((status = 201, body = Cache), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 409, body = ErrorBody), (status = 503, body = ErrorBody)))]
+async fn create_cache(
+    State(st): State<Arc<AppState>>,
+    Path((tenant, namespace)): Path<(String, String)>,
+    Json(req): Json<CreateCache>,
+) -> Res<(StatusCode, Json<Cache>)> {
+    match st
+        .write(Command::CreateCache {
+            tenant,
+            namespace,
+            req,
+        })
+        .await?
+    {
+        Reply::Cache(c) => Ok((StatusCode::CREATED, Json(c))),
+        other => Err(unexpected(other)),
+    }
+}
+
+#[utoipa::path(get, path = "/v1/tenants/{tenant}/namespaces/{namespace}/caches/{cache}", tag = "caches",
+    params(("tenant" = String, Path), ("namespace" = String, Path), ("cache" = String, Path)),
+    responses((status = 200, body = Cache), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn get_cache(
+    State(st): State<Arc<AppState>>,
+    Path((t, n, s)): Path<(String, String, String)>,
+) -> Res<Json<Cache>> {
+    Ok(Json(st.read(|c| c.cache(&t, &n, &s).cloned())?))
+}
+
+#[utoipa::path(get, path = "/v1/tenants/{tenant}/namespaces/{namespace}/caches/{cache}/shards", tag = "caches",
+    params(("tenant" = String, Path), ("namespace" = String, Path), ("cache" = String, Path)),
+    responses((status = 200, body = Vec<ShardPlacement>), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn cache_shards(
+    State(st): State<Arc<AppState>>,
+    Path((t, n, s)): Path<(String, String, String)>,
+) -> Res<Json<Vec<ShardPlacement>>> {
+    Ok(Json(st.read(|c| {
+        c.cache(&t, &n, &s).map(|s| s.placement.clone())
+    })?))
+}
+
+#[utoipa::path(patch, path = "/v1/tenants/{tenant}/namespaces/{namespace}/caches/{cache}", tag = "caches",
+    params(("tenant" = String, Path), ("namespace" = String, Path), ("cache" = String, Path)),
+    request_body = UpdateCache,
+    responses((status = 200, body = Cache), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 409, body = ErrorBody), (status = 503, body = ErrorBody)))]
+async fn update_cache(
+    State(st): State<Arc<AppState>>,
+    Path((tenant, namespace, name)): Path<(String, String, String)>,
+    Json(req): Json<UpdateCache>,
+) -> Res<Json<Cache>> {
+    match st
+        .write(Command::UpdateCache {
+            tenant,
+            namespace,
+            name,
+            req,
+        })
+        .await?
+    {
+        Reply::Cache(c) => Ok(Json(c)),
+        other => Err(unexpected(other)),
+    }
+}
+
+#[utoipa::path(delete, path = "/v1/tenants/{tenant}/namespaces/{namespace}/caches/{cache}", tag = "caches",
+    params(("tenant" = String, Path), ("namespace" = String, Path), ("cache" = String, Path)),
+    responses((status = 202, body = Cache), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 503, body = ErrorBody)))]
+async fn delete_cache(
+    State(st): State<Arc<AppState>>,
+    Path((tenant, namespace, name)): Path<(String, String, String)>,
+) -> Res<(StatusCode, Json<Cache>)> {
+    match st
+        .write(Command::DeleteCache {
+            tenant,
+            namespace,
+            name,
+        })
+        .await?
+    {
+        Reply::Cache(c) => Ok((StatusCode::ACCEPTED, Json(c))),
+        other => Err(unexpected(other)),
+    }
+}
+
+// ------------------------------------------------------------------ catalog feed
+
+#[utoipa::path(get, path = "/v1/catalog", tag = "catalog",
+    responses((status = 200, body = CatalogSnapshot)))]
+async fn catalog(State(st): State<Arc<AppState>>) -> Json<CatalogSnapshot> {
+    Json(st.read(|c| c.snapshot()))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ChangesQuery {
+    /// Answer the changes after this revision (a snapshot's `revision`, or the last `next_since`).
+    pub since: u64,
+    /// Wait up to this long for a change when none is ready (0 = answer at once). At most the
+    /// server's `max_wait_ms` (30000 by default).
+    pub wait_ms: Option<u64>,
+    /// At most this many changes (default and maximum: the server's page maximum, 1000).
+    pub limit: Option<u32>,
+}
+
+/// Every change after `since`, gap-free and in order. Long-polls up to `wait_ms` when there is
+/// none yet. `since` older than the retained changes (or ahead of this catalog) answers 410
+/// `revision_too_old`: read `GET /v1/catalog` again.
+#[utoipa::path(get, path = "/v1/catalog/changes", tag = "catalog", params(ChangesQuery),
+    responses((status = 200, body = ChangesPage), (status = 400, body = ErrorBody), (status = 410, body = ErrorBody)))]
+async fn changes(
+    State(st): State<Arc<AppState>>,
+    Query(q): Query<ChangesQuery>,
+) -> Res<Json<ChangesPage>> {
+    let wait = q.wait_ms.unwrap_or(0);
+    if wait > st.cfg.max_wait_ms {
+        return Err(ApiError::invalid(format!(
+            "wait_ms must be at most {}, got {wait}",
+            st.cfg.max_wait_ms
+        ))
+        .into());
+    }
+    let max = st.cfg.changes_page_max.max(1);
+    let limit = match q.limit {
+        None => max,
+        Some(0) => return Err(ApiError::invalid("limit must be at least 1").into()),
+        Some(l) => (l as usize).min(max),
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(wait);
+    let mut rx = st.store.shared().watch();
+    loop {
+        rx.borrow_and_update();
+        let (rev, page) = st.read(|c| (c.revision(), c.changes_since(q.since, limit)));
+        // Nothing new (or a `since` this member has not reached yet): wait for a change.
+        if q.since >= rev {
+            let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if !remaining.is_zero()
+                && tokio::time::timeout(remaining, rx.changed())
+                    .await
+                    .is_ok_and(|r| r.is_ok())
+            {
+                continue;
+            }
+        }
+        return Ok(Json(page?));
+    }
+}
+
+// ------------------------------------------------------------------ brokers
+
+#[utoipa::path(get, path = "/v1/brokers", tag = "brokers", responses((status = 200, body = Vec<Broker>)))]
+async fn list_brokers(State(st): State<Arc<AppState>>) -> Json<Vec<Broker>> {
+    Json(st.read(|c| c.brokers().cloned().collect()))
+}
+
+#[utoipa::path(get, path = "/v1/brokers/{node_id}", tag = "brokers", params(("node_id" = u64, Path)),
+    responses((status = 200, body = Broker), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn get_broker(State(st): State<Arc<AppState>>, Path(id): Path<u64>) -> Res<Json<Broker>> {
+    Ok(Json(st.read(|c| c.broker(id).cloned())?))
+}
+
+/// Register (or re-register after a restart: the incarnation goes up). Placement runs.
+#[utoipa::path(post, path = "/v1/brokers", tag = "brokers", request_body = RegisterBroker,
+    responses((status = 200, body = RegisterBrokerReply), (status = 400, body = ErrorBody),
+              (status = 409, body = ErrorBody), (status = 503, body = ErrorBody)))]
+async fn register_broker(
+    State(st): State<Arc<AppState>>,
+    Json(req): Json<RegisterBroker>,
+) -> Res<Json<RegisterBrokerReply>> {
+    match st.write(Command::RegisterBroker { req }).await? {
+        Reply::Broker(b) => Ok(Json(RegisterBrokerReply {
+            catalog_revision: b.revision.max(st.read(|c| c.revision())),
+            broker: b,
+            heartbeat_interval_ms: st.cfg.heartbeat_interval_ms,
+            dead_after_ms: st.cfg.dead_after_ms,
+        })),
+        other => Err(unexpected(other)),
+    }
+}
+
+/// Heartbeat. 404 `not_found` means "register again"; 409 `conflict` means the incarnation
+/// is stale (another process registered under this node id since).
+#[utoipa::path(post, path = "/v1/brokers/{node_id}/heartbeat", tag = "brokers",
+    params(("node_id" = u64, Path)), request_body = Heartbeat,
+    responses((status = 200, body = HeartbeatReply), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 409, body = ErrorBody), (status = 503, body = ErrorBody)))]
+async fn heartbeat(
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<u64>,
+    Json(hb): Json<Heartbeat>,
+) -> Res<Json<HeartbeatReply>> {
+    match st.store.route() {
+        Route::Local => local_heartbeat(&st, id, hb).await.map(Json),
+        Route::Leader(addr) => {
+            let url = format!("http://{addr}/v1/brokers/{id}/heartbeat");
+            let r = st.http.post(url).json(&hb).send().await.map_err(|e| {
+                Refusal::from(ApiError::new(
+                    ErrorCode::Unavailable,
+                    format!("leader at {addr} unreachable: {e}"),
+                ))
+            })?;
+            let status =
+                StatusCode::from_u16(r.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+            if status.is_success() {
+                let body: HeartbeatReply = r.json().await.map_err(|e| {
+                    Refusal::from(ApiError::new(
+                        ErrorCode::Unavailable,
+                        format!("leader answer: {e}"),
+                    ))
+                })?;
+                Ok(Json(body))
+            } else {
+                let body: ErrorBody = r.json().await.unwrap_or(ErrorBody {
+                    code: "unavailable".into(),
+                    message: format!("leader answered {status}"),
+                });
+                Err(Refusal {
+                    status,
+                    err: ApiError::from_body(body),
+                })
+            }
+        }
+        Route::NoLeader => {
+            Err(ApiError::new(ErrorCode::Unavailable, "no leader elected yet").into())
+        }
+    }
+}
+
+async fn local_heartbeat(st: &AppState, id: u64, hb: Heartbeat) -> Res<HeartbeatReply> {
+    let b = st.read(|c| c.broker(id).cloned())?;
+    if let Some(i) = hb.incarnation {
+        if i != b.incarnation {
+            return Err(ApiError::new(
+                ErrorCode::Conflict,
+                format!(
+                    "incarnation {i} of broker {id} is stale (now {}); register again",
+                    b.incarnation
+                ),
+            )
+            .into());
+        }
+    }
+    {
+        let mut s = st.soft.lock().unwrap_or_else(|e| e.into_inner());
+        s.last_seen.insert(id, (b.incarnation, Instant::now()));
+        if let Some(r) = hb.catalog_revision {
+            s.reported.insert(id, r);
+        }
+    }
+    let live = if b.live {
+        true
+    } else {
+        matches!(
+            st.write(Command::SetBrokerLive { node_id: id, live: true }).await?,
+            Reply::Broker(ref b) if b.live
+        )
+    };
+    Ok(HeartbeatReply {
+        live,
+        heartbeat_interval_ms: st.cfg.heartbeat_interval_ms,
+        dead_after_ms: st.cfg.dead_after_ms,
+        catalog_revision: st.read(|c| c.revision()),
+    })
+}
+
+#[utoipa::path(get, path = "/v1/cluster", tag = "cluster", responses((status = 200, body = ClusterStatus)))]
+async fn cluster(State(st): State<Arc<AppState>>) -> Json<ClusterStatus> {
+    Json(st.store.status())
+}
+
+/// Receiving end of a follower's forwarded write: applied only by the leader (never forwarded
+/// again, so a forward cannot loop).
+async fn internal_write(
+    State(st): State<Arc<AppState>>,
+    Json(cmd): Json<Command>,
+) -> axum::Json<Result<Reply, ApiError>> {
+    let r = match tokio::time::timeout(st.cfg.write_timeout(), st.store.write_local(cmd)).await {
+        Ok(r) => r,
+        Err(_) => Err(ApiError::new(
+            ErrorCode::Unavailable,
+            "the leader did not commit the write in time; its outcome is unknown",
+        )),
+    };
+    axum::Json(r)
+}
+
+fn unexpected(r: Reply) -> Refusal {
+    ApiError::new(ErrorCode::Internal, format!("unexpected store reply {r:?}")).into()
+}
+
+// ------------------------------------------------------------------ sweep
+
+/// The leader's periodic decisions. Returns when `stop` fires.
+pub async fn sweep(st: Arc<AppState>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let period = Duration::from_millis(st.cfg.sweep_interval_ms.max(10));
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(period) => {}
+            _ = stop.changed() => return,
+        }
+        if *stop.borrow() {
+            return;
+        }
+        for cmd in sweep_once(&st) {
+            // Failures (lost leadership, timeouts) are retried on the next pass.
+            let _ = st.write(cmd).await;
+        }
+    }
+}
+
+/// One pass: which commands the clock calls for now.
+fn sweep_once(st: &AppState) -> Vec<Command> {
+    let status = st.store.status();
+    let mut soft = st.soft.lock().unwrap_or_else(|e| e.into_inner());
+    if !status.is_leader {
+        *soft = Soft::default();
+        return vec![];
+    }
+    let now = Instant::now();
+    soft.leader_since.get_or_insert(now);
+    let mut cmds = Vec::new();
+    let dead_after = Duration::from_millis(st.cfg.dead_after_ms);
+    let grace = Duration::from_millis(st.cfg.delete_grace_ms);
+    let (initialized, brokers, deleting) = st.read(|c| {
+        let brokers: Vec<Broker> = c.brokers().cloned().collect();
+        let mut del = Vec::new();
+        for s in c
+            .all_streams()
+            .filter(|s| s.state == ResourceState::Deleting)
+        {
+            del.push((
+                false,
+                s.tenant.clone(),
+                s.namespace.clone(),
+                s.name.clone(),
+                s.revision,
+            ));
+        }
+        for s in c
+            .all_caches()
+            .filter(|s| s.state == ResourceState::Deleting)
+        {
+            del.push((
+                true,
+                s.tenant.clone(),
+                s.namespace.clone(),
+                s.name.clone(),
+                s.revision,
+            ));
+        }
+        (c.initialized(), brokers, del)
+    });
+    if !initialized {
+        cmds.push(Command::Init {
+            catalog_id: format!(
+                "{:016x}{:016x}",
+                rand::random::<u64>(),
+                rand::random::<u64>()
+            ),
+        });
+        return cmds;
+    }
+    for b in brokers.iter().filter(|b| b.live) {
+        let seen = soft
+            .last_seen
+            .entry(b.node_id)
+            .or_insert((b.incarnation, now));
+        if seen.0 != b.incarnation {
+            *seen = (b.incarnation, now);
+        }
+        if now.duration_since(seen.1) > dead_after {
+            cmds.push(Command::SetBrokerLive {
+                node_id: b.node_id,
+                live: false,
+            });
+        }
+    }
+    let live: Vec<u64> = brokers
+        .iter()
+        .filter(|b| b.live)
+        .map(|b| b.node_id)
+        .collect();
+    soft.deleting.retain(|k, _| deleting.contains(k));
+    for k in deleting {
+        let first = *soft.deleting.entry(k.clone()).or_insert(now);
+        let caught_up = live
+            .iter()
+            .all(|id| soft.reported.get(id).is_some_and(|r| *r >= k.4));
+        if caught_up || now.duration_since(first) >= grace {
+            let (is_cache, tenant, namespace, name, revision) = k;
+            cmds.push(if is_cache {
+                Command::FinishCacheDelete {
+                    tenant,
+                    namespace,
+                    name,
+                    revision,
+                }
+            } else {
+                Command::FinishStreamDelete {
+                    tenant,
+                    namespace,
+                    name,
+                    revision,
+                }
+            });
+        }
+    }
+    cmds
+}
+
+// ------------------------------------------------------------------ serve
+
+/// Serve until `stop` fires: REST (+ the store's internal routes) and the sweep.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    st: Arc<AppState>,
+    extra: Router,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    let app = router(st.clone()).merge(extra);
+    let sweeper = tokio::spawn(sweep(st.clone(), stop.clone()));
+    let mut s2 = stop.clone();
+    let r = axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            while !*s2.borrow() {
+                if s2.changed().await.is_err() {
+                    break;
+                }
+            }
+        })
+        .await;
+    sweeper.abort();
+    r
+}
+
+// ------------------------------------------------------------------ OpenAPI
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Felix control plane",
+        description = "Tenants, namespaces, streams, caches, brokers, placement and the catalog feed. Errors are `{code, message}` with codes from the wire's error registry."
+    ),
+    paths(
+        livez,
+        readyz,
+        list_tenants,
+        create_tenant,
+        get_tenant,
+        update_tenant,
+        delete_tenant,
+        list_namespaces,
+        create_namespace,
+        get_namespace,
+        update_namespace,
+        delete_namespace,
+        list_streams,
+        create_stream,
+        get_stream,
+        update_stream,
+        delete_stream,
+        stream_shards,
+        list_caches,
+        create_cache,
+        get_cache,
+        update_cache,
+        delete_cache,
+        cache_shards,
+        catalog,
+        changes,
+        list_brokers,
+        register_broker,
+        get_broker,
+        heartbeat,
+        cluster,
+    ),
+    components(schemas(
+        ErrorBody,
+        Health,
+        Tenant,
+        Namespace,
+        Stream,
+        Cache,
+        Broker,
+        ShardPlacement,
+        ShardState,
+        ResourceState,
+        FsyncMode,
+        Consistency,
+        CreateTenant,
+        UpdateTenant,
+        CreateNamespace,
+        UpdateNamespace,
+        CreateStream,
+        UpdateStream,
+        CreateCache,
+        UpdateCache,
+        RegisterBroker,
+        RegisterBrokerReply,
+        Heartbeat,
+        HeartbeatReply,
+        CatalogSnapshot,
+        Change,
+        ChangeEvent,
+        ChangesPage,
+        ClusterStatus,
+    ))
+)]
+pub struct ApiDoc;

@@ -1,0 +1,175 @@
+//! Test harness: real `felix-controlplane` processes on loopback, temp dirs, bounded waits.
+#![allow(dead_code)]
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_felix-controlplane");
+
+/// A running control plane. Killed (SIGKILL) on drop.
+pub struct Server {
+    pub child: Option<Child>,
+    pub addr: String,
+    pub args: Vec<String>,
+}
+
+/// Settings every test server gets (fast sweeps, short liveness).
+pub fn base_args() -> Vec<String> {
+    [
+        "--sweep-interval-ms",
+        "50",
+        "--dead-after-ms",
+        "1500",
+        "--heartbeat-interval-ms",
+        "300",
+        "--max-wait-ms",
+        "5000",
+        "--change-log-len",
+        "200",
+        "--write-timeout-ms",
+        "4000",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+impl Server {
+    /// Start with `--listen 127.0.0.1:0` and wait for its "listening ADDR" line.
+    pub fn start(extra: &[String]) -> Server {
+        let mut args = vec!["--listen".to_string(), "127.0.0.1:0".to_string()];
+        args.extend(base_args());
+        args.extend(extra.iter().cloned());
+        Self::start_exact(args)
+    }
+
+    /// Start with exactly these arguments (which must include `--listen`).
+    pub fn start_exact(args: Vec<String>) -> Server {
+        let mut child = Command::new(BIN)
+            .args(&args)
+            .env("FELIX_LOG", "warn,openraft=off")
+            .env_remove("FELIX_RAFT_PEERS")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn felix-controlplane");
+        let out = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if let Some(a) = line.strip_prefix("listening ") {
+                    let _ = tx.send(a.to_string());
+                }
+            }
+        });
+        let addr = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("server printed its address");
+        Server {
+            child: Some(child),
+            addr,
+            args,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().map(|c| c.id() as i32).unwrap_or(0)
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM and wait (bounded) for a clean exit.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            unsafe {
+                libc::kill(c.id() as i32, libc::SIGTERM);
+            }
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_secs(10) {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap()
+}
+
+/// (status, JSON body or Null).
+pub async fn call(
+    c: &reqwest::Client,
+    method: &str,
+    url: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let m = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+    let mut rq = c.request(m, url);
+    if let Some(b) = body {
+        rq = rq.json(&b);
+    }
+    let r = rq
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{method} {url}: {e}"));
+    let st = r.status().as_u16();
+    let text = r.text().await.unwrap_or_default();
+    (st, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+/// Poll `f` every 50 ms until it returns Some, at most `secs` seconds.
+pub async fn eventually<T, F, Fut>(secs: u64, what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let t = Instant::now();
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(secs),
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+pub fn tempdir() -> tempfile::TempDir {
+    tempfile::tempdir().unwrap()
+}
+
+pub fn p(d: &Path) -> String {
+    d.to_string_lossy().to_string()
+}
+
+pub fn pb(d: &Path, s: &str) -> PathBuf {
+    d.join(s)
+}
