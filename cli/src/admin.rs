@@ -86,7 +86,7 @@ pub struct StreamFields {
     /// Seconds kept per shard (0 = unbounded).
     #[arg(long)]
     retention_seconds: Option<u64>,
-    /// always, interval or never.
+    /// on_commit, periodic (default) or none.
     #[arg(long)]
     fsync: Option<String>,
     /// leader or quorum (quorum is refused until replication exists).
@@ -715,7 +715,7 @@ fn done(g: &Globals, v: Value, msg: &str) -> Result<(), Failure> {
 }
 
 fn stream_fields(body: &mut Value, f: &StreamFields) -> Result<(), Failure> {
-    let fsync: Option<FsyncMode> = parse_enum("fsync", &f.fsync, "always, interval or never")?;
+    let fsync: Option<FsyncMode> = parse_enum("fsync", &f.fsync, "on_commit, periodic or none")?;
     let consistency: Option<Consistency> =
         parse_enum("consistency", &f.consistency, "leader or quorum")?;
     let o = body.as_object_mut().expect("object");

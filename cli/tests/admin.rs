@@ -94,12 +94,12 @@ fn admin_commands_over_rest() {
         "--retention-bytes",
         "1000",
         "--fsync",
-        "interval",
+        "periodic",
     ]));
     let j: serde_json::Value =
         serde_json::from_str(ok(&run(&["--json", "stream", "get", "orders"])).trim()).unwrap();
     assert_eq!(j["shards"], 3);
-    assert_eq!(j["fsync"], "interval");
+    assert_eq!(j["fsync"], "periodic");
     assert_eq!(j["retention_bytes"], 1000);
     let out = ok(&run(&[
         "stream",

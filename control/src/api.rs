@@ -95,13 +95,15 @@ impl<'de> Deserialize<'de> for ApiError {
 #[cfg_attr(feature = "server", derive(ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum FsyncMode {
-    /// Acknowledge after the record's group commit is fsynced (default).
+    /// Acknowledge after the record's group commit is fdatasynced.
+    OnCommit,
+    /// Acknowledge once written; fdatasync on a timer (the broker's
+    /// `durable_fsync_interval_ms`, 250 ms by default). A machine crash may lose the last
+    /// interval of acknowledged records; a process crash loses nothing acknowledged (default).
     #[default]
-    Always,
-    /// fsync on a timer; a crash may lose the last interval of acknowledged records.
-    Interval,
-    /// Never fsync; the page cache decides.
-    Never,
+    Periodic,
+    /// Acknowledge once written and never fsync; the page cache decides.
+    None,
 }
 
 /// What a publish waits for before it is acknowledged.

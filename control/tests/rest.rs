@@ -285,7 +285,7 @@ async fn suite(s: &Server) {
         &c,
         "POST",
         &streams,
-        Some(json!({"name": "orders", "shards": 4, "durable": true, "retention_bytes": 1048576, "fsync": "interval"})),
+        Some(json!({"name": "orders", "shards": 4, "durable": true, "retention_bytes": 1048576, "fsync": "periodic"})),
     )
     .await;
     assert_eq!(st, 201, "{sv}");
