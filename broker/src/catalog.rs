@@ -1,9 +1,13 @@
-//! The standalone catalog: streams declared in a YAML file (`--catalog`), with a built-in
-//! default (`default/default/events`, 4 shards) so the out-of-the-box start works.
+//! The broker's catalog. Standalone: streams declared in a YAML file (`--catalog`), with a
+//! built-in default (`default/default/events`, 4 shards) so the out-of-the-box start works.
+//! With a control plane (`FELIX_CONTROLPLANE_URL`): versions built from the control plane's
+//! catalog by the ops thread (`control_link`), with per-shard placement.
 
 use felix_quic::wire::{validate_name, ErrorCode, StreamName};
 use serde::Deserialize;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -43,11 +47,49 @@ struct CatalogFile {
     streams: Vec<StreamDef>,
 }
 
-/// An immutable catalog, identical on every core.
+/// Where one shard of a stream is served, as this broker sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Place {
+    /// This broker owns it (standalone: every shard), at the control plane's generation.
+    Mine { generation: u64 },
+    /// Another live broker owns it.
+    Elsewhere {
+        owner: u64,
+        addr: String,
+        generation: u64,
+    },
+    /// No live broker owns it.
+    Unassigned,
+    /// Durable and owned by a broker that is down; it is not moved (offsets would reset).
+    OwnerDown { owner: u64 },
+}
+
+/// One stream incarnation. Slots are never reused within a process: the slot index is the
+/// stream's identity on the data path (mesh messages, shard keys), so a stream deleted and
+/// created again under the same name is a different slot and nothing of the old one leaks
+/// into it.
 #[derive(Debug, Clone)]
+pub struct Slot {
+    pub def: StreamDef,
+    /// The control plane's `created_revision` (0 for the standalone catalog).
+    pub incarnation: u64,
+    pub deleted: bool,
+    /// One entry per shard.
+    pub places: Vec<Place>,
+}
+
+/// A catalog version, identical on every core. Cores hold an `Arc` of the latest one they
+/// have seen (see [`CatalogCell`]).
+#[derive(Debug, Clone, Default)]
 pub struct Catalog {
-    streams: Vec<StreamDef>,
+    slots: Vec<Slot>,
     index: HashMap<StreamName, usize>,
+    tenants: HashSet<String>,
+    namespaces: HashSet<(String, String)>,
+    /// The control plane's catalog revision this version reflects (0 standalone).
+    pub revision: u64,
+    /// Registration superseded (another process registered under this node id): serve nothing.
+    pub fenced: bool,
 }
 
 /// Maximum shards per stream.
@@ -73,58 +115,124 @@ impl Catalog {
         Self::from_defs(f.streams)
     }
 
-    pub fn from_defs(streams: Vec<StreamDef>) -> Result<Self, String> {
-        let mut index = HashMap::new();
-        for (i, s) in streams.iter().enumerate() {
-            for n in [&s.tenant, &s.namespace, &s.stream] {
-                validate_name(n)?;
-            }
-            if s.shards == 0 || s.shards > SHARDS_MAX {
-                return Err(format!(
-                    "stream {}: shards must be 1..={SHARDS_MAX}",
-                    s.stream
-                ));
-            }
-            if let Some(f) = &s.fsync {
-                felix_storage::FsyncMode::parse(f, 1)
-                    .map_err(|e| format!("stream {}: {e}", s.stream))?;
-            }
-            if !s.durable
-                && (s.fsync.is_some()
-                    || s.retention_bytes.is_some()
-                    || s.retention_seconds.is_some())
-            {
-                return Err(format!(
-                    "stream {}: fsync and retention apply only to durable streams",
-                    s.stream
-                ));
-            }
-            let name = StreamName::new(&s.tenant, &s.namespace, &s.stream);
-            if index.insert(name.clone(), i).is_some() {
-                return Err(format!("stream {name} declared twice"));
-            }
+    fn check_def(s: &StreamDef) -> Result<(), String> {
+        for n in [&s.tenant, &s.namespace, &s.stream] {
+            validate_name(n)?;
         }
-        Ok(Catalog { streams, index })
+        if s.shards == 0 || s.shards > SHARDS_MAX {
+            return Err(format!(
+                "stream {}: shards must be 1..={SHARDS_MAX}",
+                s.stream
+            ));
+        }
+        if let Some(f) = &s.fsync {
+            felix_storage::FsyncMode::parse(f, 1)
+                .map_err(|e| format!("stream {}: {e}", s.stream))?;
+        }
+        if !s.durable
+            && (s.fsync.is_some() || s.retention_bytes.is_some() || s.retention_seconds.is_some())
+        {
+            return Err(format!(
+                "stream {}: fsync and retention apply only to durable streams",
+                s.stream
+            ));
+        }
+        Ok(())
     }
 
-    /// Resolve a stream, with the registry error a client should see.
+    /// The standalone catalog: every shard is this broker's.
+    pub fn from_defs(streams: Vec<StreamDef>) -> Result<Self, String> {
+        let mut c = Catalog::default();
+        for s in streams {
+            Self::check_def(&s)?;
+            let name = s.name();
+            if c.index.contains_key(&name) {
+                return Err(format!("stream {name} declared twice"));
+            }
+            c.tenants.insert(s.tenant.clone());
+            c.namespaces.insert((s.tenant.clone(), s.namespace.clone()));
+            c.index.insert(name, c.slots.len());
+            c.slots.push(Slot {
+                places: vec![Place::Mine { generation: 0 }; s.shards as usize],
+                def: s,
+                incarnation: 0,
+                deleted: false,
+            });
+        }
+        Ok(c)
+    }
+
+    /// The next version after `prev`, from the control plane's view. Pure: slots of `prev`
+    /// keep their index (a stream gone from `view`, being deleted, or replaced by a new
+    /// incarnation is marked deleted), new incarnations get new slots at the end.
+    pub fn from_view(prev: &Catalog, view: &ControlView, node_id: u64, fenced: bool) -> Catalog {
+        let mut c = Catalog {
+            slots: prev.slots.clone(),
+            index: HashMap::new(),
+            tenants: view.tenants.clone(),
+            namespaces: view.namespaces.clone(),
+            revision: view.revision,
+            fenced,
+        };
+        let mut live: HashMap<(StreamName, u64), &ViewStream> = HashMap::new();
+        for s in &view.streams {
+            if !s.deleting {
+                live.insert((s.def.name(), s.incarnation), s);
+            }
+        }
+        for (i, slot) in c.slots.iter_mut().enumerate() {
+            if slot.deleted {
+                continue;
+            }
+            match live.remove(&(slot.def.name(), slot.incarnation)) {
+                Some(v) => {
+                    // Same incarnation: settings (fsync, retention) and placement may change;
+                    // the shard count and durability are fixed at creation.
+                    debug_assert_eq!(v.def.shards, slot.def.shards);
+                    slot.def = v.def.clone();
+                    slot.places = places(v, view, node_id);
+                    c.index.insert(slot.def.name(), i);
+                }
+                None => slot.deleted = true,
+            }
+        }
+        let mut fresh: Vec<&ViewStream> = live.into_values().collect();
+        fresh.sort_by_key(|s| s.incarnation);
+        for v in fresh {
+            if Self::check_def(&v.def).is_err() {
+                // The control plane validates the same rules; a definition this build cannot
+                // serve is left out (lookups answer unknown_stream) rather than half-served.
+                tracing::warn!(stream = %v.def.name(), "control plane stream refused by this broker");
+                continue;
+            }
+            c.index.insert(v.def.name(), c.slots.len());
+            c.slots.push(Slot {
+                places: places(v, view, node_id),
+                def: v.def.clone(),
+                incarnation: v.incarnation,
+                deleted: false,
+            });
+        }
+        c
+    }
+
+    /// Resolve an active stream, with the registry error a client should see.
     pub fn lookup(&self, name: &StreamName) -> Result<(usize, &StreamDef), (ErrorCode, String)> {
         for n in [&name.tenant, &name.namespace, &name.stream] {
             validate_name(n).map_err(|m| (ErrorCode::InvalidName, m))?;
         }
         if let Some(&i) = self.index.get(name) {
-            return Ok((i, &self.streams[i]));
+            return Ok((i, &self.slots[i].def));
         }
-        if !self.streams.iter().any(|s| s.tenant == name.tenant) {
+        if !self.tenants.contains(&name.tenant) {
             return Err((
                 ErrorCode::UnknownTenant,
                 format!("tenant {} does not exist", name.tenant),
             ));
         }
         if !self
-            .streams
-            .iter()
-            .any(|s| s.tenant == name.tenant && s.namespace == name.namespace)
+            .namespaces
+            .contains(&(name.tenant.clone(), name.namespace.clone()))
         {
             return Err((
                 ErrorCode::UnknownNamespace,
@@ -140,8 +248,149 @@ impl Catalog {
         ))
     }
 
-    pub fn streams(&self) -> &[StreamDef] {
-        &self.streams
+    /// Whether this broker serves `shard` of slot `idx` now; else the typed refusal (a
+    /// redirect naming the owner when another broker has it).
+    pub fn serve_check(&self, idx: u32, shard: u32) -> Result<(), (ErrorCode, String)> {
+        let slot = &self.slots[idx as usize];
+        let name = slot.def.name();
+        if slot.deleted {
+            return Err((
+                ErrorCode::StreamDeleted,
+                format!("stream {name} was deleted"),
+            ));
+        }
+        if self.fenced {
+            return Err((
+                ErrorCode::Unavailable,
+                "this broker's registration was superseded by another process with its node id; it serves nothing".into(),
+            ));
+        }
+        match &slot.places[shard as usize] {
+            Place::Mine { .. } => Ok(()),
+            Place::Elsewhere {
+                owner,
+                addr,
+                generation,
+            } => Err((
+                ErrorCode::NotLeader,
+                format!("shard {shard} of {name} is owned by broker {owner} at {addr} (generation {generation})"),
+            )),
+            Place::Unassigned => Err((
+                ErrorCode::Unavailable,
+                format!("shard {shard} of {name} has no live broker to own it"),
+            )),
+            Place::OwnerDown { owner } => Err((
+                ErrorCode::Unavailable,
+                format!("shard {shard} of {name} is durable and its owner broker {owner} is down; it is not moved"),
+            )),
+        }
+    }
+
+    pub fn slot(&self, idx: u32) -> &Slot {
+        &self.slots[idx as usize]
+    }
+
+    pub fn slots(&self) -> &[Slot] {
+        &self.slots
+    }
+
+    /// Active stream definitions.
+    pub fn streams(&self) -> impl Iterator<Item = &StreamDef> {
+        self.slots.iter().filter(|s| !s.deleted).map(|s| &s.def)
+    }
+}
+
+fn places(v: &ViewStream, view: &ControlView, node_id: u64) -> Vec<Place> {
+    (0..v.def.shards as usize)
+        .map(|i| match v.placement.get(i) {
+            Some(ViewPlace::Assigned { owner, generation }) if *owner == node_id => Place::Mine {
+                generation: *generation,
+            },
+            Some(ViewPlace::Assigned { owner, generation }) => Place::Elsewhere {
+                owner: *owner,
+                addr: view
+                    .broker_addrs
+                    .get(owner)
+                    .cloned()
+                    .unwrap_or_else(|| "an unknown address".into()),
+                generation: *generation,
+            },
+            Some(ViewPlace::OwnerDown { owner }) => Place::OwnerDown { owner: *owner },
+            Some(ViewPlace::Unassigned) | None => Place::Unassigned,
+        })
+        .collect()
+}
+
+/// What the broker needs of the control plane's catalog, independent of the REST shapes
+/// (built by `control_link`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ControlView {
+    pub revision: u64,
+    pub tenants: HashSet<String>,
+    pub namespaces: HashSet<(String, String)>,
+    pub streams: Vec<ViewStream>,
+    pub broker_addrs: HashMap<u64, String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ViewStream {
+    pub def: StreamDef,
+    pub incarnation: u64,
+    pub deleting: bool,
+    pub placement: Vec<ViewPlace>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ViewPlace {
+    Assigned { owner: u64, generation: u64 },
+    Unassigned,
+    OwnerDown { owner: u64 },
+}
+
+impl PartialEq for StreamDef {
+    fn eq(&self, o: &Self) -> bool {
+        self.tenant == o.tenant
+            && self.namespace == o.namespace
+            && self.stream == o.stream
+            && self.shards == o.shards
+            && self.durable == o.durable
+            && self.fsync == o.fsync
+            && self.retention_bytes == o.retention_bytes
+            && self.retention_seconds == o.retention_seconds
+    }
+}
+
+/// The latest catalog, published by the ops thread and read by every core. A core checks
+/// `version` (one atomic load) on every datagram and mesh message and takes the lock only
+/// when it changed, so the hot path never contends.
+pub struct CatalogCell {
+    version: AtomicU64,
+    cur: Mutex<(u64, Arc<Catalog>)>,
+}
+
+impl CatalogCell {
+    pub fn new(c: Catalog) -> Self {
+        CatalogCell {
+            version: AtomicU64::new(1),
+            cur: Mutex::new((1, Arc::new(c))),
+        }
+    }
+
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
+    }
+
+    pub fn load(&self) -> (u64, Arc<Catalog>) {
+        let g = self.cur.lock().unwrap_or_else(|p| p.into_inner());
+        (g.0, g.1.clone())
+    }
+
+    /// Publish the next version.
+    pub fn publish(&self, c: Catalog) {
+        let mut g = self.cur.lock().unwrap_or_else(|p| p.into_inner());
+        let v = g.0 + 1;
+        *g = (v, Arc::new(c));
+        self.version.store(v, Ordering::Release);
     }
 }
 

@@ -104,6 +104,10 @@ settings! {
         durable_pending_bytes_max: usize = 32 << 20, "FELIX_DURABLE_PENDING_BYTES_MAX";
         /// Bytes one history read (a subscriber catching up from disk) fetches at a time.
         history_fetch_bytes: usize = 256 << 10, "FELIX_HISTORY_FETCH_BYTES";
+        /// This broker's node id in the control plane's registry (1 or more).
+        node_id: u64 = 1, "FELIX_NODE_ID";
+        /// Long-poll bound of one catalog changes request to the control plane, milliseconds.
+        controlplane_wait_ms: u64 = 30_000, "FELIX_CONTROLPLANE_WAIT_MS";
     }
     optional {
         /// Stream catalog file (YAML).
@@ -118,6 +122,12 @@ settings! {
         durable_retention_bytes: u64, "FELIX_DURABLE_RETENTION_BYTES";
         /// Default retention of durable streams by age, seconds (off when unset).
         durable_retention_seconds: u64, "FELIX_DURABLE_RETENTION_SECONDS";
+        /// Control plane base URL (e.g. http://127.0.0.1:7500): register there and serve its
+        /// catalog instead of the standalone one.
+        controlplane_url: String, "FELIX_CONTROLPLANE_URL";
+        /// host:port clients dial to reach this broker (registered with the control plane);
+        /// default the bound QUIC address.
+        advertise_addr: String, "FELIX_ADVERTISE_ADDR";
     }
 }
 
@@ -179,6 +189,20 @@ impl Config {
         }
         if c.history_fetch_bytes < 4096 || c.history_fetch_bytes > 16 << 20 {
             return Err("history_fetch_bytes must be 4 KiB..=16 MiB".into());
+        }
+        if c.controlplane_url.is_some() && c.catalog.is_some() {
+            return Err("catalog and controlplane_url are exclusive: the catalog comes from the control plane when it is set".into());
+        }
+        if let Some(u) = &c.controlplane_url {
+            if !(u.starts_with("http://") || u.starts_with("https://")) {
+                return Err(format!("controlplane_url must be an http:// URL, got {u:?}"));
+            }
+        }
+        if c.node_id == 0 {
+            return Err("node_id must be at least 1".into());
+        }
+        if c.controlplane_wait_ms == 0 || c.controlplane_wait_ms > 30_000 {
+            return Err("controlplane_wait_ms must be 1..=30000 (the control plane's maximum)".into());
         }
         if c.io_memory_bytes < 512 * 1024 {
             return Err(format!(

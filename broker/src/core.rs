@@ -17,7 +17,7 @@
 //! otherwise appends to an accounted per-peer overflow queue drained by the pump task, and
 //! messages to self go through a local inbox, so two cores can never wedge each other.
 
-use crate::catalog::{core_for_shard, Catalog};
+use crate::catalog::{core_for_shard, Catalog, CatalogCell, Place, Slot};
 use crate::config::Config;
 use crate::fanout::{Batch, Item, Lag, Offer, ReplayRing, ShardOwner, SubQueue};
 use crate::metrics::CoreCounters;
@@ -148,6 +148,16 @@ struct DurableShard {
 }
 
 impl DurableShard {
+    /// Placeholder while the log opens: publishes and attaches answer `unavailable`
+    /// (retryable) rather than taking the ephemeral path.
+    fn opening() -> Self {
+        DurableShard {
+            log: None,
+            pending: VecDeque::new(),
+            failed: None,
+        }
+    }
+
     /// The log, or the `unavailable` refusal every durable operation answers instead.
     fn usable(&self) -> Result<&Log, (ErrorCode, String)> {
         match (&self.failed, &self.log) {
@@ -165,7 +175,8 @@ impl DurableShard {
 pub struct CoreSettings {
     pub cores: u8,
     pub cfg: Arc<Config>,
-    pub catalog: Arc<Catalog>,
+    /// The latest catalog (fixed when standalone, published by the ops thread otherwise).
+    pub catalog: Arc<CatalogCell>,
     pub counters: Arc<CoreCounters>,
     pub shutdown: Arc<AtomicBool>,
 }
@@ -205,6 +216,10 @@ type ShardKey = (u32, u32);
 
 struct CoreState {
     id: u8,
+    /// The catalog version this core acts on, refreshed from `s.catalog` (see
+    /// `refresh_catalog`); slot indexes are stream identities on the data path.
+    catalog: Arc<Catalog>,
+    catalog_version: u64,
     ep: Endpoint,
     sessions: HashMap<ConnKey, Session>,
     s: CoreSettings,
@@ -246,8 +261,11 @@ pub async fn run_core(
     let senders = Rc::new(senders);
     let (wake, wake_rx) = wake_pair();
     let (mesh_wake, mesh_wake_rx) = wake_pair();
+    let (catalog_version, catalog) = settings.catalog.load();
     let state = Rc::new(RefCell::new(CoreState {
         id,
+        catalog,
+        catalog_version,
         ep,
         sessions: HashMap::new(),
         s: settings,
@@ -353,16 +371,50 @@ pub async fn run_core(
     flusher(state, sock, wake_rx).await;
 }
 
-/// The log directory of one durable shard.
+/// The log directory of one durable shard of the standalone catalog.
 pub fn shard_dir(
     root: &std::path::Path,
     name: &felix_quic::wire::StreamName,
     shard: u32,
 ) -> std::path::PathBuf {
-    root.join(&name.tenant)
-        .join(&name.namespace)
-        .join(&name.stream)
-        .join(format!("{shard:05}"))
+    stream_dir(root, name, 0).join(format!("{shard:05}"))
+}
+
+/// A stream's directory: `tenant/namespace/stream`, and for a control-plane stream
+/// `tenant/namespace/stream@incarnation` (`@` is outside the name charset), so a stream
+/// deleted and created again never reads the old incarnation's records.
+pub fn stream_dir(
+    root: &std::path::Path,
+    name: &felix_quic::wire::StreamName,
+    incarnation: u64,
+) -> std::path::PathBuf {
+    let ns = root.join(&name.tenant).join(&name.namespace);
+    if incarnation == 0 {
+        ns.join(&name.stream)
+    } else {
+        ns.join(format!("{}@{incarnation}", name.stream))
+    }
+}
+
+/// Remove directories of older incarnations of a stream (deleted while this broker was
+/// down). Errors are ignored: another core may be removing the same directory.
+fn remove_older_incarnations(root: &std::path::Path, slot: &Slot) {
+    let name = slot.def.name();
+    let ns = root.join(&name.tenant).join(&name.namespace);
+    let Ok(rd) = std::fs::read_dir(&ns) else {
+        return;
+    };
+    let prefix = format!("{}@", name.stream);
+    for e in rd.flatten() {
+        let f = e.file_name().to_string_lossy().to_string();
+        let Some(inc) = f.strip_prefix(&prefix).and_then(|n| n.parse::<u64>().ok()) else {
+            continue;
+        };
+        if inc < slot.incarnation {
+            tracing::info!(stream = %name, incarnation = inc, "removing the logs of a deleted incarnation");
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
 }
 
 fn commit_bytes_max(cfg: &Config) -> usize {
@@ -394,65 +446,46 @@ pub fn log_config(cfg: &Config, def: &crate::catalog::StreamDef) -> LogConfig {
     }
 }
 
-/// Open the logs of the durable shards this core owns (before serving), and start one
-/// commit watcher per log. A log that cannot be opened (refused: corruption in the middle,
-/// or an I/O error) leaves its shard failed: it answers `unavailable`, the rest serve.
+/// Open the logs of the durable shards this core owns (before serving, standalone). A log
+/// that cannot be opened (refused: corruption in the middle, or an I/O error) leaves its
+/// shard failed: it answers `unavailable`, the rest serve.
 async fn open_durable_shards(state: &Rc<RefCell<CoreState>>) {
-    let (cfg, catalog, id, cores) = {
-        let st = state.borrow();
-        (
-            st.s.cfg.clone(),
-            st.s.catalog.clone(),
-            st.id,
-            st.s.cores as u32,
-        )
-    };
-    let Some(root) = cfg.durable_storage_dir.clone() else {
-        return;
-    };
-    for (idx, def) in catalog.streams().iter().enumerate() {
-        if !def.durable {
-            continue;
+    let keys: Vec<ShardKey> = {
+        let mut st = state.borrow_mut();
+        let keys = st.durable_keys_to_open();
+        for k in &keys {
+            st.durable.insert(*k, DurableShard::opening());
         }
-        let name = def.name();
-        for shard in 0..def.shards {
-            if core_for_shard(&name, shard, cores) as u8 != id {
-                continue;
-            }
-            let key = (idx as u32, shard);
-            let dir = shard_dir(&root, &name, shard);
-            match Log::open(&dir, log_config(&cfg, def)).await {
-                Ok((log, report)) => {
-                    tracing::info!(stream = %name, shard, next_offset = report.next_offset,
-                        oldest = report.oldest_offset, verdict = ?report.verdict, "durable shard open");
-                    let mut st = state.borrow_mut();
-                    st.owner(key.0, key.1).start_at(report.next_offset);
-                    st.durable.insert(
-                        key,
-                        DurableShard {
-                            log: Some(log.clone()),
-                            pending: VecDeque::new(),
-                            failed: None,
-                        },
-                    );
-                    let weak = Rc::downgrade(state);
-                    glommio::spawn_local(commit_watcher(weak, key, log)).detach();
-                }
-                Err(e) => {
-                    tracing::error!(stream = %name, shard, error = %e, "durable shard cannot open; it will answer unavailable");
-                    let mut st = state.borrow_mut();
-                    CoreCounters::inc(&st.s.counters.durable_shards_failed);
-                    st.durable.insert(
-                        key,
-                        DurableShard {
-                            log: None,
-                            pending: VecDeque::new(),
-                            failed: Some(e.to_string()),
-                        },
-                    );
-                }
-            }
+        keys
+    };
+    for key in keys {
+        let job = state.borrow().open_job(key);
+        let r = job.run().await;
+        state.borrow_mut().on_durable_opened(key, r);
+    }
+}
+
+/// Everything needed to open one durable shard's log off the core state.
+struct OpenJob {
+    root: Option<std::path::PathBuf>,
+    slot: Slot,
+    shard: u32,
+    config: LogConfig,
+}
+
+type OpenResult = Result<(Log, felix_storage::log::OpenReport), String>;
+
+impl OpenJob {
+    async fn run(self) -> OpenResult {
+        let Some(root) = self.root else {
+            return Err("no durable storage directory is configured on this broker (durable_storage_dir / FELIX_DURABLE_STORAGE_DIR)".into());
+        };
+        if self.slot.incarnation != 0 {
+            remove_older_incarnations(&root, &self.slot);
         }
+        let dir = stream_dir(&root, &self.slot.def.name(), self.slot.incarnation)
+            .join(format!("{:05}", self.shard));
+        Log::open(&dir, self.config).await.map_err(|e| e.to_string())
     }
 }
 
@@ -504,6 +537,7 @@ async fn flusher(state: Rc<RefCell<CoreState>>, sock: Rc<GlommioUdp>, wake_rx: W
             let now = Instant::now();
             {
                 let mut st = state.borrow_mut();
+                st.refresh_catalog();
                 st.expire_held(now);
                 st.drain_inbox();
                 st.ep.on_timeouts(now);
@@ -554,6 +588,197 @@ fn pub_error_stream(stream: u64) -> u64 {
 }
 
 impl CoreState {
+    // ---------- catalog ----------
+
+    /// Act on a newer catalog version if one was published: end this core's subscriptions
+    /// on shards deleted, moved away or re-generationed (each told why, so the client can
+    /// follow the redirect or re-subscribe), clean up deleted streams' owned state, and
+    /// open the logs of durable shards newly placed here.
+    fn refresh_catalog(&mut self) {
+        if self.s.catalog.version() == self.catalog_version {
+            return;
+        }
+        let (v, new) = self.s.catalog.load();
+        let old = std::mem::replace(&mut self.catalog, new.clone());
+        self.catalog_version = v;
+        for (i, slot) in new.slots().iter().enumerate() {
+            let idx = i as u32;
+            let was = old.slots().get(i);
+            if slot.deleted {
+                if was.is_some_and(|w| !w.deleted) {
+                    self.on_stream_deleted(idx);
+                }
+                continue;
+            }
+            for shard in 0..slot.def.shards {
+                let place = &slot.places[shard as usize];
+                let served_before = !old.fenced
+                    && was.is_some_and(|w| matches!(w.places[shard as usize], Place::Mine { .. }));
+                if served_before && (new.fenced || was.map(|w| &w.places[shard as usize]) != Some(place)) {
+                    let why = new.serve_check(idx, shard).err().unwrap_or((
+                        ErrorCode::NotLeader,
+                        format!(
+                            "shard {shard} of {} was placed again (new generation); subscribe again",
+                            slot.def.name()
+                        ),
+                    ));
+                    self.end_local_subs((idx, shard), why);
+                }
+            }
+        }
+        for key in self.durable_keys_to_open() {
+            self.durable.insert(key, DurableShard::opening());
+            let job = self.open_job(key);
+            let me = self.me.clone();
+            glommio::spawn_local(async move {
+                let r = job.run().await;
+                if let Some(st) = me.upgrade() {
+                    let mut st = st.borrow_mut();
+                    st.on_durable_opened(key, r);
+                    st.drain_inbox();
+                    st.wake.wake();
+                }
+            })
+            .detach();
+        }
+    }
+
+    /// Durable shards of active streams placed on this broker, owned by this core, whose
+    /// log is not open or opening yet.
+    fn durable_keys_to_open(&self) -> Vec<ShardKey> {
+        let mut keys = Vec::new();
+        if self.catalog.fenced {
+            return keys;
+        }
+        for (i, slot) in self.catalog.slots().iter().enumerate() {
+            if slot.deleted || !slot.def.durable {
+                continue;
+            }
+            for shard in 0..slot.def.shards {
+                let key = (i as u32, shard);
+                if matches!(slot.places[shard as usize], Place::Mine { .. })
+                    && self.owner_core(key.0, shard) == self.id
+                    && !self.durable.contains_key(&key)
+                {
+                    keys.push(key);
+                }
+            }
+        }
+        keys
+    }
+
+    fn open_job(&self, key: ShardKey) -> OpenJob {
+        let slot = self.catalog.slot(key.0).clone();
+        OpenJob {
+            root: self.s.cfg.durable_storage_dir.clone(),
+            config: log_config(&self.s.cfg, &slot.def),
+            slot,
+            shard: key.1,
+        }
+    }
+
+    fn on_durable_opened(&mut self, key: ShardKey, r: OpenResult) {
+        let name = self.catalog.slot(key.0).def.name();
+        let still_wanted = matches!(
+            self.durable.get(&key),
+            Some(DurableShard { log: None, failed: None, .. })
+        );
+        match r {
+            Ok((log, report)) if still_wanted => {
+                tracing::info!(stream = %name, shard = key.1, next_offset = report.next_offset,
+                    oldest = report.oldest_offset, verdict = ?report.verdict, "durable shard open");
+                self.owner(key.0, key.1).start_at(report.next_offset);
+                let d = self.durable.get_mut(&key).expect("checked above");
+                d.log = Some(log.clone());
+                glommio::spawn_local(commit_watcher(self.me.clone(), key, log)).detach();
+            }
+            Ok((log, _)) => {
+                // Deleted while opening: close it again (the deletion removes the files).
+                glommio::spawn_local(async move {
+                    let _ = log.close().await;
+                })
+                .detach();
+            }
+            Err(e) if still_wanted => {
+                tracing::error!(stream = %name, shard = key.1, error = %e, "durable shard cannot open; it will answer unavailable");
+                CoreCounters::inc(&self.s.counters.durable_shards_failed);
+                self.durable.get_mut(&key).expect("checked above").failed = Some(e);
+            }
+            Err(_) => {}
+        }
+    }
+
+    fn end_local_subs(&mut self, key: ShardKey, (code, msg): (ErrorCode, String)) {
+        let sids = self.local_subs.get(&key).cloned().unwrap_or_default();
+        for sid in sids {
+            self.remove_sub(sid, Some((code.number(), msg.clone())));
+        }
+    }
+
+    /// A stream was deleted: end its subscriptions on this core with `stream_deleted`; where
+    /// this core owns a shard, refuse what waits (held or pending commit) and, for a durable
+    /// shard, close its log and remove its files.
+    fn on_stream_deleted(&mut self, idx: u32) {
+        let slot = self.catalog.slot(idx).clone();
+        let name = slot.def.name();
+        tracing::info!(stream = %name, incarnation = slot.incarnation, "stream deleted");
+        let why = (ErrorCode::StreamDeleted, format!("stream {name} was deleted"));
+        for shard in 0..slot.def.shards {
+            let key = (idx, shard);
+            self.end_local_subs(key, why.clone());
+            let mut refused: Vec<PublishReq> = Vec::new();
+            if let Some(o) = self.owned.get_mut(&key) {
+                self.held_total -= o.held.len();
+                refused.extend(o.held.drain(..));
+            }
+            if let Some(d) = self.durable.remove(&key) {
+                refused.extend(d.pending.into_iter().map(|(r, _)| r));
+                let root = self.s.cfg.durable_storage_dir.clone();
+                let dir = root.map(|r| stream_dir(&r, &name, slot.incarnation));
+                let log = d.log;
+                glommio::spawn_local(async move {
+                    if let Some(log) = log {
+                        let _ = log.close().await;
+                    }
+                    if let Some(dir) = dir {
+                        let shard_dir = dir.join(format!("{shard:05}"));
+                        if let Err(e) = std::fs::remove_dir_all(&shard_dir) {
+                            if e.kind() != std::io::ErrorKind::NotFound {
+                                tracing::warn!(dir = %shard_dir.display(), error = %e, "cannot remove a deleted shard's log");
+                            }
+                        }
+                        // The last core to finish removes the stream directory (fails while
+                        // another core's shard is still there).
+                        let _ = std::fs::remove_dir(&dir);
+                    }
+                })
+                .detach();
+            }
+            for req in refused {
+                self.route(
+                    req.origin.core,
+                    MeshMsg::PublishResult {
+                        origin: req.origin,
+                        result: Err(why.clone()),
+                    },
+                );
+            }
+            self.drop_if_deleted_and_idle(key);
+        }
+    }
+
+    /// Drop a deleted stream's shard state once no core is attached to it any more.
+    fn drop_if_deleted_and_idle(&mut self, key: ShardKey) {
+        if !self.catalog.slot(key.0).deleted {
+            return;
+        }
+        if let Some(o) = self.owned.get(&key) {
+            if o.interested_cores().next().is_none() && o.held.is_empty() {
+                self.owned.remove(&key);
+            }
+        }
+    }
+
     // ---------- mesh plumbing ----------
 
     fn route(&mut self, to: u8, msg: MeshMsg) {
@@ -585,7 +810,7 @@ impl CoreState {
     }
 
     fn owner_core(&self, stream: u32, shard: u32) -> u8 {
-        let def = &self.s.catalog.streams()[stream as usize];
+        let def = &self.catalog.slot(stream).def;
         core_for_shard(&def.name(), shard, self.s.cores as u32) as u8
     }
 
@@ -607,6 +832,9 @@ impl CoreState {
     }
 
     fn on_mesh(&mut self, msg: MeshMsg) -> Option<(Vec<u8>, SocketAddr)> {
+        // A peer may act on a newer catalog than ours (a slot we have not seen yet): catch up
+        // first. The cell only moves forward, so after this we know every slot it knows.
+        self.refresh_catalog();
         match msg {
             MeshMsg::Packet { mut buf, from } => {
                 CoreCounters::inc(&self.s.counters.packets_forwarded_in);
@@ -643,14 +871,25 @@ impl CoreState {
                 core,
                 stream,
                 shard,
-            } => self.owner(stream, shard).detach(core as usize),
+            } => {
+                // Only a deleted stream's shard state is ever dropped (slots are not reused),
+                // so a Detach for state that is gone is a late one for a deleted stream.
+                let Some(o) = self.owned.get_mut(&(stream, shard)) else {
+                    return None;
+                };
+                o.detach(core as usize);
+                self.drop_if_deleted_and_idle((stream, shard));
+            }
             MeshMsg::Parked {
                 core,
                 stream,
                 shard,
                 parked,
             } => {
-                self.owner(stream, shard).set_parked(core as usize, parked);
+                let Some(o) = self.owned.get_mut(&(stream, shard)) else {
+                    return None;
+                };
+                o.set_parked(core as usize, parked);
                 if !parked {
                     self.drain_held(stream, shard);
                 }
@@ -661,6 +900,7 @@ impl CoreState {
     }
 
     fn on_datagram(&mut self, buf: &mut [u8], from: SocketAddr) -> Option<Vec<u8>> {
+        self.refresh_catalog();
         match self.ep.on_datagram(buf, from, false) {
             Route::Conn { key, new } => self.after_recv(key, new),
             Route::Forward(core) => {
@@ -682,6 +922,16 @@ impl CoreState {
     // ---------- owner side ----------
 
     fn on_publish_at_owner(&mut self, req: PublishReq) {
+        if let Err(e) = self.catalog.serve_check(req.stream, req.shard) {
+            self.route(
+                req.origin.core,
+                MeshMsg::PublishResult {
+                    origin: req.origin,
+                    result: Err(e),
+                },
+            );
+            return;
+        }
         let o = self.owner(req.stream, req.shard);
         if o.holding() || !o.held.is_empty() {
             o.held.push_back(req);
@@ -875,9 +1125,26 @@ impl CoreState {
     }
 
     fn on_attach(&mut self, core: u8, sub: u64, stream: u32, shard: u32, start: StartAt) {
+        if self.catalog.slot(stream).deleted {
+            // No state is (re)created for a deleted stream; the subscriber's later Detach
+            // finds none and is ignored.
+            let name = self.catalog.slot(stream).def.name();
+            self.route(
+                core,
+                MeshMsg::AttachResult {
+                    sub,
+                    result: Err((ErrorCode::StreamDeleted, format!("stream {name} was deleted"))),
+                },
+            );
+            return;
+        }
         // Interest counts every attach, even a refused one, so the subscriber's core can
         // always answer its removal with one Detach.
         self.owner(stream, shard).attach(core as usize);
+        if let Err(e) = self.catalog.serve_check(stream, shard) {
+            self.route(core, MeshMsg::AttachResult { sub, result: Err(e) });
+            return;
+        }
         if let Some(d) = self.durable.get(&(stream, shard)) {
             let result = match d.usable() {
                 Err(e) => Err(e),
@@ -1434,7 +1701,7 @@ impl CoreState {
                         request_id,
                         stream: name,
                     } => {
-                        let reply = match self.s.catalog.lookup(&name) {
+                        let reply = match self.catalog.lookup(&name) {
                             Ok((_, def)) => Frame::StreamInfo {
                                 request_id,
                                 shards: def.shards,
@@ -1569,7 +1836,8 @@ impl CoreState {
         records: Records,
     ) -> Result<(), (ErrorCode, String)> {
         let cfg = self.s.cfg.clone();
-        let (idx, def) = self.s.catalog.lookup(name)?;
+        let catalog = self.catalog.clone();
+        let (idx, def) = catalog.lookup(name)?;
         let shards = def.shards;
         let idx = idx as u32;
         if records.count() == 0 {
@@ -1603,6 +1871,7 @@ impl CoreState {
                 *n % shards
             }
         };
+        catalog.serve_check(idx, shard)?;
         let bytes = records.region_len() as u64;
         let session = self
             .sessions
@@ -1675,7 +1944,8 @@ impl CoreState {
         queue_bytes_max: u64,
     ) -> Result<(), (ErrorCode, String)> {
         let cfg = self.s.cfg.clone();
-        let (idx, def) = self.s.catalog.lookup(name)?;
+        let catalog = self.catalog.clone();
+        let (idx, def) = catalog.lookup(name)?;
         if shard >= def.shards {
             return Err((
                 ErrorCode::UnknownShard,
@@ -1683,6 +1953,7 @@ impl CoreState {
             ));
         }
         let idx = idx as u32;
+        catalog.serve_check(idx, shard)?;
         let session = self
             .sessions
             .get_mut(&key)

@@ -2,11 +2,13 @@
 //!
 //! Executors pinned one per core, each with its own SO_REUSEPORT UDP socket and QUIC
 //! endpoint; ephemeral pub/sub with shard owners, replay rings and per-subscriber queues
-//! (`fanout`, pure) driven by `core`; durable shards on felix-storage logs. Not yet: the control
-//! plane, caches and queues.
+//! (`fanout`, pure) driven by `core`; durable shards on felix-storage logs; the catalog either
+//! standalone or followed from the control plane by the ops thread (`control_link`). Not
+//! yet: caches and queues.
 
 pub mod catalog;
 pub mod config;
+pub mod control_link;
 pub mod core;
 pub mod fanout;
 pub mod inspect;

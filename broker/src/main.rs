@@ -1,5 +1,5 @@
 use clap::Parser;
-use felix_broker::catalog::Catalog;
+use felix_broker::catalog::{Catalog, CatalogCell};
 use felix_broker::config::{Config, Flags};
 use felix_broker::core::{run_core, CoreSettings, MeshMsg};
 use felix_broker::metrics::{self, CoreCounters, Ops};
@@ -40,7 +40,10 @@ fn main() {
 
 fn run(cfg: Config) -> Result<(), String> {
     let cfg = Arc::new(cfg);
+    let standalone = cfg.controlplane_url.is_none();
     let catalog = match &cfg.catalog {
+        // With a control plane the catalog starts empty and the ops thread fills it.
+        _ if !standalone => Catalog::default(),
         Some(p) => Catalog::from_yaml(
             &std::fs::read_to_string(p).map_err(|e| format!("catalog {}: {e}", p.display()))?,
         )
@@ -48,14 +51,14 @@ fn run(cfg: Config) -> Result<(), String> {
         None => Catalog::default_catalog(),
     };
     if cfg.durable_storage_dir.is_none() {
-        if let Some(d) = catalog.streams().iter().find(|d| d.durable) {
+        if let Some(d) = catalog.streams().find(|d| d.durable) {
             return Err(format!(
                 "stream {} is durable but no durable storage directory is set (durable_storage_dir / FELIX_DURABLE_STORAGE_DIR)",
                 d.name()
             ));
         }
     }
-    let catalog = Arc::new(catalog);
+    let catalog = Arc::new(CatalogCell::new(catalog));
     let cert = match (&cfg.tls_cert, &cfg.tls_key) {
         (Some(c), Some(k)) => CertPaths {
             cert: c.clone(),
@@ -154,16 +157,51 @@ fn run(cfg: Config) -> Result<(), String> {
             .map_err(|e| format!("start core {i}: {e}"))?;
         handles.push(h);
     }
-    ops.ready.store(true, Ordering::Release);
-    println!(
-        "felix-broker ready quic={listen} metrics={metrics_addr} cores={}",
-        cfg.cores
-    );
-    use std::io::Write;
-    let _ = std::io::stdout().flush();
-
-    let mut sig: libc::c_int = 0;
-    unsafe { libc::sigwait(&sigset, &mut sig) };
+    // Ready once the cores run and, with a control plane, once its catalog has been read.
+    let synced = Arc::new(AtomicBool::new(standalone));
+    if let Some(url) = &cfg.controlplane_url {
+        let quic_addr = match &cfg.advertise_addr {
+            Some(a) => a.clone(),
+            None if listen.ip().is_unspecified() => {
+                format!("127.0.0.1:{}", listen.port())
+            }
+            None => listen.to_string(),
+        };
+        felix_broker::control_link::spawn(
+            felix_broker::control_link::LinkConfig {
+                url: url.clone(),
+                node_id: cfg.node_id,
+                quic_addr,
+                cores: cfg.cores as u32,
+                wait_ms: cfg.controlplane_wait_ms,
+            },
+            catalog.clone(),
+            synced.clone(),
+            shutdown.clone(),
+        )
+        .map_err(|e| format!("start the control-plane link: {e}"))?;
+    }
+    let mut announced = false;
+    let sig = loop {
+        if !announced && synced.load(Ordering::Acquire) {
+            announced = true;
+            ops.ready.store(true, Ordering::Release);
+            println!(
+                "felix-broker ready quic={listen} metrics={metrics_addr} cores={}",
+                cfg.cores
+            );
+            use std::io::Write;
+            let _ = std::io::stdout().flush();
+        }
+        let ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 100_000_000,
+        };
+        let r = unsafe { libc::sigtimedwait(&sigset, std::ptr::null_mut(), &ts) };
+        if r > 0 {
+            break r;
+        }
+    };
     tracing::info!(signal = sig, "shutting down");
     ops.ready.store(false, Ordering::Release);
     shutdown.store(true, Ordering::Release);

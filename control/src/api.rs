@@ -70,7 +70,7 @@ pub fn status_for(code: ErrorCode) -> u16 {
         | UnknownShard => 400,
         NotFound | UnknownTenant | UnknownNamespace | UnknownStream => 404,
         AlreadyExists | Conflict => 409,
-        RevisionTooOld => 410,
+        RevisionTooOld | StreamDeleted => 410,
         PayloadTooLarge | FrameTooLarge => 413,
         TooManySubscriptions | InflightLimit | PublishTimeout => 429,
         NotLeader | Unavailable | ShuttingDown => 503,

@@ -80,6 +80,7 @@ registry! {
     InvalidRequest = 20, "invalid_request", Fatal, "The request is well-formed but its values are invalid.";
     Internal = 21, "internal", Retryable, "An unexpected internal error; the broker logged it.";
     ShuttingDown = 22, "shutting_down", Retryable, "The broker is draining and accepts no new work.";
+    StreamDeleted = 23, "stream_deleted", Fatal, "The stream was deleted; its subscriptions end and its records are gone.";
 }
 
 impl fmt::Display for ErrorCode {

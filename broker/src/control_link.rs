@@ -1,0 +1,422 @@
+//! The broker's link to `felix-controlplane` (`FELIX_CONTROLPLANE_URL`), on the ops thread —
+//! never on a data core. It registers the broker, heartbeats, reads the catalog snapshot and
+//! then follows the changes feed, publishing each new catalog version to the cores through
+//! [`CatalogCell`].
+//!
+//! [`Mirror`] is the pure part: the control plane's catalog as this broker knows it, fed by a
+//! snapshot and then by change pages, refusing anything that is not gap-free (a resync reads
+//! the snapshot again). The driver around it is thin: HTTP calls, backoff, timers.
+
+use crate::catalog::{Catalog, CatalogCell, ControlView, StreamDef, ViewPlace, ViewStream};
+use felix_control::api::{
+    self, CatalogSnapshot, ChangeEvent, ChangesPage, ErrorBody, FsyncMode, ResourceState,
+    ShardState,
+};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The control plane's catalog as last seen: a snapshot plus every change applied in order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Mirror {
+    pub catalog_id: String,
+    pub revision: u64,
+    tenants: BTreeSet<String>,
+    namespaces: BTreeSet<(String, String)>,
+    streams: BTreeMap<(String, String, String), api::Stream>,
+    brokers: BTreeMap<u64, api::Broker>,
+}
+
+/// Why a page cannot be applied: read the snapshot again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resync(pub String);
+
+impl Mirror {
+    pub fn from_snapshot(s: CatalogSnapshot) -> Mirror {
+        Mirror {
+            catalog_id: s.catalog_id,
+            revision: s.revision,
+            tenants: s.tenants.into_iter().map(|t| t.name).collect(),
+            namespaces: s
+                .namespaces
+                .into_iter()
+                .map(|n| (n.tenant, n.name))
+                .collect(),
+            streams: s
+                .streams
+                .into_iter()
+                .map(|s| ((s.tenant.clone(), s.namespace.clone(), s.name.clone()), s))
+                .collect(),
+            brokers: s.brokers.into_iter().map(|b| (b.node_id, b)).collect(),
+        }
+    }
+
+    /// Apply one page of the feed. Returns whether anything changed; refuses a page from
+    /// another catalog or with a revision gap (nothing is applied then).
+    pub fn apply(&mut self, page: &ChangesPage) -> Result<bool, Resync> {
+        if page.catalog_id != self.catalog_id {
+            return Err(Resync(format!(
+                "catalog replaced ({} -> {})",
+                self.catalog_id, page.catalog_id
+            )));
+        }
+        let mut expect = self.revision;
+        for c in &page.changes {
+            if c.revision != expect + 1 {
+                return Err(Resync(format!(
+                    "change feed gap: expected revision {}, got {}",
+                    expect + 1,
+                    c.revision
+                )));
+            }
+            expect = c.revision;
+        }
+        if page.changes.is_empty() && page.revision < self.revision {
+            // A member behind the one we read before (e.g. after a leader change): wait.
+            return Ok(false);
+        }
+        for c in &page.changes {
+            match &c.event {
+                ChangeEvent::TenantPut { tenant } => {
+                    self.tenants.insert(tenant.name.clone());
+                }
+                ChangeEvent::TenantDeleted { name } => {
+                    self.tenants.remove(name);
+                }
+                ChangeEvent::NamespacePut { namespace } => {
+                    self.namespaces
+                        .insert((namespace.tenant.clone(), namespace.name.clone()));
+                }
+                ChangeEvent::NamespaceDeleted { tenant, name } => {
+                    self.namespaces.remove(&(tenant.clone(), name.clone()));
+                }
+                ChangeEvent::StreamPut { stream } => {
+                    self.streams.insert(
+                        (
+                            stream.tenant.clone(),
+                            stream.namespace.clone(),
+                            stream.name.clone(),
+                        ),
+                        stream.clone(),
+                    );
+                }
+                ChangeEvent::StreamDeleted {
+                    tenant,
+                    namespace,
+                    name,
+                } => {
+                    self.streams
+                        .remove(&(tenant.clone(), namespace.clone(), name.clone()));
+                }
+                ChangeEvent::BrokerPut { broker } => {
+                    self.brokers.insert(broker.node_id, broker.clone());
+                }
+                // Caches are served once the cache issue lands; the feed carries them already.
+                ChangeEvent::CachePut { .. } | ChangeEvent::CacheDeleted { .. } => {}
+            }
+        }
+        self.revision = expect.max(self.revision);
+        Ok(!page.changes.is_empty())
+    }
+
+    /// What the broker's catalog is built from.
+    pub fn view(&self) -> ControlView {
+        ControlView {
+            revision: self.revision,
+            tenants: self.tenants.iter().cloned().collect(),
+            namespaces: self.namespaces.iter().cloned().collect(),
+            streams: self.streams.values().map(view_stream).collect(),
+            broker_addrs: self
+                .brokers
+                .values()
+                .map(|b| (b.node_id, b.quic_addr.clone()))
+                .collect(),
+        }
+    }
+}
+
+fn view_stream(s: &api::Stream) -> ViewStream {
+    ViewStream {
+        def: StreamDef {
+            tenant: s.tenant.clone(),
+            namespace: s.namespace.clone(),
+            stream: s.name.clone(),
+            shards: s.shards,
+            durable: s.durable,
+            fsync: s.durable.then(|| {
+                match s.fsync {
+                    FsyncMode::OnCommit => "on_commit",
+                    FsyncMode::Periodic => "periodic",
+                    FsyncMode::None => "none",
+                }
+                .to_string()
+            }),
+            retention_bytes: s.retention_bytes.filter(|_| s.durable),
+            retention_seconds: s.retention_seconds.filter(|_| s.durable),
+        },
+        incarnation: s.created_revision,
+        deleting: s.state == ResourceState::Deleting,
+        placement: s
+            .placement
+            .iter()
+            .map(|p| match (p.state, p.owner) {
+                (ShardState::Assigned, Some(owner)) => ViewPlace::Assigned {
+                    owner,
+                    generation: p.generation,
+                },
+                (ShardState::Unavailable, Some(owner)) => ViewPlace::OwnerDown { owner },
+                _ => ViewPlace::Unassigned,
+            })
+            .collect(),
+    }
+}
+
+/// Settings of the link.
+#[derive(Debug, Clone)]
+pub struct LinkConfig {
+    /// Base URL, e.g. `http://127.0.0.1:7500`.
+    pub url: String,
+    pub node_id: u64,
+    /// What clients dial to reach this broker.
+    pub quic_addr: String,
+    pub cores: u32,
+    /// Long-poll bound of one changes request.
+    pub wait_ms: u64,
+}
+
+/// Shared between the feed and heartbeat tasks (never held across an await).
+struct LinkState {
+    mirror: Option<Mirror>,
+    catalog: Catalog,
+    fenced: bool,
+}
+
+impl LinkState {
+    fn republish(&mut self, cell: &CatalogCell, node_id: u64) {
+        let Some(m) = &self.mirror else { return };
+        self.catalog = Catalog::from_view(&self.catalog, &m.view(), node_id, self.fenced);
+        cell.publish(self.catalog.clone());
+    }
+}
+
+/// Start the ops thread. `synced` turns true once the first catalog is published.
+pub fn spawn(
+    cfg: LinkConfig,
+    cell: Arc<CatalogCell>,
+    synced: Arc<AtomicBool>,
+    shutdown: Arc<AtomicBool>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("felix-ops-link".into())
+        .spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("tokio runtime for the control-plane link");
+            rt.block_on(run(cfg, cell, synced, shutdown));
+        })
+}
+
+#[derive(Debug)]
+enum CallError {
+    /// The control plane answered with a typed refusal.
+    Api(u16, ErrorBody),
+    /// Unreachable, timed out, or an undecodable answer.
+    Transport(String),
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CallError::Api(s, b) => write!(f, "HTTP {s} {}: {}", b.code, b.message),
+            CallError::Transport(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+async fn call<T: serde::de::DeserializeOwned>(rb: reqwest::RequestBuilder) -> Result<T, CallError> {
+    let r = rb
+        .send()
+        .await
+        .map_err(|e| CallError::Transport(e.to_string()))?;
+    let status = r.status().as_u16();
+    if r.status().is_success() {
+        return r
+            .json::<T>()
+            .await
+            .map_err(|e| CallError::Transport(format!("bad answer: {e}")));
+    }
+    let body = r.json::<ErrorBody>().await.unwrap_or(ErrorBody {
+        code: "internal".into(),
+        message: format!("HTTP {status} without an error body"),
+    });
+    Err(CallError::Api(status, body))
+}
+
+async fn sleep_unless_stopped(ms: u64, shutdown: &AtomicBool) -> bool {
+    let mut left = ms;
+    while left > 0 {
+        if shutdown.load(Ordering::Acquire) {
+            return false;
+        }
+        let step = left.min(100);
+        tokio::time::sleep(Duration::from_millis(step)).await;
+        left -= step;
+    }
+    !shutdown.load(Ordering::Acquire)
+}
+
+async fn run(
+    cfg: LinkConfig,
+    cell: Arc<CatalogCell>,
+    synced: Arc<AtomicBool>,
+    shutdown: Arc<AtomicBool>,
+) {
+    let http = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(2))
+        .timeout(Duration::from_millis(cfg.wait_ms + 10_000))
+        .build()
+        .expect("HTTP client");
+    let base = cfg.url.trim_end_matches('/').to_string();
+    let state = Arc::new(Mutex::new(LinkState {
+        mirror: None,
+        catalog: Catalog::default(),
+        fenced: false,
+    }));
+    let incarnation = Arc::new(AtomicU64::new(0));
+    let applied = Arc::new(AtomicU64::new(0));
+
+    // Register until it works (the control plane may start after the broker).
+    let mut backoff_ms = 200;
+    let hb_interval_ms = loop {
+        match register(&http, &base, &cfg).await {
+            Ok(r) => {
+                incarnation.store(r.broker.incarnation, Ordering::Release);
+                tracing::info!(node_id = cfg.node_id, incarnation = r.broker.incarnation,
+                    url = %base, "registered with the control plane");
+                break r.heartbeat_interval_ms.max(50);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, url = %base, "control plane registration failed; retrying");
+                if !sleep_unless_stopped(backoff_ms, &shutdown).await {
+                    return;
+                }
+                backoff_ms = (backoff_ms * 2).min(5_000);
+            }
+        }
+    };
+
+    // Heartbeats: a `not_found` (the control plane forgot us) registers again; a `conflict`
+    // (a newer registration under our node id) fences this process: it serves nothing.
+    {
+        let (http, base, cfg) = (http.clone(), base.clone(), cfg.clone());
+        let (state, cell, shutdown) = (state.clone(), cell.clone(), shutdown.clone());
+        let (incarnation, applied) = (incarnation.clone(), applied.clone());
+        tokio::spawn(async move {
+            loop {
+                if !sleep_unless_stopped(hb_interval_ms, &shutdown).await {
+                    return;
+                }
+                let hb = api::Heartbeat {
+                    incarnation: Some(incarnation.load(Ordering::Acquire)),
+                    catalog_revision: Some(applied.load(Ordering::Acquire)),
+                };
+                let url = format!("{base}/v1/brokers/{}/heartbeat", cfg.node_id);
+                match call::<api::HeartbeatReply>(http.post(&url).json(&hb)).await {
+                    Ok(_) => {}
+                    Err(CallError::Api(404, _)) => match register(&http, &base, &cfg).await {
+                        Ok(r) => {
+                            incarnation.store(r.broker.incarnation, Ordering::Release);
+                            tracing::info!(incarnation = r.broker.incarnation, "registered again");
+                        }
+                        Err(e) => tracing::warn!(error = %e, "re-registration failed"),
+                    },
+                    Err(CallError::Api(409, b)) => {
+                        tracing::error!(message = %b.message, "registration superseded: this broker is fenced and serves nothing");
+                        let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
+                        st.fenced = true;
+                        st.republish(&cell, cfg.node_id);
+                        return;
+                    }
+                    Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
+                }
+            }
+        });
+    }
+
+    // The feed: snapshot, then long-polled changes; any gap or replaced catalog re-reads the
+    // snapshot. While the control plane is unreachable the last catalog keeps serving.
+    let mut backoff_ms = 200;
+    loop {
+        if shutdown.load(Ordering::Acquire) {
+            return;
+        }
+        let since = {
+            let st = state.lock().unwrap_or_else(|p| p.into_inner());
+            st.mirror.as_ref().map(|m| m.revision)
+        };
+        let result = match since {
+            None => call::<CatalogSnapshot>(http.get(format!("{base}/v1/catalog")))
+                .await
+                .map(|snap| {
+                    let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
+                    tracing::info!(revision = snap.revision, "catalog snapshot read");
+                    st.mirror = Some(Mirror::from_snapshot(snap));
+                    st.republish(&cell, cfg.node_id);
+                    applied.store(st.catalog.revision, Ordering::Release);
+                    synced.store(true, Ordering::Release);
+                }),
+            Some(since) => call::<ChangesPage>(http.get(format!(
+                "{base}/v1/catalog/changes?since={since}&wait_ms={}",
+                cfg.wait_ms
+            )))
+            .await
+            .map(|page| {
+                let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
+                let m = st.mirror.as_mut().expect("snapshot read first");
+                match m.apply(&page) {
+                    Ok(true) => {
+                        st.republish(&cell, cfg.node_id);
+                        applied.store(st.catalog.revision, Ordering::Release);
+                    }
+                    Ok(false) => {}
+                    Err(Resync(why)) => {
+                        tracing::warn!(reason = %why, "re-reading the catalog snapshot");
+                        st.mirror = None;
+                    }
+                }
+            }),
+        };
+        match result {
+            Ok(()) => backoff_ms = 200,
+            Err(CallError::Api(410, b)) => {
+                tracing::warn!(message = %b.message, "feed position too old; re-reading the snapshot");
+                state.lock().unwrap_or_else(|p| p.into_inner()).mirror = None;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "control plane feed failed; serving the last catalog");
+                if !sleep_unless_stopped(backoff_ms, &shutdown).await {
+                    return;
+                }
+                backoff_ms = (backoff_ms * 2).min(5_000);
+            }
+        }
+    }
+}
+
+async fn register(
+    http: &reqwest::Client,
+    base: &str,
+    cfg: &LinkConfig,
+) -> Result<api::RegisterBrokerReply, CallError> {
+    let req = api::RegisterBroker {
+        node_id: cfg.node_id,
+        quic_addr: cfg.quic_addr.clone(),
+        cores: cfg.cores,
+    };
+    call(http.post(format!("{base}/v1/brokers")).json(&req)).await
+}
+
+#[cfg(test)]
+mod tests;
