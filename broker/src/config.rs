@@ -195,14 +195,18 @@ impl Config {
         }
         if let Some(u) = &c.controlplane_url {
             if !(u.starts_with("http://") || u.starts_with("https://")) {
-                return Err(format!("controlplane_url must be an http:// URL, got {u:?}"));
+                return Err(format!(
+                    "controlplane_url must be an http:// URL, got {u:?}"
+                ));
             }
         }
         if c.node_id == 0 {
             return Err("node_id must be at least 1".into());
         }
         if c.controlplane_wait_ms == 0 || c.controlplane_wait_ms > 30_000 {
-            return Err("controlplane_wait_ms must be 1..=30000 (the control plane's maximum)".into());
+            return Err(
+                "controlplane_wait_ms must be 1..=30000 (the control plane's maximum)".into(),
+            );
         }
         if c.io_memory_bytes < 512 * 1024 {
             return Err(format!(

@@ -145,6 +145,9 @@ struct DurableShard {
     /// In offset order: answered and delivered once the log acknowledges them.
     pending: VecDeque<(PublishReq, std::ops::Range<u64>)>,
     failed: Option<String>,
+    /// Publishes and attaches that arrived while the log was opening; handled again once
+    /// it is open (or failed). Bounded by the connections' in-flight and subscription caps.
+    deferred: Vec<MeshMsg>,
 }
 
 impl DurableShard {
@@ -155,7 +158,12 @@ impl DurableShard {
             log: None,
             pending: VecDeque::new(),
             failed: None,
+            deferred: Vec::new(),
         }
+    }
+
+    fn is_opening(&self) -> bool {
+        self.log.is_none() && self.failed.is_none()
     }
 
     /// The log, or the `unavailable` refusal every durable operation answers instead.
@@ -485,7 +493,9 @@ impl OpenJob {
         }
         let dir = stream_dir(&root, &self.slot.def.name(), self.slot.incarnation)
             .join(format!("{:05}", self.shard));
-        Log::open(&dir, self.config).await.map_err(|e| e.to_string())
+        Log::open(&dir, self.config)
+            .await
+            .map_err(|e| e.to_string())
     }
 }
 
@@ -580,7 +590,7 @@ async fn flusher(state: Rc<RefCell<CoreState>>, sock: Rc<GlommioUdp>, wake_rx: W
 fn pub_error_stream(stream: u64) -> u64 {
     // Acked publishes (client bidi streams) are answered on their stream; fire-and-forget
     // ones (client uni streams) on the control stream.
-    if stream % 4 == 0 {
+    if stream.is_multiple_of(4) {
         stream
     } else {
         0
@@ -614,7 +624,9 @@ impl CoreState {
                 let place = &slot.places[shard as usize];
                 let served_before = !old.fenced
                     && was.is_some_and(|w| matches!(w.places[shard as usize], Place::Mine { .. }));
-                if served_before && (new.fenced || was.map(|w| &w.places[shard as usize]) != Some(place)) {
+                if served_before
+                    && (new.fenced || was.map(|w| &w.places[shard as usize]) != Some(place))
+                {
                     let why = new.serve_check(idx, shard).err().unwrap_or((
                         ErrorCode::NotLeader,
                         format!(
@@ -681,8 +693,17 @@ impl CoreState {
         let name = self.catalog.slot(key.0).def.name();
         let still_wanted = matches!(
             self.durable.get(&key),
-            Some(DurableShard { log: None, failed: None, .. })
+            Some(DurableShard {
+                log: None,
+                failed: None,
+                ..
+            })
         );
+        // Whatever waited for the open is handled again after this (as open or failed).
+        if let Some(d) = self.durable.get_mut(&key) {
+            let deferred = std::mem::take(&mut d.deferred);
+            self.inbox.extend(deferred);
+        }
         match r {
             Ok((log, report)) if still_wanted => {
                 tracing::info!(stream = %name, shard = key.1, next_offset = report.next_offset,
@@ -722,7 +743,10 @@ impl CoreState {
         let slot = self.catalog.slot(idx).clone();
         let name = slot.def.name();
         tracing::info!(stream = %name, incarnation = slot.incarnation, "stream deleted");
-        let why = (ErrorCode::StreamDeleted, format!("stream {name} was deleted"));
+        let why = (
+            ErrorCode::StreamDeleted,
+            format!("stream {name} was deleted"),
+        );
         for shard in 0..slot.def.shards {
             let key = (idx, shard);
             self.end_local_subs(key, why.clone());
@@ -733,6 +757,8 @@ impl CoreState {
             }
             if let Some(d) = self.durable.remove(&key) {
                 refused.extend(d.pending.into_iter().map(|(r, _)| r));
+                // Deferred publishes and attaches meet the deleted slot when handled again.
+                self.inbox.extend(d.deferred);
                 let root = self.s.cfg.durable_storage_dir.clone();
                 let dir = root.map(|r| stream_dir(&r, &name, slot.incarnation));
                 let log = d.log;
@@ -874,9 +900,7 @@ impl CoreState {
             } => {
                 // Only a deleted stream's shard state is ever dropped (slots are not reused),
                 // so a Detach for state that is gone is a late one for a deleted stream.
-                let Some(o) = self.owned.get_mut(&(stream, shard)) else {
-                    return None;
-                };
+                let o = self.owned.get_mut(&(stream, shard))?;
                 o.detach(core as usize);
                 self.drop_if_deleted_and_idle((stream, shard));
             }
@@ -886,9 +910,7 @@ impl CoreState {
                 shard,
                 parked,
             } => {
-                let Some(o) = self.owned.get_mut(&(stream, shard)) else {
-                    return None;
-                };
+                let o = self.owned.get_mut(&(stream, shard))?;
                 o.set_parked(core as usize, parked);
                 if !parked {
                     self.drain_held(stream, shard);
@@ -922,6 +944,12 @@ impl CoreState {
     // ---------- owner side ----------
 
     fn on_publish_at_owner(&mut self, req: PublishReq) {
+        if let Some(d) = self.durable.get_mut(&(req.stream, req.shard)) {
+            if d.is_opening() {
+                d.deferred.push(MeshMsg::Publish(req));
+                return;
+            }
+        }
         if let Err(e) = self.catalog.serve_check(req.stream, req.shard) {
             self.route(
                 req.origin.core,
@@ -1133,16 +1161,37 @@ impl CoreState {
                 core,
                 MeshMsg::AttachResult {
                     sub,
-                    result: Err((ErrorCode::StreamDeleted, format!("stream {name} was deleted"))),
+                    result: Err((
+                        ErrorCode::StreamDeleted,
+                        format!("stream {name} was deleted"),
+                    )),
                 },
             );
             return;
+        }
+        if let Some(d) = self.durable.get_mut(&(stream, shard)) {
+            if d.is_opening() {
+                d.deferred.push(MeshMsg::Attach {
+                    core,
+                    sub,
+                    stream,
+                    shard,
+                    start,
+                });
+                return;
+            }
         }
         // Interest counts every attach, even a refused one, so the subscriber's core can
         // always answer its removal with one Detach.
         self.owner(stream, shard).attach(core as usize);
         if let Err(e) = self.catalog.serve_check(stream, shard) {
-            self.route(core, MeshMsg::AttachResult { sub, result: Err(e) });
+            self.route(
+                core,
+                MeshMsg::AttachResult {
+                    sub,
+                    result: Err(e),
+                },
+            );
             return;
         }
         if let Some(d) = self.durable.get(&(stream, shard)) {

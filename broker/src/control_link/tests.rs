@@ -92,19 +92,37 @@ fn feed_applies_in_order_and_refuses_gaps_and_other_catalogs() {
     let mut m = Mirror::from_snapshot(snapshot(3));
     let before = m.clone();
     // A gap (4 missing) is refused whole: nothing applied.
-    let gap = page(vec![(5, put(stream("s", 5, &[Some(1)], ResourceState::Active)))], 5);
+    let gap = page(
+        vec![(5, put(stream("s", 5, &[Some(1)], ResourceState::Active)))],
+        5,
+    );
     assert!(m.apply(&gap).is_err());
     assert_eq!(m, before);
     let mut other = page(vec![], 3);
     other.catalog_id = "c2".into();
     assert!(m.apply(&other).is_err(), "a replaced catalog means resync");
-    assert_eq!(m.apply(&page(vec![], 3)), Ok(false), "an empty page changes nothing");
+    assert_eq!(
+        m.apply(&page(vec![], 3)),
+        Ok(false),
+        "an empty page changes nothing"
+    );
     let ok = page(
         vec![
-            (4, put(stream("s", 4, &[Some(1), Some(2)], ResourceState::Active))),
-            (5, ChangeEvent::TenantPut {
-                tenant: Tenant { name: "u".into(), description: None, created_revision: 5, revision: 5 },
-            }),
+            (
+                4,
+                put(stream("s", 4, &[Some(1), Some(2)], ResourceState::Active)),
+            ),
+            (
+                5,
+                ChangeEvent::TenantPut {
+                    tenant: Tenant {
+                        name: "u".into(),
+                        description: None,
+                        created_revision: 5,
+                        revision: 5,
+                    },
+                },
+            ),
         ],
         5,
     );
@@ -121,8 +139,19 @@ fn feed_applies_in_order_and_refuses_gaps_and_other_catalogs() {
 fn catalog_versions_keep_slots_and_route_by_placement() {
     let name = StreamName::new("t", "n", "s");
     let mut m = Mirror::from_snapshot(snapshot(3));
-    m.apply(&page(vec![(4, put(stream("s", 4, &[Some(1), Some(2), None], ResourceState::Active)))], 4))
-        .unwrap();
+    m.apply(&page(
+        vec![(
+            4,
+            put(stream(
+                "s",
+                4,
+                &[Some(1), Some(2), None],
+                ResourceState::Active,
+            )),
+        )],
+        4,
+    ))
+    .unwrap();
     let c1 = Catalog::from_view(&Catalog::default(), &m.view(), 1, false);
     let (idx, def) = c1.lookup(&name).unwrap();
     assert_eq!((idx, def.shards), (0, 3));
@@ -142,17 +171,38 @@ fn catalog_versions_keep_slots_and_route_by_placement() {
     );
 
     // Deleting: the slot is kept, marked deleted; lookups no longer find the name.
-    m.apply(&page(vec![(5, put(stream("s", 4, &[Some(1), Some(2), None], ResourceState::Deleting)))], 5))
-        .unwrap();
+    m.apply(&page(
+        vec![(
+            5,
+            put(stream(
+                "s",
+                4,
+                &[Some(1), Some(2), None],
+                ResourceState::Deleting,
+            )),
+        )],
+        5,
+    ))
+    .unwrap();
     let c2 = Catalog::from_view(&c1, &m.view(), 1, false);
     assert!(c2.slot(0).deleted);
     assert_eq!(c2.lookup(&name).unwrap_err().0, ErrorCode::UnknownStream);
-    assert_eq!(c2.serve_check(0, 0).unwrap_err().0, ErrorCode::StreamDeleted);
+    assert_eq!(
+        c2.serve_check(0, 0).unwrap_err().0,
+        ErrorCode::StreamDeleted
+    );
 
     // Gone, then created again: a new incarnation takes a new slot; the old stays deleted.
     m.apply(&page(
         vec![
-            (6, ChangeEvent::StreamDeleted { tenant: "t".into(), namespace: "n".into(), name: "s".into() }),
+            (
+                6,
+                ChangeEvent::StreamDeleted {
+                    tenant: "t".into(),
+                    namespace: "n".into(),
+                    name: "s".into(),
+                },
+            ),
             (7, put(stream("s", 7, &[Some(1)], ResourceState::Active))),
         ],
         7,
@@ -165,8 +215,11 @@ fn catalog_versions_keep_slots_and_route_by_placement() {
     assert_eq!((idx, def.shards, c3.slot(1).incarnation), (1, 1, 7));
 
     // A re-created stream never reuses a slot even if the new version arrives in one jump.
-    m.apply(&page(vec![(8, put(stream("s", 8, &[Some(1)], ResourceState::Active)))], 8))
-        .unwrap();
+    m.apply(&page(
+        vec![(8, put(stream("s", 8, &[Some(1)], ResourceState::Active)))],
+        8,
+    ))
+    .unwrap();
     let c4 = Catalog::from_view(&c3, &m.view(), 1, false);
     assert_eq!(c4.lookup(&name).unwrap().0, 2);
     assert!(c4.slot(1).deleted);
