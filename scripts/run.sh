@@ -1,10 +1,56 @@
 #!/usr/bin/env bash
-# Starts a standalone Felix broker with embedded defaults (dev TLS certificate generated on
-# first start under ./felix-data/tls). Extra arguments go to felix-broker.
+# Starts Felix with embedded defaults: felix-controlplane (single-member Raft under
+# ./felix-data/control, REST on 127.0.0.1:7410) and felix-broker registered to it (QUIC on
+# 127.0.0.1:7400, /metrics /livez /readyz on 127.0.0.1:7401, durable logs under
+# ./felix-data/durable, dev TLS certificate generated on first start under ./felix-data/tls).
+# The default tenant and namespace and the stream default/default/events (4 shards) are
+# created if missing. Ctrl-C stops both.
+#
+#   ./scripts/run.sh                 # control plane + broker
+#   ./scripts/run.sh --standalone    # broker alone, built-in catalog (no control plane)
+# Other arguments go to felix-broker.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/cache/felix-target}"
 mkdir -p "$CARGO_TARGET_DIR" 2>/dev/null || export CARGO_TARGET_DIR="$HOME/.cache/felix-target"
-cargo build --release -p felix-broker -p felixctl
-exec "$CARGO_TARGET_DIR/release/felix-broker" "$@"
+cargo build --release -p felix-broker -p felixctl -p felix-control
+BIN="$CARGO_TARGET_DIR/release"
+DATA="${FELIX_DATA_DIR:-felix-data}"
+
+if [ "${1:-}" = "--standalone" ]; then
+  shift
+  exec "$BIN/felix-broker" --data-dir "$DATA" "$@"
+fi
+
+CP_LISTEN="${FELIX_CONTROLPLANE_LISTEN:-127.0.0.1:7410}"
+mkdir -p "$DATA/control"
+"$BIN/felix-controlplane" --listen "$CP_LISTEN" --store raft --raft-data-dir "$DATA/control" \
+  > "$DATA/controlplane.out" 2> >(sed -u 's/^/[controlplane] /' >&2) &
+CP_PID=$!
+trap 'kill "$CP_PID" 2>/dev/null || true; wait "$CP_PID" 2>/dev/null || true' EXIT
+URL="http://$CP_LISTEN"
+for _ in $(seq 1 100); do
+  if curl -fsS "$URL/readyz" > /dev/null 2>&1; then break; fi
+  kill -0 "$CP_PID" 2>/dev/null || { echo "felix-controlplane exited; see above" >&2; exit 1; }
+  sleep 0.1
+done
+curl -fsS "$URL/readyz" > /dev/null || { echo "felix-controlplane not ready at $URL" >&2; exit 1; }
+
+# Create unless it exists already (a restart keeps the Raft store).
+ensure() {
+  local err
+  if ! err=$("$BIN/felixctl" --controlplane "$URL" "$@" 2>&1 > /dev/null); then
+    case "$err" in *already_exists*) ;; *) echo "$err" >&2; exit 1 ;; esac
+  fi
+}
+ensure tenant create default
+ensure namespace create default
+ensure stream create events --shards 4
+
+export FELIX_CONTROLPLANE_URL="$URL"
+"$BIN/felix-broker" --data-dir "$DATA" --durable-storage-dir "$DATA/durable" "$@" &
+BROKER_PID=$!
+trap 'kill -TERM "$BROKER_PID" 2>/dev/null || true; wait "$BROKER_PID" 2>/dev/null || true; kill "$CP_PID" 2>/dev/null || true; wait "$CP_PID" 2>/dev/null || true' EXIT
+trap 'exit 130' INT TERM
+wait "$BROKER_PID"
