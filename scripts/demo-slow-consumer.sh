@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/cache/felix-target}"
 mkdir -p "$CARGO_TARGET_DIR" 2>/dev/null || export CARGO_TARGET_DIR="$HOME/.cache/felix-target"
-cargo build --release -p felix-broker -p felix-loadgen
+cargo build --release --workspace --bins
 B="$CARGO_TARGET_DIR/release"
 D=$(mktemp -d)
 "$B/felix-broker" --cores 2 --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --data-dir "$D/data" > "$D/out" &

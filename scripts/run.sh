@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/cache/felix-target}"
 mkdir -p "$CARGO_TARGET_DIR" 2>/dev/null || export CARGO_TARGET_DIR="$HOME/.cache/felix-target"
-cargo build --release -p felix-broker -p felixctl -p felix-control
+cargo build --release --workspace --bins
 BIN="$CARGO_TARGET_DIR/release"
 DATA="${FELIX_DATA_DIR:-felix-data}"
 
