@@ -1154,8 +1154,12 @@ impl CoreState {
 
     fn on_attach(&mut self, core: u8, sub: u64, stream: u32, shard: u32, start: StartAt) {
         if self.catalog.slot(stream).deleted {
-            // No state is (re)created for a deleted stream; the subscriber's later Detach
-            // finds none and is ignored.
+            // No state is (re)created for a deleted stream: the subscriber's later Detach
+            // finds none and is ignored. If state is still there (other subscribers not yet
+            // detached), count this attach so that Detach stays balanced.
+            if let Some(o) = self.owned.get_mut(&(stream, shard)) {
+                o.attach(core as usize);
+            }
             let name = self.catalog.slot(stream).def.name();
             self.route(
                 core,
