@@ -1,0 +1,356 @@
+----------------------------- MODULE FelixShard -----------------------------
+(***************************************************************************)
+(* One durable Felix shard replicated by leader lease + log shipping.      *)
+(* The prose version, with the reason for every rule, is                   *)
+(* docs/replication-design.md; the section names in the comments below     *)
+(* refer to it.  This is a design model: the Rust replication code does    *)
+(* not exist yet.                                                          *)
+(*                                                                         *)
+(* Actors: the control plane (placement: generations, leaders, replica     *)
+(* reports, storage identities) and the replicas in Nodes.  Every replica  *)
+(* is in the replica set (RF = |Nodes|).  Clocks are abstract: a lease is  *)
+(* a boolean that a majority exchange sets and that may lapse at any time; *)
+(* the bounded-suspension assumption is the precondition of BeginServe.    *)
+(*                                                                         *)
+(* The boolean constants switch single rules off.  The passing             *)
+(* configurations set them all TRUE; each negative twin sets one FALSE and *)
+(* must produce a counterexample (see tla/check.sh).                       *)
+(***************************************************************************)
+EXTENDS Naturals, Sequences, FiniteSets, TLC
+
+CONSTANTS
+    Nodes,          \* the replica set of the shard
+    None,           \* a model value: "no node"
+    MaxGen,         \* bound: generations the control plane may issue
+    MaxLen,         \* bound: a leader appends client records while its log is shorter
+    MaxCrashes,     \* bound: machine crashes that lose the fsync window
+    UseFence,       \* rule F: a replica refuses anything from a generation below its promise
+    UseBallot,      \* rule B: a replica refuses a second leader at a generation it accepted
+    AckAfterReport, \* rule R: the commit mark moves only on the control plane's landed report
+    CheckStorageIdentity, \* rule S: a report counts only under the storage identity it names
+    CommitOwnGeneration,  \* rule C: the commit mark moves only onto a record of the leader's own generation
+    WaitOutLease,   \* rule W: a new leader waits out every lease held when its fence completed
+    RacingPlacement \* environment: placement may name a second leader at an issued generation
+
+ASSUME /\ MaxGen \in Nat /\ MaxLen \in Nat /\ MaxCrashes \in Nat
+       /\ None \notin Nodes
+       /\ \A b \in {UseFence, UseBallot, AckAfterReport, CheckStorageIdentity,
+                    CommitOwnGeneration, WaitOutLease, RacingPlacement} : b \in BOOLEAN
+
+VARIABLES
+    \* control plane
+    cpGen,      \* the newest generation placement has issued (0: none yet)
+    cpLeader,   \* the leader placement names at cpGen
+    cpSid,      \* the storage identity of cpLeader that the promotion was decided on
+    rep,        \* rep[n]: the last landed report about n: [lg, off, sid] (position = last gen, offset)
+    \* replicas: durable state
+    log,        \* log[n]: sequence of records [g |-> generation, w |-> writing leader]
+    sid,        \* sid[n]: storage identity of n's data directory (rotates on a lossy crash)
+    promised,   \* promised[n]: highest generation n has promised (fence answer / ballot file)
+    ballot,     \* ballot[n]: the leader n accepted at promised[n] (None before any)
+    \* replicas: volatile state
+    role,       \* "follower" | "fencing" | "waiting" | "serving"
+    lgen,       \* lgen[n]: the generation n leads or last led (0: never)
+    fenced,     \* fenced[l]: replicas that answered l's fence at lgen[l] (l included)
+    match,      \* match[l][f]: [ok, off, sid]: what f last answered l
+    lease,      \* lease[n]: n holds an unexpired lease (suspension margin included)
+    waitfor,    \* waitfor[n]: leases n's post-fence wait must outlast
+    \* bookkeeping (history, never read by the protocol)
+    acked,      \* records released to clients as Quorum-acknowledged: [off, e]
+    elected,    \* [g, n] for every fence that completed
+    crashes     \* lossy machine crashes so far
+
+vars == <<cpGen, cpLeader, cpSid, rep, log, sid, promised, ballot, role, lgen, fenced,
+          match, lease, waitfor, acked, elected, crashes>>
+
+Leading == {"fencing", "waiting", "serving"}
+Maj == Cardinality(Nodes) \div 2 + 1
+Quorum(S) == Cardinality(S) >= Maj
+Min(a, b) == IF a < b THEN a ELSE b
+
+Record == [g : 0..MaxGen, w : Nodes]
+NoMatch == [ok |-> FALSE, off |-> 0, sid |-> 0]
+
+\* generation of the record at offset k (0 for the empty prefix)
+GenAt(s, k) == IF k = 0 THEN 0 ELSE s[k].g
+Pos(s) == [lg |-> GenAt(s, Len(s)), off |-> Len(s)]
+\* "furthest ahead": compare last generation, then offset
+PosLeq(a, b) == a.lg < b.lg \/ (a.lg = b.lg /\ a.off <= b.off)
+
+\* The offset up to which follower log b agrees with leader log a, as the
+\* shipping handshake finds it: the highest k whose record generations agree.
+CommonPrefix(a, b) ==
+    LET m == Min(Len(a), Len(b))
+        Agree(k) == k = 0 \/ a[k].g = b[k].g
+    IN CHOOSE k \in 0..m : Agree(k) /\ \A j \in (k+1)..m : ~Agree(j)
+
+\* Does replica f take a fence / batch / heartbeat from leader l at generation g?
+Accepts(f, l, g) ==
+    /\ UseFence => g >= promised[f]                              \* rule F
+    /\ UseBallot => (g = promised[f] => ballot[f] \in {None, l}) \* rule B
+\* a replica leading a generation >= g takes nothing from l
+Foreign(f, g) == role[f] \in Leading /\ lgen[f] >= g
+
+\* Rule S at the control plane: a report vouches for a replica only while the
+\* storage identity it was made under is still the one the replica registered.
+Vouched(n) == CheckStorageIdentity => rep[n].sid = sid[n]
+
+Serving(n) == role[n] = "serving" /\ lease[n]
+
+-----------------------------------------------------------------------------
+Init ==
+    /\ cpGen = 0
+    /\ cpLeader = None
+    /\ cpSid = 0
+    /\ rep = [n \in Nodes |-> [lg |-> 0, off |-> 0, sid |-> 0]]
+    /\ log = [n \in Nodes |-> << >>]
+    /\ sid = [n \in Nodes |-> 0]
+    /\ promised = [n \in Nodes |-> 0]
+    /\ ballot = [n \in Nodes |-> None]
+    /\ role = [n \in Nodes |-> "follower"]
+    /\ lgen = [n \in Nodes |-> 0]
+    /\ fenced = [n \in Nodes |-> {}]
+    /\ match = [l \in Nodes |-> [f \in Nodes |-> NoMatch]]
+    /\ lease = [n \in Nodes |-> FALSE]
+    /\ waitfor = [n \in Nodes |-> {}]
+    /\ acked = {}
+    /\ elected = {}
+    /\ crashes = 0
+
+(* Promotion (doc: "Promotion").  Placement may replace the leader at any    *)
+(* time (lease lapse, the followers' word, an operator): failure detection   *)
+(* is not trusted for safety.  It names the replica furthest ahead among     *)
+(* those whose report still vouches for them (rule S); the current leader    *)
+(* is a candidate too, so a shard whose only vouched holder is its leader    *)
+(* waits for it instead of being served short.                               *)
+Eligible(c) ==
+    /\ Vouched(c)
+    /\ \A n \in Nodes : Vouched(n) => PosLeq(rep[n], rep[c])
+
+Promote(c) ==
+    /\ Eligible(c)
+    /\ \E g \in {cpGen + 1} \cup (IF RacingPlacement /\ cpGen > 0 /\ c # cpLeader
+                                    THEN {cpGen} ELSE {}) :
+          /\ g <= MaxGen
+          /\ cpGen' = g
+          /\ cpLeader' = c
+    /\ cpSid' = rep[c].sid
+    /\ UNCHANGED <<rep, log, sid, promised, ballot, role, lgen, fenced, match,
+                   lease, waitfor, acked, elected, crashes>>
+
+(* The named replica takes the generation: it writes its own ballot (a       *)
+(* broker never leads a generation it accepted from another node, and never  *)
+(* leads the same generation twice, e.g. after a restart) and appends the    *)
+(* generation-start record.                                                  *)
+TakeLead(c) ==
+    /\ cpLeader = c
+    /\ CheckStorageIdentity => sid[c] = cpSid  \* rule S: the assignment names the identity
+    /\ lgen[c] < cpGen
+    /\ Accepts(c, c, cpGen)
+    /\ role' = [role EXCEPT ![c] = "fencing"]
+    /\ lgen' = [lgen EXCEPT ![c] = cpGen]
+    /\ promised' = [promised EXCEPT ![c] = IF cpGen > @ THEN cpGen ELSE @]
+    /\ ballot' = [ballot EXCEPT ![c] = IF cpGen >= promised[c] THEN c ELSE @]
+    /\ fenced' = [fenced EXCEPT ![c] = {c}]
+    /\ match' = [match EXCEPT ![c] = [f \in Nodes |-> NoMatch]]
+    /\ lease' = [lease EXCEPT ![c] = FALSE]
+    /\ waitfor' = [waitfor EXCEPT ![c] = {}]
+    /\ UNCHANGED <<cpGen, cpLeader, cpSid, rep, log, sid, acked, elected, crashes>>
+
+(* Fencing (doc: "Fencing a new generation").  f promises generation g to l  *)
+(* and records l in its ballot, fsynced before the answer.  A replica that   *)
+(* was leading a lower generation steps down.                                *)
+Fence(l, f) ==
+    /\ role[l] \in Leading
+    /\ f \notin fenced[l]
+    /\ ~Foreign(f, lgen[l])
+    /\ Accepts(f, l, lgen[l])
+    /\ IF lgen[l] >= promised[f]
+         THEN /\ promised' = [promised EXCEPT ![f] = lgen[l]]
+              /\ ballot' = [ballot EXCEPT ![f] = l]
+         ELSE UNCHANGED <<promised, ballot>>
+    /\ role' = [role EXCEPT ![f] = "follower"]
+    /\ lease' = [lease EXCEPT ![f] = FALSE]
+    /\ match' = [match EXCEPT ![f] = [n \in Nodes |-> NoMatch]]
+    /\ fenced' = [fenced EXCEPT ![l] = @ \cup {f}, ![f] = IF f = l THEN @ ELSE {}]
+    /\ waitfor' = [n \in Nodes |-> IF n = f THEN {} ELSE waitfor[n] \ {f}]
+    /\ UNCHANGED <<cpGen, cpLeader, cpSid, rep, log, sid, lgen, acked, elected, crashes>>
+
+(* The fence is complete once a majority (the leader included) answered.    *)
+(* From here the old generation cannot renew a lease or commit.  The leader  *)
+(* now waits out the longest lease that may still be held: L + margin on its *)
+(* own monotonic clock.                                                      *)
+FenceComplete(n) ==
+    /\ role[n] = "fencing"
+    /\ Quorum(fenced[n])
+    /\ role' = [role EXCEPT ![n] = "waiting"]
+    /\ waitfor' = [waitfor EXCEPT ![n] = {m \in Nodes \ {n} : lease[m]}]
+    /\ elected' = elected \cup {[g |-> lgen[n], n |-> n]}
+    /\ log' = [log EXCEPT ![n] = Append(@, [g |-> lgen[n], w |-> n])]
+    /\ UNCHANGED <<cpGen, cpLeader, cpSid, rep, sid, promised, ballot, lgen, fenced,
+                   match, lease, acked, crashes>>
+
+(* Bounded suspension, as the model states it: the wait is over only once    *)
+(* every lease that was held when the fence completed has lapsed (or been    *)
+(* replaced by a renewal -- over-approximated as "the wait may end").  A      *)
+(* leader that was suspended with a lease check in hand acts on it at most   *)
+(* the margin later, so "lapsed" includes the suspension margin.             *)
+BeginServe(n) ==
+    /\ role[n] = "waiting"
+    /\ WaitOutLease => waitfor[n] = {}
+    /\ role' = [role EXCEPT ![n] = "serving"]
+    /\ UNCHANGED <<cpGen, cpLeader, cpSid, rep, log, sid, promised, ballot, lgen, fenced,
+                   match, lease, waitfor, acked, elected, crashes>>
+
+(* Leases (doc: "Generations and leases").  A leader's lease is renewed by   *)
+(* an exchange that a majority of its fenced replicas answer at its          *)
+(* generation, timed from when the leader sent it.                           *)
+Renew(l) ==
+    /\ role[l] \in Leading
+    /\ ~lease[l]
+    /\ Quorum({l} \cup {f \in fenced[l] \ {l} : ~Foreign(f, lgen[l]) /\ Accepts(f, l, lgen[l])})
+    /\ lease' = [lease EXCEPT ![l] = TRUE]
+    /\ waitfor' = [n \in Nodes |-> waitfor[n] \ {l}]
+    /\ UNCHANGED <<cpGen, cpLeader, cpSid, rep, log, sid, promised, ballot, role, lgen,
+                   fenced, match, acked, elected, crashes>>
+
+LeaseLapse(n) ==
+    /\ lease[n]
+    /\ lease' = [lease EXCEPT ![n] = FALSE]
+    /\ waitfor' = [m \in Nodes |-> waitfor[m] \ {n}]
+    /\ UNCHANGED <<cpGen, cpLeader, cpSid, rep, log, sid, promised, ballot, role, lgen,
+                   fenced, match, acked, elected, crashes>>
+
+(* A serving leader, inside its lease, appends a client record.              *)
+Publish(l) ==
+    /\ Serving(l)
+    /\ Len(log[l]) < MaxLen
+    /\ log' = [log EXCEPT ![l] = Append(@, [g |-> lgen[l], w |-> l])]
+    /\ UNCHANGED <<cpGen, cpLeader, cpSid, rep, sid, promised, ballot, role, lgen, fenced,
+                   match, lease, waitfor, acked, elected, crashes>>
+
+(* Shipping (doc: "Log shipping").  One exchange, atomic in the model: the   *)
+(* leader finds where f's log agrees with its own (by generation at each     *)
+(* offset), f drops any disagreeing suffix and takes the next record, and    *)
+(* answers with the offset it now holds and its storage identity.            *)
+Ship(l, f) ==
+    /\ role[l] \in Leading
+    /\ f \in fenced[l] \ {l}
+    /\ ~Foreign(f, lgen[l])
+    /\ Accepts(f, l, lgen[l])
+    /\ LET k == CommonPrefix(log[l], log[f])
+       IN /\ log' = [log EXCEPT ![f] = IF k < Len(log[l])
+                                           THEN SubSeq(@, 1, k) \o SubSeq(log[l], k + 1, Len(log[l]))
+                                           ELSE @]
+          /\ match' = [match EXCEPT ![l][f] = [ok |-> TRUE, off |-> Len(log[l]), sid |-> sid[f]]]
+    /\ UNCHANGED <<cpGen, cpLeader, cpSid, rep, sid, promised, ballot, role, lgen, fenced,
+                   lease, waitfor, acked, elected, crashes>>
+
+(* Replica report (doc: "Replica reports").  The leader tells placement who  *)
+(* holds what: itself and every follower that has answered it, each with    *)
+(* the storage identity its answer came under.  Placement takes a report    *)
+(* only from the leader it names at its newest generation.                  *)
+Report(l) ==
+    /\ role[l] \in Leading
+    /\ cpLeader = l
+    /\ cpGen = lgen[l]
+    /\ rep' = [n \in Nodes |->
+                 IF n = l THEN [lg |-> GenAt(log[l], Len(log[l])), off |-> Len(log[l]), sid |-> sid[l]]
+                 ELSE IF match[l][n].ok
+                   THEN [lg |-> GenAt(log[l], match[l][n].off), off |-> match[l][n].off,
+                         sid |-> match[l][n].sid]
+                   ELSE rep[n]]
+    /\ UNCHANGED <<cpGen, cpLeader, cpSid, log, sid, promised, ballot, role, lgen, fenced,
+                   match, lease, waitfor, acked, elected, crashes>>
+
+(* Commit mark and acknowledgement (doc: "The commit mark").  With rule R   *)
+(* the holders counted are the ones placement's answer to the leader's      *)
+(* report vouches for on the leader's own log; without it, the answers the  *)
+(* leader has seen.  Everything at or below the new mark is acknowledged.   *)
+OnLog(n, l) == rep[n].off <= Len(log[l]) /\ GenAt(log[l], rep[n].off) = rep[n].lg
+
+Holders(l, k) ==
+    IF AckAfterReport
+      THEN {n \in Nodes : Vouched(n) /\ OnLog(n, l) /\ rep[n].off >= k}
+      ELSE {l} \cup {f \in Nodes : match[l][f].ok /\ match[l][f].off >= k}
+
+AdvanceCommit(l) ==
+    /\ role[l] = "serving"
+    /\ \E k \in 1..Len(log[l]) :
+          /\ CommitOwnGeneration => log[l][k].g = lgen[l]
+          /\ Quorum(Holders(l, k))
+          /\ acked' = acked \cup {[off |-> j, e |-> log[l][j]] : j \in 1..k}
+    /\ acked' # acked
+    /\ UNCHANGED <<cpGen, cpLeader, cpSid, rep, log, sid, promised, ballot, role, lgen,
+                   fenced, match, lease, waitfor, elected, crashes>>
+
+(* Storage identity (doc: "Follower crash and storage identity").  A machine *)
+(* crash under a relaxed fsync mode loses an unknown suffix of the log, so  *)
+(* the broker comes back under a new storage identity, registered with      *)
+(* placement before it answers anyone.  The ballot and promise were fsynced *)
+(* explicitly and survive.  All volatile state is gone.                     *)
+Crash(n) ==
+    /\ crashes < MaxCrashes
+    /\ crashes' = crashes + 1
+    /\ \E k \in 0..Len(log[n]) : log' = [log EXCEPT ![n] = SubSeq(@, 1, k)]
+    /\ sid' = [sid EXCEPT ![n] = @ + 1]
+    /\ role' = [role EXCEPT ![n] = "follower"]
+    /\ fenced' = [fenced EXCEPT ![n] = {}]
+    /\ match' = [match EXCEPT ![n] = [f \in Nodes |-> NoMatch]]
+    /\ lease' = [lease EXCEPT ![n] = FALSE]
+    /\ waitfor' = [m \in Nodes |-> IF m = n THEN {} ELSE waitfor[m] \ {n}]
+    /\ UNCHANGED <<cpGen, cpLeader, cpSid, rep, promised, ballot, lgen, acked, elected>>
+
+Next ==
+    \/ \E n \in Nodes :
+          \/ Promote(n) \/ TakeLead(n) \/ FenceComplete(n) \/ BeginServe(n)
+          \/ Renew(n) \/ LeaseLapse(n) \/ Publish(n) \/ Report(n)
+          \/ AdvanceCommit(n) \/ Crash(n)
+    \/ \E l, f \in Nodes : Fence(l, f) \/ Ship(l, f)
+
+Spec == Init /\ [][Next]_vars
+
+-----------------------------------------------------------------------------
+(* Properties *)
+
+TypeOK ==
+    /\ cpGen \in 0..MaxGen
+    /\ cpLeader \in Nodes \cup {None}
+    /\ cpSid \in 0..MaxCrashes
+    /\ \A n \in Nodes :
+          /\ log[n] \in Seq(Record)
+          /\ sid[n] \in 0..MaxCrashes
+          /\ promised[n] \in 0..MaxGen
+          /\ ballot[n] \in Nodes \cup {None}
+          /\ role[n] \in {"follower"} \cup Leading
+          /\ lgen[n] \in 0..MaxGen
+          /\ fenced[n] \subseteq Nodes
+          /\ lease[n] \in BOOLEAN
+          /\ waitfor[n] \subseteq Nodes
+          /\ rep[n].lg \in 0..MaxGen /\ rep[n].off \in Nat /\ rep[n].sid \in 0..MaxCrashes
+    /\ crashes \in 0..MaxCrashes
+
+(* An acknowledged Quorum record survives any promotion: every leader of    *)
+(* the newest generation whose fence completed holds it at its offset.      *)
+NoAckedRecordLost ==
+    \A a \in acked : \A n \in Nodes :
+        (role[n] \in {"waiting", "serving"} /\ lgen[n] = cpGen)
+            => Len(log[n]) >= a.off /\ log[n][a.off] = a.e
+
+(* At most one leader serves (holds a lease and has finished its wait).     *)
+AtMostOneServing ==
+    \A m, n \in Nodes : Serving(m) /\ Serving(n) => m = n
+
+(* No two replicas ever complete a fence at the same generation.            *)
+OneLeaderPerGeneration ==
+    \A x, y \in elected : x.g = y.g => x.n = y.n
+
+(* Two logs holding a record of the same generation at the same offset      *)
+(* agree on everything up to and including it.                              *)
+LogMatching ==
+    \A m, n \in Nodes :
+        \A k \in 1..Min(Len(log[m]), Len(log[n])) :
+            log[m][k].g = log[n][k].g => SubSeq(log[m], 1, k) = SubSeq(log[n], 1, k)
+
+Perms == Permutations(Nodes)
+=============================================================================
