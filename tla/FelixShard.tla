@@ -32,12 +32,13 @@ CONSTANTS
     CheckStorageIdentity, \* rule S: a report or assignment counts only under the storage
                           \*         identity it names
     WaitOutLease,   \* rule W: a new leader waits out every lease held when its fence completed
-    RacingPlacement \* environment: placement may name a second leader at an issued generation
+    RacingPlacement, \* environment: placement may name a second leader at an issued generation
+    CrashNamedLeader \* environment: a lossy crash may hit the replica placement names as leader
 
 ASSUME /\ MaxGen \in Nat /\ MaxLen \in Nat /\ MaxCrashes \in Nat
        /\ None \notin Nodes
        /\ \A b \in {UseFence, UseBallot, AckAfterReport, CheckStorageIdentity,
-                    WaitOutLease, RacingPlacement} : b \in BOOLEAN
+                    WaitOutLease, RacingPlacement, CrashNamedLeader} : b \in BOOLEAN
 
 VARIABLES
     \* control plane (durable)
@@ -47,7 +48,8 @@ VARIABLES
     rep,        \* rep[n]: the last landed report about n: [lg, off, sid]
                 \*   (position = generation of the last record held, offset held)
     \* replicas: durable state
-    log,        \* log[n]: sequence of records [g |-> generation, w |-> writing leader]
+    log,        \* log[n]: sequence of records [g |-> generation, w |-> writing leader,
+                \*   c |-> TRUE for a client record, FALSE for a generation start]
     sid,        \* sid[n]: storage identity of n's data directory (rotates on a lossy crash)
     promised,   \* promised[n]: highest generation n has promised (fence answer / own lead)
     ballot,     \* ballot[n]: the leader n accepted at promised[n] (None before any)
@@ -73,7 +75,7 @@ Quorum(S) == Cardinality(S) >= Maj
 Min(a, b) == IF a < b THEN a ELSE b
 Max(S) == CHOOSE x \in S : \A y \in S : y <= x
 
-Record == [g : 0..MaxGen, w : Nodes]
+Record == [g : 0..MaxGen, w : Nodes, c : BOOLEAN]
 NoMatch == [ok |-> FALSE, off |-> 0, sid |-> 0]
 
 \* generation of the record at offset k (0 for the empty prefix)
@@ -193,7 +195,7 @@ FenceComplete(n) ==
     /\ role' = [role EXCEPT ![n] = "waiting"]
     /\ waitfor' = [waitfor EXCEPT ![n] = {m \in Nodes \ {n} : lease[m]}]
     /\ elected' = elected \cup {[g |-> lgen[n], n |-> n]}
-    /\ log' = [log EXCEPT ![n] = Append(@, [g |-> lgen[n], w |-> n])]
+    /\ log' = [log EXCEPT ![n] = Append(@, [g |-> lgen[n], w |-> n, c |-> FALSE])]
     /\ UNCHANGED <<cpGen, cpLeader, cpSid, rep, sid, promised, ballot, lgen, fenced,
                    match, lease, acked, crashes>>
 
@@ -230,7 +232,7 @@ LeaseLapse(n) ==
 Publish(l) ==
     /\ Serving(l)
     /\ Len(log[l]) < MaxLen
-    /\ log' = [log EXCEPT ![l] = Append(@, [g |-> lgen[l], w |-> l])]
+    /\ log' = [log EXCEPT ![l] = Append(@, [g |-> lgen[l], w |-> l, c |-> TRUE])]
     /\ UNCHANGED <<cpGen, cpLeader, cpSid, rep, sid, promised, ballot, lgen, role, fenced,
                    match, lease, waitfor, acked, elected, crashes>>
 
@@ -257,7 +259,8 @@ CommitMark(l, Holders(_)) ==
     LET ks == {k \in 1..Len(log[l]) : log[l][k].g = lgen[l] /\ Quorum(Holders(k))}
     IN IF ks = {} THEN 0 ELSE Max(ks)
 
-Ack(l, k) == acked \cup {[off |-> j, e |-> log[l][j]] : j \in 1..k}
+\* the client records at or below the mark are acknowledged
+Ack(l, k) == acked \cup {[off |-> j, e |-> log[l][j]] : j \in {i \in 1..k : log[l][i].c}}
 
 (* Replica report (doc: "Replica reports").  The leader tells placement who  *)
 (* holds what: itself and every follower that has answered it, each with    *)
@@ -304,6 +307,7 @@ AckOnAnswers(l) ==
 (* generation were fsynced explicitly and survive.  Volatile state is gone. *)
 Crash(n) ==
     /\ crashes < MaxCrashes
+    /\ CrashNamedLeader \/ n # cpLeader
     /\ crashes' = crashes + 1
     /\ \E k \in 0..Len(log[n]) : log' = [log EXCEPT ![n] = SubSeq(@, 1, k)]
     /\ sid' = [sid EXCEPT ![n] = @ + 1]
