@@ -109,6 +109,7 @@ for entry in "${configs[@]}"; do
   secs=$(( $(date +%s) - t0 ))
   states=$(sed -n 's/.* \([0-9][0-9,]*\) distinct states found.*/\1/p' "$log" | tail -1)
   [ -n "$states" ] || states=$(sed -n 's/^\([0-9][0-9,]*\) states generated.*/\1 gen/p' "$log" | tail -1)
+  [ -n "$states" ] || states=$(sed -n 's/^Progress: \([0-9][0-9,]*\) states checked.*/\1 sim/p' "$log" | tail -1)
   [ -n "$states" ] || states=-
   violated=$(sed -n 's/^Error: Invariant \([A-Za-z0-9_]*\) is violated.*/\1/p' "$log" | head -1)
 
