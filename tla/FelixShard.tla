@@ -370,5 +370,30 @@ LogMatching ==
         \A k \in 1..Min(Len(log[m]), Len(log[n])) :
             log[m][k].g = log[n][k].g => SubSeq(log[m], 1, k) = SubSeq(log[n], 1, k)
 
+-----------------------------------------------------------------------------
+(* Reachability probes.  Each states that something interesting never      *)
+(* happens; its configuration (FelixShardProbe*.cfg) expects TLC to find   *)
+(* that it does, so a passing configuration cannot pass because an action  *)
+(* became unreachable.                                                     *)
+
+\* an acknowledged client record, then another replica serving a later generation
+ProbeAckThenFailover ==
+    ~\E a \in acked : \E n \in Nodes :
+        a.e.c /\ a.e.w # n /\ role[n] = "serving" /\ lgen[n] > a.e.g
+
+\* a replica lost, in a lossy crash, an acknowledged record that its landed
+\* report (under its old identity) still says it holds
+ProbeStaleReportAfterCrash ==
+    ~\E n \in Nodes : sid[n] # rep[n].sid /\
+        \E a \in acked : a.off <= rep[n].off /\ Len(log[n]) < a.off
+
+\* two logs disagree at some offset (shipping must truncate)
+ProbeDivergentLogs ==
+    ~\E m, n \in Nodes : \E k \in 1..Min(Len(log[m]), Len(log[n])) : log[m][k].g # log[n][k].g
+
+\* two replicas lead (fence) the same generation at once (racing placement)
+ProbeRacingLeaders ==
+    ~\E m, n \in Nodes : m # n /\ role[m] \in Leading /\ role[n] \in Leading /\ lgen[m] = lgen[n]
+
 Perms == Permutations(Nodes)
 =============================================================================

@@ -90,7 +90,7 @@ mapfile -t configs < <(printf '%s\n' "${configs[@]}" \
 # --- run -----------------------------------------------------------------------------------
 failed=()
 t_all=$(date +%s)
-printf '%-30s %-8s %-22s %-26s %12s %7s  %s\n' config mode expected got states seconds verdict
+printf '%-36s %-8s %-26s %-36s %10s %5s  %s\n' config mode expected got states seconds verdict
 for entry in "${configs[@]}"; do
   read -r name mode expect <<<"$entry"
   log=$tmp/$name.log
@@ -131,12 +131,12 @@ for entry in "${configs[@]}"; do
     [ $rc = 12 ] && [ "$violated" = "$expect" ] && ok=1
   fi
   if [ $ok = 1 ]; then verdict=ok; else verdict=FAIL; failed+=("$name"); fi
-  printf '%-30s %-8s %-22s %-26s %12s %7s  %s\n' "$name" "$mode" "$expect" "$got" "$states" "$secs" "$verdict"
+  printf '%-36s %-8s %-26s %-36s %10s %5s  %s\n' "$name" "$mode" "$expect" "$got" "$states" "$secs" "$verdict"
   if [ $ok = 0 ]; then
     if [ "$expect" = pass ]; then
       echo "check.sh: $name must pass but TLC says: $got" >&2
     else
-      echo "check.sh: negative twin $name must violate $expect but TLC says: $got" >&2
+      echo "check.sh: $name must violate $expect (negative twin or reachability probe) but TLC says: $got" >&2
     fi
     echo "---- $name: last lines of TLC's output ----" >&2
     tail -40 "$log" >&2
