@@ -29,7 +29,7 @@ only=()
 for a in "$@"; do
   case "$a" in
     --long) long=1 ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     -*) echo "check.sh: unknown option $a" >&2; exit 2 ;;
     *) only+=("${a%.cfg}") ;;
   esac
