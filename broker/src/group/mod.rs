@@ -158,7 +158,12 @@ impl GroupConfig {
             1,
             self.max_visibility_timeout_ms,
         )?;
-        in_range("max_nack_delay_ms", self.max_nack_delay_ms, 0, DURATION_LIMIT_MS)?;
+        in_range(
+            "max_nack_delay_ms",
+            self.max_nack_delay_ms,
+            0,
+            DURATION_LIMIT_MS,
+        )?;
         in_range(
             "max_in_flight_records",
             self.max_in_flight_records as u64,
@@ -235,7 +240,8 @@ impl FromStr for ClaimId {
         else {
             return Err(fail("needs exactly three ':'-separated parts"));
         };
-        let shard = decimal(shard, u32::MAX as u64, "shard is not a canonical u32").map_err(fail)?;
+        let shard =
+            decimal(shard, u32::MAX as u64, "shard is not a canonical u32").map_err(fail)?;
         let offset = decimal(offset, u64::MAX, "offset is not a canonical u64").map_err(fail)?;
         let attempt =
             decimal(attempt, u32::MAX as u64, "attempts is not a canonical u32").map_err(fail)?;
@@ -569,7 +575,10 @@ impl Group {
                 }
                 (None, None) => break,
             };
-            let rec = self.recs.get_mut(&offset).expect("eligible record is tracked");
+            let rec = self
+                .recs
+                .get_mut(&offset)
+                .expect("eligible record is tracked");
             debug_assert!(
                 matches!(rec.phase, Phase::Waiting { not_before_ms } if not_before_ms <= now_ms),
                 "offset {offset} handed out while not eligible: {rec:?}"
@@ -674,7 +683,10 @@ impl Group {
         now_ms: u64,
         reason: DeadLetterReason,
     ) -> Fate {
-        let rec = self.recs.get_mut(&o).expect("handed back record is tracked");
+        let rec = self
+            .recs
+            .get_mut(&o)
+            .expect("handed back record is tracked");
         if rec.attempts - rec.base >= self.cfg.max_attempts {
             return self.kill(o, reason);
         }
@@ -867,7 +879,11 @@ impl Group {
     }
 
     /// One page of dead letters with offsets above `after` (all when `None`), at most `limit`.
-    pub fn dead_letters(&self, after: Option<u64>, limit: u32) -> Result<DeadLetterPage, GroupError> {
+    pub fn dead_letters(
+        &self,
+        after: Option<u64>,
+        limit: u32,
+    ) -> Result<DeadLetterPage, GroupError> {
         if limit == 0 || limit > DEAD_LETTER_PAGE_LIMIT {
             return Err(GroupError::PageLimitOutOfRange {
                 requested: limit,
@@ -885,7 +901,10 @@ impl Group {
             Some(_) => letters.last().map(|dl| dl.offset),
             None => None,
         };
-        Ok(DeadLetterPage { letters, next_after })
+        Ok(DeadLetterPage {
+            letters,
+            next_after,
+        })
     }
 
     /// Hand a dead letter out again with a fresh budget of `max_attempts` deliveries.
@@ -947,7 +966,11 @@ impl Group {
             snap.dead_letters.last().map(|d| d.offset),
         ];
         for o in highest.into_iter().flatten() {
-            let beyond = if o == snap.cursor { o > tail } else { o >= tail };
+            let beyond = if o == snap.cursor {
+                o > tail
+            } else {
+                o >= tail
+            };
             if beyond {
                 return Err(GroupError::BeyondTail { offset: o, tail });
             }
@@ -955,7 +978,13 @@ impl Group {
         let mut g = Group::new(snap.shard, cfg, snap.cursor, tail)?;
         g.finished = snap.finished.iter().copied().collect();
         for dl in &snap.dead_letters {
-            g.dead.insert(dl.offset, DeadLetter { redriving: false, ..*dl });
+            g.dead.insert(
+                dl.offset,
+                DeadLetter {
+                    redriving: false,
+                    ..*dl
+                },
+            );
             if dl.redriving {
                 g.redrive(dl.offset).expect("dead letter just inserted");
             }
@@ -971,7 +1000,11 @@ impl Group {
             .values()
             .filter(|r| matches!(r.phase, Phase::InFlight { .. }))
             .count();
-        assert_eq!(in_flight, self.deadlines.len(), "one deadline per live claim");
+        assert_eq!(
+            in_flight,
+            self.deadlines.len(),
+            "one deadline per live claim"
+        );
         assert!(in_flight <= self.cfg.max_in_flight_records as usize);
         for &(d, o) in &self.deadlines {
             assert!(
@@ -998,8 +1031,12 @@ impl Group {
                 redrives += 1;
                 assert!(self.dead[&o].redriving);
             } else {
-                assert!(o >= self.cursor, "cursor {} passed unfinished {o}", self.cursor);
-                assert!(o < self.scan && o < self.tail);
+                assert!(
+                    o >= self.cursor,
+                    "cursor {} passed unfinished {o}",
+                    self.cursor
+                );
+                assert!(o < self.tail);
             }
             assert!(!self.finished.contains(&o));
         }
@@ -1008,7 +1045,10 @@ impl Group {
             assert_eq!(dl.redriving, self.recs.contains_key(&o));
             assert!(!self.finished.contains(&o));
         }
-        assert!(self.finished.iter().all(|&o| o > self.cursor && o < self.tail));
+        assert!(self
+            .finished
+            .iter()
+            .all(|&o| o > self.cursor && o < self.tail));
         assert!(self.cursor <= self.scan);
         assert!(!self.dead.contains_key(&self.cursor) && !self.finished.contains(&self.cursor));
         let non_redrive = self.recs.len() - self.redrive_recs;

@@ -34,7 +34,9 @@ pub struct GroupSnapshot {
 pub enum SnapshotError {
     #[error("group snapshot of {len} bytes is shorter than its header and checksum")]
     TooShort { len: usize },
-    #[error("group snapshot checksum {stored:#010x} does not match its contents ({computed:#010x})")]
+    #[error(
+        "group snapshot checksum {stored:#010x} does not match its contents ({computed:#010x})"
+    )]
     Checksum { stored: u32, computed: u32 },
     #[error("not a group snapshot (bad magic)")]
     BadMagic,
@@ -126,7 +128,9 @@ impl GroupSnapshot {
         }
         let shard = u32::from_le_bytes(body[5..9].try_into().unwrap());
         let cursor = u64::from_le_bytes(body[9..17].try_into().unwrap());
-        let mut r = Reader { buf: &body[HEADER..] };
+        let mut r = Reader {
+            buf: &body[HEADER..],
+        };
         let overflow = SnapshotError::Malformed("offset overflows u64");
 
         let n_runs = r.count()?;
@@ -161,7 +165,9 @@ impl GroupSnapshot {
             };
             let attempts = r.varint()?;
             if attempts == 0 || attempts > u32::MAX as u64 {
-                return Err(SnapshotError::Malformed("dead letter attempts outside 1..=u32"));
+                return Err(SnapshotError::Malformed(
+                    "dead letter attempts outside 1..=u32",
+                ));
             }
             let flags = r.byte()?;
             let reason = match flags & 3 {
