@@ -4,12 +4,13 @@
 //! endpoint; ephemeral pub/sub with shard owners, replay rings and per-subscriber queues
 //! (`fanout`, pure) driven by `core`; durable shards on felix-storage logs; the catalog either
 //! standalone or followed from the control plane by the ops thread (`control_link`). Not
-//! yet: caches and queues.
+//! yet: caches. Consumer groups: the pure per-shard state machine (`group`), not yet driven.
 
 pub mod catalog;
 pub mod config;
 pub mod control_link;
 pub mod core;
 pub mod fanout;
+pub mod group;
 pub mod inspect;
 pub mod metrics;
