@@ -104,6 +104,8 @@ settings! {
         durable_pending_bytes_max: usize = 32 << 20, "FELIX_DURABLE_PENDING_BYTES_MAX";
         /// Bytes one history read (a subscriber catching up from disk) fetches at a time.
         history_fetch_bytes: usize = 256 << 10, "FELIX_HISTORY_FETCH_BYTES";
+        /// Log line format on stderr: text or json (filters from RUST_LOG).
+        log_format: String = "text".into(), "FELIX_LOG_FORMAT";
         /// This broker's node id in the control plane's registry (1 or more).
         node_id: u64 = 1, "FELIX_NODE_ID";
         /// Long-poll bound of one catalog changes request to the control plane, milliseconds.
@@ -190,6 +192,12 @@ impl Config {
         if c.history_fetch_bytes < 4096 || c.history_fetch_bytes > 16 << 20 {
             return Err("history_fetch_bytes must be 4 KiB..=16 MiB".into());
         }
+        if c.log_format != "text" && c.log_format != "json" {
+            return Err(format!(
+                "log_format must be text or json, got {:?}",
+                c.log_format
+            ));
+        }
         if c.controlplane_url.is_some() && c.catalog.is_some() {
             return Err("catalog and controlplane_url are exclusive: the catalog comes from the control plane when it is set".into());
         }
@@ -218,9 +226,81 @@ impl Config {
     }
 }
 
+/// The broker's settings table in docs/operations.md (flag, environment variable, YAML key,
+/// default, meaning), rendered from the same declarations the parser uses so the document
+/// cannot drift (checked by a test).
+pub fn operations_table() -> String {
+    use clap::CommandFactory;
+    let defaults = serde_json::to_value(Config::merge(&Flags::default(), FileConfig::default()))
+        .expect("config serializes");
+    let mut out = String::from(
+        "| flag | environment | YAML key | default | meaning |\n|---|---|---|---|---|\n",
+    );
+    for a in Flags::command().get_arguments() {
+        let Some(long) = a.get_long() else { continue };
+        if long == "help" || long == "version" {
+            continue;
+        }
+        let key = long.replace('-', "_");
+        let env = a
+            .get_env()
+            .map(|e| format!("`{}`", e.to_string_lossy()))
+            .unwrap_or_else(|| "–".into());
+        let value = defaults.get(&key);
+        let default = match (key.as_str(), value) {
+            ("cores", _) => "all online cores".to_string(),
+            (_, None) => "–".to_string(),
+            (_, Some(serde_json::Value::Null)) => "unset".to_string(),
+            (_, Some(serde_json::Value::String(s))) => format!("`{s}`"),
+            (_, Some(v)) => format!("`{v}`"),
+        };
+        let yaml = if value.is_some() {
+            format!("`{key}`")
+        } else {
+            "–".into()
+        };
+        let help = a
+            .get_help()
+            .map(|h| h.to_string().replace('|', "\\|").replace('\n', " "))
+            .unwrap_or_default();
+        out.push_str(&format!(
+            "| `--{long}` | {env} | {yaml} | {default} | {help} |\n"
+        ));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn operations_doc_lists_every_setting() {
+        let p = std::path::Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../docs/operations.md"
+        ));
+        felix_control::docs::check_doc_block(p, "broker-settings", &operations_table()).unwrap();
+    }
+
+    #[test]
+    fn yaml_errors_name_key_line_and_column() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.yaml");
+        std::fs::write(&p, "cores: 1\nidle_timeout_ms: soon\n").unwrap();
+        let f = Flags {
+            config: Some(p),
+            ..Default::default()
+        };
+        let e = Config::resolve(&f).unwrap_err();
+        assert!(e.contains("line 2"), "{e}");
+        assert!(e.contains("column"), "{e}");
+        let f = Flags {
+            log_format: Some("xml".into()),
+            ..Default::default()
+        };
+        assert!(Config::resolve(&f).unwrap_err().contains("log_format"));
+    }
 
     #[test]
     fn precedence_file_then_flags() {

@@ -9,15 +9,23 @@ use glommio::{LocalExecutorBuilder, Placement};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+fn init_logs(json: bool) {
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        b.json().init();
+    } else {
+        b.init();
+    }
+}
+
 fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("inspect") {
+        init_logs(false);
         std::process::exit(felix_broker::inspect::main(&args[2..]));
     }
     let flags = Flags::parse();
@@ -28,6 +36,7 @@ fn main() {
             std::process::exit(2);
         }
     };
+    init_logs(cfg.log_format == "json");
     if flags.print_config {
         println!("{}", serde_json::to_string_pretty(&cfg).unwrap());
         return;

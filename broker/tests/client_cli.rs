@@ -165,3 +165,46 @@ fn felixctl_publish_then_subscribe_json() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown_stream"));
 }
+
+#[test]
+fn json_logs_are_one_object_per_line() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_felix-broker"))
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--cores",
+            "1",
+            "--log-format",
+            "json",
+        ])
+        .arg("--data-dir")
+        .arg(dir.path())
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let err = child.stderr.take().unwrap();
+    // A fresh data dir: the first line reports the generated development certificate.
+    let line = std::io::BufReader::new(err)
+        .lines()
+        .next()
+        .unwrap()
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let v: serde_json::Value =
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+    assert_eq!(v["level"], "INFO", "{line}");
+    assert!(
+        v["fields"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("certificate"),
+        "{line}"
+    );
+}

@@ -8,6 +8,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum StoreKind {
     Memory,
     Raft,
@@ -19,6 +25,9 @@ pub enum StoreKind {
     about = "Felix control plane (REST + metadata store)"
 )]
 pub struct Config {
+    /// Log line format on stderr: text or json (filters from FELIX_LOG).
+    #[arg(long, env = "FELIX_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
     /// REST listener (also carries the Raft RPCs between members).
     #[arg(
         long,
@@ -178,5 +187,51 @@ impl Config {
         m.entry(self.raft_node_id)
             .or_insert_with(|| self.listen.to_string());
         Ok(m)
+    }
+}
+
+/// The control plane's settings table in docs/operations.md, rendered from the clap
+/// declarations (checked by a test).
+pub fn operations_table() -> String {
+    use clap::CommandFactory;
+    let mut out = String::from("| flag | environment | default | meaning |\n|---|---|---|---|\n");
+    for a in Config::command().get_arguments() {
+        let Some(long) = a.get_long() else { continue };
+        if long == "help" || long == "version" {
+            continue;
+        }
+        let env = a
+            .get_env()
+            .map(|e| format!("`{}`", e.to_string_lossy()))
+            .unwrap_or_else(|| "–".into());
+        let defaults: Vec<String> = a
+            .get_default_values()
+            .iter()
+            .map(|v| v.to_string_lossy().to_string())
+            .collect();
+        let default = match defaults.as_slice() {
+            [] => "unset".to_string(),
+            [d] if d.is_empty() => "empty".to_string(),
+            ds => format!("`{}`", ds.join(",")),
+        };
+        let help = a
+            .get_help()
+            .map(|h| h.to_string().replace('|', "\\|").replace('\n', " "))
+            .unwrap_or_default();
+        out.push_str(&format!("| `--{long}` | {env} | {default} | {help} |\n"));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn operations_doc_lists_every_setting() {
+        let p = std::path::Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../docs/operations.md"
+        ));
+        crate::docs::check_doc_block(p, "controlplane-settings", &super::operations_table())
+            .unwrap();
     }
 }

@@ -9,6 +9,7 @@
 
 pub mod api;
 pub mod catalog;
+pub mod docs;
 pub mod placement;
 
 #[cfg(feature = "server")]

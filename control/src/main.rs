@@ -1,7 +1,7 @@
 //! `felix-controlplane`: the Felix control plane process.
 
 use clap::Parser;
-use felix_control::config::{Config, StoreKind};
+use felix_control::config::{Config, LogFormat, StoreKind};
 use felix_control::server::{serve, AppState};
 use felix_control::store::memory::MemoryStore;
 use felix_control::store::MetadataStore;
@@ -9,14 +9,17 @@ use std::sync::Arc;
 
 #[tokio::main]
 async fn main() {
-    tracing_subscriber::fmt()
+    let cfg = Arc::new(Config::parse());
+    let b = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("FELIX_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn")),
         )
-        .with_writer(std::io::stderr)
-        .init();
-    let cfg = Arc::new(Config::parse());
+        .with_writer(std::io::stderr);
+    match cfg.log_format {
+        LogFormat::Json => b.json().init(),
+        LogFormat::Text => b.init(),
+    }
     std::process::exit(run(cfg).await);
 }
 
