@@ -104,6 +104,9 @@ settings! {
         durable_pending_bytes_max: usize = 32 << 20, "FELIX_DURABLE_PENDING_BYTES_MAX";
         /// Bytes one history read (a subscriber catching up from disk) fetches at a time.
         history_fetch_bytes: usize = 256 << 10, "FELIX_HISTORY_FETCH_BYTES";
+        /// Shutdown budget, milliseconds: half for answering in-flight publishes, half for
+        /// connections to close after durable logs are flushed and fsynced.
+        drain_timeout_ms: u64 = 5_000, "FELIX_DRAIN_TIMEOUT_MS";
         /// Log line format on stderr: text or json (filters from RUST_LOG).
         log_format: String = "text".into(), "FELIX_LOG_FORMAT";
         /// This broker's node id in the control plane's registry (1 or more).
@@ -169,6 +172,7 @@ impl Config {
             ("conn_inflight_bytes_max", c.conn_inflight_bytes_max),
             ("conn_unacked_max", c.conn_unacked_max as u64),
             ("publish_timeout_ms", c.publish_timeout_ms),
+            ("drain_timeout_ms", c.drain_timeout_ms),
             ("ring_records_max", c.ring_records_max as u64),
             ("ring_bytes_max", c.ring_bytes_max),
             ("sub_queue_records_max", c.sub_queue_records_max as u64),

@@ -187,6 +187,8 @@ pub struct CoreSettings {
     pub catalog: Arc<CatalogCell>,
     pub counters: Arc<CoreCounters>,
     pub shutdown: Arc<AtomicBool>,
+    /// Set by a core whose drain hit the deadline with work unanswered (a forced exit).
+    pub drain_forced: Arc<AtomicBool>,
 }
 
 #[derive(Default)]
@@ -245,6 +247,11 @@ struct CoreState {
     durable: HashMap<ShardKey, DurableShard>,
     me: Weak<RefCell<CoreState>>,
     wake: Wake,
+    /// Logs are being closed for shutdown: their `closed` answers are not failures.
+    closing_logs: bool,
+    /// Shutting down: new publishes are refused with `shutting_down` while those in flight
+    /// are answered.
+    draining: bool,
 }
 
 /// Run one core until shutdown. `sock` is this core's SO_REUSEPORT socket.
@@ -291,6 +298,8 @@ pub async fn run_core(
         durable: HashMap::new(),
         me: Weak::new(),
         wake: wake.clone(),
+        draining: false,
+        closing_logs: false,
     }));
     state.borrow_mut().me = Rc::downgrade(&state);
     open_durable_shards(&state).await;
@@ -523,23 +532,67 @@ async fn commit_watcher(state: Weak<RefCell<CoreState>>, key: ShardKey, log: Log
     }
 }
 
+/// Shutdown phases of a core's flusher.
+enum Drain {
+    Serving,
+    /// Refusing new publishes, answering those in flight (until idle or the deadline).
+    Answering {
+        since: Instant,
+    },
+    /// Logs closed, connections told `shutting_down`; waiting for them to close.
+    Closing {
+        since: Instant,
+    },
+}
+
 async fn flusher(state: Rc<RefCell<CoreState>>, sock: Rc<GlommioUdp>, wake_rx: WakeRx) {
     let mut batch = TxBatch::new(64);
-    let mut closing_since: Option<Instant> = None;
+    let mut drain = Drain::Serving;
     loop {
         let shutdown = state.borrow().s.shutdown.load(Ordering::Acquire);
-        if shutdown && closing_since.is_none() {
-            closing_since = Some(Instant::now());
+        if shutdown && matches!(drain, Drain::Serving) {
             let mut st = state.borrow_mut();
             st.ep.set_accepting(false);
-            for k in st.ep.keys() {
-                if let Some(e) = st.ep.get(k) {
-                    e.conn.close(
-                        ErrorCode::ShuttingDown.number() as u64,
-                        "broker shutting down",
+            st.draining = true;
+            drain = Drain::Answering {
+                since: Instant::now(),
+            };
+        }
+        if let Drain::Answering { since } = drain {
+            let deadline_ms = state.borrow().s.cfg.drain_timeout_ms;
+            let idle = state.borrow().drain_idle();
+            if idle || since.elapsed() > Duration::from_millis(deadline_ms / 2) {
+                if !idle {
+                    tracing::warn!(
+                        core = state.borrow().id,
+                        "drain deadline: closing with publishes unanswered"
                     );
+                    state.borrow().s.drain_forced.store(true, Ordering::Release);
                 }
-                st.ep.mark_dirty(k);
+                // Flush and fsync every log this core owns before telling clients we go.
+                let logs: Vec<Log> = {
+                    let mut st = state.borrow_mut();
+                    st.closing_logs = true;
+                    st.durable.values().filter_map(|d| d.log.clone()).collect()
+                };
+                for log in logs {
+                    if let Err(e) = log.close().await {
+                        tracing::error!(error = %e, "durable log did not close cleanly");
+                    }
+                }
+                let mut st = state.borrow_mut();
+                for k in st.ep.keys() {
+                    if let Some(e) = st.ep.get(k) {
+                        e.conn.close(
+                            ErrorCode::ShuttingDown.number() as u64,
+                            "broker shutting down",
+                        );
+                    }
+                    st.ep.mark_dirty(k);
+                }
+                drain = Drain::Closing {
+                    since: Instant::now(),
+                };
             }
         }
         loop {
@@ -571,18 +624,21 @@ async fn flusher(state: Rc<RefCell<CoreState>>, sock: Rc<GlommioUdp>, wake_rx: W
             }
             sock.send_batch(&batch).await;
         }
-        if let Some(t) = closing_since {
+        if let Drain::Closing { since } = drain {
             let st = state.borrow();
-            if st.ep.conn_count() == 0 || t.elapsed() > Duration::from_secs(2) {
+            let close_ms = st.s.cfg.drain_timeout_ms / 2;
+            if st.ep.conn_count() == 0 || since.elapsed() > Duration::from_millis(close_ms) {
                 return;
             }
         }
         let timeout = state.borrow().ep.next_timeout(Instant::now());
-        let cap = Duration::from_millis(if state.borrow().held_total > 0 {
-            10
-        } else {
-            100
-        });
+        let cap = Duration::from_millis(
+            if state.borrow().held_total > 0 || !matches!(drain, Drain::Serving) {
+                10
+            } else {
+                100
+            },
+        );
         wake_rx.wait(Some(timeout.unwrap_or(cap).min(cap))).await;
     }
 }
@@ -598,6 +654,15 @@ fn pub_error_stream(stream: u64) -> u64 {
 }
 
 impl CoreState {
+    /// Nothing this core must still answer: no acked publish of its connections unanswered,
+    /// nothing held or waiting for a commit on the shards it owns.
+    fn drain_idle(&self) -> bool {
+        self.sessions.values().all(|s| s.unacked == 0)
+            && self.held_total == 0
+            && self.durable.values().all(|d| d.pending.is_empty())
+            && self.inbox.is_empty()
+    }
+
     // ---------- catalog ----------
 
     /// Act on a newer catalog version if one was published: end this core's subscriptions
@@ -1039,24 +1104,38 @@ impl CoreState {
 
     /// The log failed: nothing pending will be acknowledged.
     fn on_durable_failed(&mut self, key: ShardKey, why: String) {
+        let closing = self.closing_logs;
         let Some(d) = self.durable.get_mut(&key) else {
             return;
         };
-        if d.failed.is_none() {
+        if closing && d.pending.is_empty() {
+            // Closed for shutdown with nothing waiting: not a failure.
+            return;
+        }
+        if d.failed.is_none() && !closing {
             CoreCounters::inc(&self.s.counters.durable_shards_failed);
             d.failed = Some(why.clone());
         }
         let pending: Vec<_> = d.pending.drain(..).collect();
+        let (code, msg) = if closing {
+            (
+                ErrorCode::ShuttingDown,
+                "the broker shut down before this publish was committed; it was not acknowledged"
+                    .to_string(),
+            )
+        } else {
+            (
+                ErrorCode::Unavailable,
+                format!("shard storage failed; the publish was not acknowledged: {why}"),
+            )
+        };
         for (req, _) in pending {
             CoreCounters::inc(&self.s.counters.durable_publishes_refused);
             self.route(
                 req.origin.core,
                 MeshMsg::PublishResult {
                     origin: req.origin,
-                    result: Err((
-                        ErrorCode::Unavailable,
-                        format!("shard storage failed; the publish was not acknowledged: {why}"),
-                    )),
+                    result: Err((code, msg.clone())),
                 },
             );
         }
@@ -1888,6 +1967,12 @@ impl CoreState {
         ack: bool,
         records: Records,
     ) -> Result<(), (ErrorCode, String)> {
+        if self.draining {
+            return Err((
+                ErrorCode::ShuttingDown,
+                "the broker is shutting down; nothing was appended".into(),
+            ));
+        }
         let cfg = self.s.cfg.clone();
         let catalog = self.catalog.clone();
         let (idx, def) = catalog.lookup(name)?;

@@ -127,6 +127,7 @@ fn run(cfg: Config) -> Result<(), String> {
     metrics::serve(metrics_listener, ops.clone());
 
     let shutdown = Arc::new(AtomicBool::new(false));
+    let drain_forced = Arc::new(AtomicBool::new(false));
     let mesh = MeshBuilder::<MeshMsg, _>::full(cfg.cores, 1024);
     let online = std::thread::available_parallelism()
         .map(|n| n.get())
@@ -142,6 +143,7 @@ fn run(cfg: Config) -> Result<(), String> {
             catalog: catalog.clone(),
             counters: counters[i].clone(),
             shutdown: shutdown.clone(),
+            drain_forced: drain_forced.clone(),
         };
         let placement = if cfg.cores <= online {
             Placement::Fixed(i)
@@ -214,8 +216,40 @@ fn run(cfg: Config) -> Result<(), String> {
     tracing::info!(signal = sig, "shutting down");
     ops.ready.store(false, Ordering::Release);
     shutdown.store(true, Ordering::Release);
-    for h in handles {
-        let _ = h.join();
+    // The cores drain within drain_timeout_ms; a second signal or the deadline (plus a grace
+    // second) forces the exit, reported by exit code 3.
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for h in handles {
+            let _ = h.join();
+        }
+        let _ = done_tx.send(());
+    });
+    let deadline =
+        std::time::Instant::now() + std::time::Duration::from_millis(cfg.drain_timeout_ms + 1_000);
+    loop {
+        if done_rx.try_recv().is_ok() {
+            if drain_forced.load(Ordering::Acquire) {
+                eprintln!(
+                    "felix-broker: drain deadline passed with publishes unanswered; forced exit"
+                );
+                std::process::exit(3);
+            }
+            tracing::info!("shutdown complete");
+            return Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            eprintln!("felix-broker: shutdown deadline passed; forced exit");
+            std::process::exit(3);
+        }
+        let ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 20_000_000,
+        };
+        let r = unsafe { libc::sigtimedwait(&sigset, std::ptr::null_mut(), &ts) };
+        if r > 0 {
+            eprintln!("felix-broker: second signal {r}; forced exit");
+            std::process::exit(3);
+        }
     }
-    Ok(())
 }

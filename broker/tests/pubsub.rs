@@ -671,3 +671,64 @@ async fn typed_refusals_lose_nothing() {
     let ev = s.next_timeout(WAIT).await.unwrap().unwrap();
     assert_eq!(ev.records(), vec![(0, Bytes::from("first"))]);
 }
+
+/// A publish held by a stalled Block subscriber keeps the drain busy: a second SIGTERM forces
+/// the exit at once (exit code 3); without it, the drain deadline forces it (also 3). The
+/// stall is not perfectly steady (the stalled client still trickles flow-control credit), so a
+/// drain may find nothing held and exit 0; each path gets up to five fresh brokers and must
+/// be seen forced at least once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_with_a_held_publish_is_forced_by_a_second_signal_or_the_deadline() {
+    for second_signal in [true, false] {
+        let mut forced = false;
+        for _attempt in 0..5 {
+            let b = Broker::start(
+                2,
+                &[
+                    "--publish-timeout-ms",
+                    "60000",
+                    "--drain-timeout-ms",
+                    "4000",
+                ],
+            );
+            let (_sc, _slow) = stalled(&b, QueuePolicy::Block).await;
+            let (_pubh, mut acked) = spawn_publisher(b.client().await, 400);
+            let held_at = wait_until_held(&mut acked, Duration::from_millis(700)).await;
+            assert!(held_at < 400, "a publish is held");
+            let t0 = std::time::Instant::now();
+            b.signal(libc::SIGTERM);
+            if second_signal {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                b.signal(libc::SIGTERM);
+            }
+            let (code, _dir) =
+                tokio::task::spawn_blocking(move || b.wait_exit(Duration::from_secs(10)))
+                    .await
+                    .unwrap();
+            let took = t0.elapsed();
+            match code {
+                Some(0) => continue, // nothing was held when the drain looked: try again
+                Some(3) if second_signal => {
+                    assert!(
+                        took < Duration::from_millis(1500),
+                        "second signal forces at once: {took:?}"
+                    );
+                }
+                Some(3) => {
+                    // Half the budget (2 s) answering before the deadline cuts it.
+                    assert!(
+                        took >= Duration::from_millis(1800),
+                        "drain waited for its deadline: {took:?}"
+                    );
+                }
+                other => panic!("exit {other:?} (second signal: {second_signal})"),
+            }
+            forced = true;
+            break;
+        }
+        assert!(
+            forced,
+            "no forced exit seen (second signal: {second_signal})"
+        );
+    }
+}

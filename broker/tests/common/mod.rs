@@ -42,6 +42,32 @@ impl Broker {
         std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap())
     }
 
+    /// Send `sig` (e.g. `libc::SIGTERM`) to the broker process.
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: plain kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, sig) };
+    }
+
+    /// Wait (bounded) for the broker to exit by itself; its exit code and data directory.
+    pub fn wait_exit(mut self, timeout: Duration) -> (Option<i32>, tempfile::TempDir) {
+        let deadline = std::time::Instant::now() + timeout;
+        let code = loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                break st.code();
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        (
+            code,
+            std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap()),
+        )
+    }
+
     /// Start, or the broker's exit status and stderr if it exits instead of becoming ready.
     pub fn try_start_in(
         dir: tempfile::TempDir,
