@@ -115,6 +115,37 @@ pub struct AppState {
     pub cfg: Arc<Config>,
     soft: Mutex<Soft>,
     http: reqwest::Client,
+    requests: RequestMetrics,
+}
+
+/// Upper bounds of the request latency histogram, microseconds.
+const LATENCY_BUCKETS_US: [u64; 12] = [
+    250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000, 5_000_000,
+];
+
+/// REST request counters and a latency histogram (relaxed atomics: no lock per request).
+#[derive(Default)]
+struct RequestMetrics {
+    /// By status class 1xx..5xx.
+    by_class: [std::sync::atomic::AtomicU64; 5],
+    /// Cumulative per bucket of `LATENCY_BUCKETS_US`, plus +Inf last.
+    buckets: [std::sync::atomic::AtomicU64; 13],
+    sum_us: std::sync::atomic::AtomicU64,
+}
+
+impl RequestMetrics {
+    fn observe(&self, status: u16, elapsed_us: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let class = (status / 100).clamp(1, 5) as usize - 1;
+        self.by_class[class].fetch_add(1, Relaxed);
+        for (i, b) in LATENCY_BUCKETS_US.iter().enumerate() {
+            if elapsed_us <= *b {
+                self.buckets[i].fetch_add(1, Relaxed);
+            }
+        }
+        self.buckets[LATENCY_BUCKETS_US.len()].fetch_add(1, Relaxed);
+        self.sum_us.fetch_add(elapsed_us, Relaxed);
+    }
 }
 
 /// Leader soft state: what heartbeats taught this node. Lost on a leader change, which only
@@ -140,6 +171,7 @@ impl AppState {
             store,
             cfg,
             soft: Mutex::new(Soft::default()),
+            requests: RequestMetrics::default(),
             http,
         })
     }
@@ -168,6 +200,7 @@ pub fn router(st: Arc<AppState>) -> Router {
     let api = Router::new()
         .route("/livez", get(livez))
         .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
         .route("/v1/openapi.json", get(openapi_json))
         .route("/v1/tenants", get(list_tenants).post(create_tenant))
         .route(
@@ -212,6 +245,10 @@ pub fn router(st: Arc<AppState>) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(st.cfg.max_body_bytes))
+        .layer(axum::middleware::from_fn_with_state(
+            st.clone(),
+            observe_request,
+        ))
         .with_state(st.clone());
     api
 }
@@ -255,6 +292,116 @@ async fn readyz(State(st): State<Arc<AppState>>) -> Res<Json<Health>> {
     Ok(Json(Health {
         status: "ready".into(),
     }))
+}
+
+async fn observe_request(
+    State(st): State<Arc<AppState>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let t0 = Instant::now();
+    let resp = next.run(req).await;
+    st.requests
+        .observe(resp.status().as_u16(), t0.elapsed().as_micros() as u64);
+    resp
+}
+
+/// Prometheus text exposition: REST requests (by status class, latency histogram), the
+/// store's Raft view (term, leader, applied index), catalog revision, brokers.
+async fn metrics(State(st): State<Arc<AppState>>) -> impl IntoResponse {
+    use std::fmt::Write;
+    use std::sync::atomic::Ordering::Relaxed;
+    let status = st.store.status();
+    let (live, total) = st.read(|c| {
+        let all: Vec<_> = c.brokers().collect();
+        (all.iter().filter(|b| b.live).count(), all.len())
+    });
+    let mut o = String::new();
+    let mut gauge = |name: &str, help: &str, v: u64| {
+        let _ = write!(o, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}\n");
+    };
+    gauge(
+        "felix_controlplane_ready",
+        "1 when the store can serve",
+        status.ready as u64,
+    );
+    gauge(
+        "felix_controlplane_catalog_revision",
+        "catalog revision applied by this member",
+        status.catalog_revision,
+    );
+    gauge(
+        "felix_controlplane_raft_term",
+        "Raft term (0 for the memory store)",
+        status.term,
+    );
+    gauge(
+        "felix_controlplane_raft_is_leader",
+        "1 when this member leads",
+        status.is_leader as u64,
+    );
+    gauge(
+        "felix_controlplane_raft_leader",
+        "node id of the known leader (0 unknown)",
+        status.leader.unwrap_or(0),
+    );
+    gauge(
+        "felix_controlplane_raft_applied_index",
+        "last applied Raft log index",
+        status.applied_index,
+    );
+    gauge(
+        "felix_controlplane_raft_voters",
+        "voting members",
+        status.voters.len() as u64,
+    );
+    gauge(
+        "felix_controlplane_brokers",
+        "registered brokers",
+        total as u64,
+    );
+    gauge(
+        "felix_controlplane_brokers_live",
+        "brokers counted live",
+        live as u64,
+    );
+    let r = &st.requests;
+    let _ = write!(o, "# HELP felix_controlplane_requests_total REST requests answered, by status class\n# TYPE felix_controlplane_requests_total counter\n");
+    for (i, c) in r.by_class.iter().enumerate() {
+        let _ = writeln!(
+            o,
+            "felix_controlplane_requests_total{{class=\"{}xx\"}} {}",
+            i + 1,
+            c.load(Relaxed)
+        );
+    }
+    let _ = write!(o, "# HELP felix_controlplane_request_seconds REST request latency\n# TYPE felix_controlplane_request_seconds histogram\n");
+    for (i, b) in LATENCY_BUCKETS_US.iter().enumerate() {
+        let _ = writeln!(
+            o,
+            "felix_controlplane_request_seconds_bucket{{le=\"{}\"}} {}",
+            *b as f64 / 1e6,
+            r.buckets[i].load(Relaxed)
+        );
+    }
+    let count = r.buckets[LATENCY_BUCKETS_US.len()].load(Relaxed);
+    let _ = writeln!(
+        o,
+        "felix_controlplane_request_seconds_bucket{{le=\"+Inf\"}} {count}"
+    );
+    let _ = writeln!(
+        o,
+        "felix_controlplane_request_seconds_sum {}",
+        r.sum_us.load(Relaxed) as f64 / 1e6
+    );
+    let _ = writeln!(o, "felix_controlplane_request_seconds_count {count}");
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4",
+        )],
+        o,
+    )
 }
 
 async fn openapi_json() -> impl IntoResponse {

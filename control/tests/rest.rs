@@ -119,6 +119,92 @@ async fn raft_single_member_restart_keeps_data() {
     assert_eq!(page["changes"][0]["revision"], 101);
 }
 
+/// `/metrics` is Prometheus text (parsed with a Prometheus parser): requests counted by
+/// status class and in the latency histogram, the Raft view of a single member.
+#[tokio::test]
+async fn metrics_count_requests_and_show_raft_state() {
+    let d = tempdir();
+    let mut a = suite_args();
+    a.extend([
+        "--store".into(),
+        "raft".into(),
+        "--raft-data-dir".into(),
+        p(d.path()),
+    ]);
+    let s = Server::start(&a);
+    let c = client();
+    wait_ready(&c, &s).await;
+    let scrape = || async {
+        let text = c
+            .get(s.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let lines = text.lines().map(|l| Ok(l.to_string()));
+        prometheus_parse::Scrape::parse(lines).expect("Prometheus text")
+    };
+    let value = |m: &prometheus_parse::Scrape, name: &str, label: Option<(&str, &str)>| -> f64 {
+        m.samples
+            .iter()
+            .find(|x| x.metric == name && label.is_none_or(|(k, v)| x.labels.get(k) == Some(v)))
+            .map(|x| match x.value {
+                prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Gauge(v) => v,
+                prometheus_parse::Value::Untyped(v) => v,
+                _ => f64::NAN,
+            })
+            .unwrap_or_else(|| panic!("no sample {name} {label:?}"))
+    };
+    let before = scrape().await;
+    for _ in 0..10 {
+        assert_eq!(call(&c, "GET", &s.url("/v1/tenants"), None).await.0, 200);
+    }
+    for _ in 0..3 {
+        assert_eq!(
+            call(&c, "GET", &s.url("/v1/tenants/nope"), None).await.0,
+            404
+        );
+    }
+    let after = scrape().await;
+    let ok = |m| {
+        value(
+            m,
+            "felix_controlplane_requests_total",
+            Some(("class", "2xx")),
+        )
+    };
+    let nf = |m| {
+        value(
+            m,
+            "felix_controlplane_requests_total",
+            Some(("class", "4xx")),
+        )
+    };
+    // The first scrape itself is a 2xx counted after it was rendered.
+    assert_eq!(ok(&after) - ok(&before), 11.0);
+    assert_eq!(nf(&after) - nf(&before), 3.0);
+    assert_eq!(
+        value(&after, "felix_controlplane_raft_is_leader", None),
+        1.0
+    );
+    assert!(value(&after, "felix_controlplane_raft_term", None) >= 1.0);
+    assert_eq!(value(&after, "felix_controlplane_ready", None), 1.0);
+    let hist = after
+        .samples
+        .iter()
+        .find(|x| x.metric == "felix_controlplane_request_seconds")
+        .expect("latency histogram");
+    match &hist.value {
+        prometheus_parse::Value::Histogram(h) => {
+            let inf = h.iter().find(|b| b.less_than.is_infinite()).unwrap().count;
+            assert!(inf >= 14.0, "every request observed: {inf}");
+        }
+        other => panic!("not a histogram: {other:?}"),
+    }
+}
+
 async fn wait_ready(c: &reqwest::Client, s: &Server) {
     eventually(20, "readyz", || async {
         (call(c, "GET", &s.url("/readyz"), None).await.0 == 200).then_some(())
