@@ -143,7 +143,8 @@ struct DurableShard {
     /// None when the log could not be opened (the shard is failed from the start).
     log: Option<Log>,
     /// In offset order: answered and delivered once the log acknowledges them.
-    pending: VecDeque<(PublishReq, std::ops::Range<u64>)>,
+    /// With the time each was handed to the log (for the commit latency histogram).
+    pending: VecDeque<(PublishReq, std::ops::Range<u64>, Instant)>,
     failed: Option<String>,
     /// Publishes and attaches that arrived while the log was opening; handled again once
     /// it is open (or failed). Bounded by the connections' in-flight and subscription caps.
@@ -821,7 +822,7 @@ impl CoreState {
                 refused.extend(o.held.drain(..));
             }
             if let Some(d) = self.durable.remove(&key) {
-                refused.extend(d.pending.into_iter().map(|(r, _)| r));
+                refused.extend(d.pending.into_iter().map(|(r, _, _)| r));
                 // Deferred publishes and attaches meet the deleted slot when handled again.
                 self.inbox.extend(d.deferred);
                 let root = self.s.cfg.durable_storage_dir.clone();
@@ -1049,7 +1050,7 @@ impl CoreState {
                 let ins: Vec<RecordIn> = recs.iter().map(|p| RecordIn::new(p)).collect();
                 match log.append(&ins, felix_storage::log::now_ms()) {
                     Ok(range) => {
-                        d.pending.push_back((req, range));
+                        d.pending.push_back((req, range, Instant::now()));
                         return;
                     }
                     Err(LogError::Backpressure { pending_bytes }) => (
@@ -1085,10 +1086,14 @@ impl CoreState {
                 return;
             };
             match d.pending.front() {
-                Some((_, r)) if r.end <= acked => {}
+                Some((_, r, _)) if r.end <= acked => {}
                 _ => return,
             }
-            let (req, range) = d.pending.pop_front().unwrap();
+            let (req, range, at) = d.pending.pop_front().unwrap();
+            self.s
+                .counters
+                .durable_commit
+                .observe_us(at.elapsed().as_micros() as u64);
             let next = self.owner(key.0, key.1).next_offset();
             assert_eq!(
                 next, range.start,
@@ -1129,7 +1134,7 @@ impl CoreState {
                 format!("shard storage failed; the publish was not acknowledged: {why}"),
             )
         };
-        for (req, _) in pending {
+        for (req, _, _) in pending {
             CoreCounters::inc(&self.s.counters.durable_publishes_refused);
             self.route(
                 req.origin.core,

@@ -9,13 +9,27 @@ macro_rules! counters {
     ($($name:ident: $help:literal,)*) => {
         /// Counters of one core.
         #[derive(Default, Debug)]
-        pub struct CoreCounters { $(pub $name: AtomicU64,)* }
+        pub struct CoreCounters {
+            $(pub $name: AtomicU64,)*
+            /// Durable publish latency, from handing it to the log to its commit.
+            pub durable_commit: Histogram,
+        }
         impl CoreCounters {
-            fn render(&self, core: usize, out: &mut String) {
-                $( out.push_str(&format!("felix_{}{{core=\"{}\"}} {}\n", stringify!($name), core, self.$name.load(Ordering::Relaxed))); )*
-            }
-            fn help(out: &mut String) {
-                $( out.push_str(&format!("# HELP felix_{} {}\n# TYPE felix_{} counter\n", stringify!($name), $help, stringify!($name))); )*
+            /// Every family once, its samples for all cores together (the text format wants
+            /// each family's lines in one group).
+            fn render_all(cores: &[Arc<CoreCounters>], out: &mut String) {
+                $(
+                    out.push_str(&format!("# HELP felix_{} {}\n# TYPE felix_{} counter\n", stringify!($name), $help, stringify!($name)));
+                    for (i, c) in cores.iter().enumerate() {
+                        out.push_str(&format!("felix_{}{{core=\"{}\"}} {}\n", stringify!($name), i, c.$name.load(Ordering::Relaxed)));
+                    }
+                )*
+                Histogram::render(
+                    "felix_durable_commit_seconds",
+                    "durable publishes from append to commit (acknowledged), seconds",
+                    cores.iter().map(|c| &c.durable_commit),
+                    out,
+                );
             }
         }
     };
@@ -53,6 +67,56 @@ counters! {
     history_records_read: "records read from disk for subscribers catching up",
 }
 
+/// Upper bounds of latency histograms, microseconds.
+pub const LATENCY_BUCKETS_US: [u64; 14] = [
+    50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000,
+    5_000_000,
+];
+
+/// A fixed-bucket latency histogram written by one core (relaxed atomics, no lock).
+#[derive(Default, Debug)]
+pub struct Histogram {
+    /// Non-cumulative counts per bucket; the last one is +Inf.
+    buckets: [AtomicU64; 15],
+    sum_us: AtomicU64,
+}
+
+impl Histogram {
+    pub fn observe_us(&self, us: u64) {
+        let i = LATENCY_BUCKETS_US
+            .iter()
+            .position(|b| us <= *b)
+            .unwrap_or(LATENCY_BUCKETS_US.len());
+        self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        self.sum_us.fetch_add(us, Ordering::Relaxed);
+    }
+
+    fn render<'a>(
+        name: &str,
+        help: &str,
+        per_core: impl Iterator<Item = &'a Histogram>,
+        out: &mut String,
+    ) {
+        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} histogram\n"));
+        for (core, h) in per_core.enumerate() {
+            let mut cum = 0;
+            for (i, b) in h.buckets.iter().enumerate() {
+                cum += b.load(Ordering::Relaxed);
+                let le = LATENCY_BUCKETS_US
+                    .get(i)
+                    .map(|us| format!("{}", *us as f64 / 1e6))
+                    .unwrap_or_else(|| "+Inf".into());
+                out.push_str(&format!(
+                    "{name}_bucket{{le=\"{le}\",core=\"{core}\"}} {cum}\n"
+                ));
+            }
+            let sum = h.sum_us.load(Ordering::Relaxed) as f64 / 1e6;
+            out.push_str(&format!("{name}_sum{{core=\"{core}\"}} {sum}\n"));
+            out.push_str(&format!("{name}_count{{core=\"{core}\"}} {cum}\n"));
+        }
+    }
+}
+
 impl CoreCounters {
     pub fn inc(c: &AtomicU64) {
         c.fetch_add(1, Ordering::Relaxed);
@@ -71,10 +135,7 @@ pub struct Ops {
 impl Ops {
     pub fn render(&self) -> String {
         let mut s = String::new();
-        CoreCounters::help(&mut s);
-        for (i, c) in self.cores.iter().enumerate() {
-            c.render(i, &mut s);
-        }
+        CoreCounters::render_all(&self.cores, &mut s);
         s
     }
 }

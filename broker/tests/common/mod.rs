@@ -181,8 +181,10 @@ impl Broker {
             let Some((core, value)) = rest.split_once("\"} ") else {
                 continue;
             };
-            let (core, value): (usize, u64) =
-                (core.parse().unwrap(), value.trim().parse().unwrap());
+            // Counters only (histogram sums are floats and skipped here).
+            let (Ok(core), Ok(value)) = (core.parse::<usize>(), value.trim().parse::<u64>()) else {
+                continue;
+            };
             let v = m.entry(name.to_string()).or_default();
             if v.len() <= core {
                 v.resize(core + 1, 0);
