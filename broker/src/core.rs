@@ -190,6 +190,8 @@ pub struct CoreSettings {
     pub shutdown: Arc<AtomicBool>,
     /// Set by a core whose drain hit the deadline with work unanswered (a forced exit).
     pub drain_forced: Arc<AtomicBool>,
+    /// Counts cores that have opened their durable logs and serve (readiness waits for all).
+    pub started: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 #[derive(Default)]
@@ -304,6 +306,7 @@ pub async fn run_core(
     }));
     state.borrow_mut().me = Rc::downgrade(&state);
     open_durable_shards(&state).await;
+    state.borrow().s.started.fetch_add(1, Ordering::AcqRel);
 
     // Mesh receivers: one task per peer.
     for (_peer, rx) in receivers.streams() {

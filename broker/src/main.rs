@@ -128,6 +128,7 @@ fn run(cfg: Config) -> Result<(), String> {
 
     let shutdown = Arc::new(AtomicBool::new(false));
     let drain_forced = Arc::new(AtomicBool::new(false));
+    let started = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mesh = MeshBuilder::<MeshMsg, _>::full(cfg.cores, 1024);
     let online = std::thread::available_parallelism()
         .map(|n| n.get())
@@ -144,6 +145,7 @@ fn run(cfg: Config) -> Result<(), String> {
             counters: counters[i].clone(),
             shutdown: shutdown.clone(),
             drain_forced: drain_forced.clone(),
+            started: started.clone(),
         };
         let placement = if cfg.cores <= online {
             Placement::Fixed(i)
@@ -168,7 +170,8 @@ fn run(cfg: Config) -> Result<(), String> {
             .map_err(|e| format!("start core {i}: {e}"))?;
         handles.push(h);
     }
-    // Ready once the cores run and, with a control plane, once its catalog has been read.
+    // Ready once every core has opened its durable logs and serves and, with a control plane,
+    // once its catalog has been read.
     let synced = Arc::new(AtomicBool::new(standalone));
     if let Some(url) = &cfg.controlplane_url {
         let quic_addr = match &cfg.advertise_addr {
@@ -194,7 +197,10 @@ fn run(cfg: Config) -> Result<(), String> {
     }
     let mut announced = false;
     let sig = loop {
-        if !announced && synced.load(Ordering::Acquire) {
+        if !announced
+            && synced.load(Ordering::Acquire)
+            && started.load(Ordering::Acquire) == cfg.cores
+        {
             announced = true;
             ops.ready.store(true, Ordering::Release);
             println!(
@@ -204,9 +210,10 @@ fn run(cfg: Config) -> Result<(), String> {
             use std::io::Write;
             let _ = std::io::stdout().flush();
         }
+        // Poll quickly until ready, then only for signals.
         let ts = libc::timespec {
             tv_sec: 0,
-            tv_nsec: 100_000_000,
+            tv_nsec: if announced { 100_000_000 } else { 5_000_000 },
         };
         let r = unsafe { libc::sigtimedwait(&sigset, std::ptr::null_mut(), &ts) };
         if r > 0 {
