@@ -265,7 +265,7 @@ pub fn operations_table() -> String {
         };
         let help = a
             .get_help()
-            .map(|h| h.to_string().replace('|', "\\|").replace('\n', " "))
+            .map(|h| felix_control::docs::table_cell(&h.to_string()))
             .unwrap_or_default();
         out.push_str(&format!(
             "| `--{long}` | {env} | {yaml} | {default} | {help} |\n"

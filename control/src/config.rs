@@ -216,7 +216,7 @@ pub fn operations_table() -> String {
         };
         let help = a
             .get_help()
-            .map(|h| h.to_string().replace('|', "\\|").replace('\n', " "))
+            .map(|h| crate::docs::table_cell(&h.to_string()))
             .unwrap_or_default();
         out.push_str(&format!("| `--{long}` | {env} | {default} | {help} |\n"));
     }

@@ -24,3 +24,8 @@ pub fn check_doc_block(path: &std::path::Path, name: &str, want: &str) -> Result
         path.display()
     ))
 }
+
+/// Text made safe for one Markdown table cell (pipes escaped, one line).
+pub fn table_cell(text: &str) -> String {
+    text.replace('|', "\\|").replace('\n', " ")
+}

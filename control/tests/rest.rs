@@ -5,6 +5,18 @@ mod common;
 use common::*;
 use serde_json::{json, Value};
 
+/// The suite's settings on a single-member Raft store under `dir`.
+fn raft_suite_args(dir: &std::path::Path) -> Vec<String> {
+    let mut a = suite_args();
+    a.extend([
+        "--store".into(),
+        "raft".into(),
+        "--raft-data-dir".into(),
+        p(dir),
+    ]);
+    a
+}
+
 fn suite_args() -> Vec<String> {
     ["--delete-grace-ms", "600000", "--max-body-bytes", "4096"]
         .iter()
@@ -21,14 +33,7 @@ async fn rest_suite_memory() {
 #[tokio::test]
 async fn rest_suite_raft_single_member() {
     let d = tempdir();
-    let mut a = suite_args();
-    a.extend([
-        "--store".into(),
-        "raft".into(),
-        "--raft-data-dir".into(),
-        p(d.path()),
-    ]);
-    let s = Server::start(&a);
+    let s = Server::start(&raft_suite_args(d.path()));
     suite(&s).await;
 }
 
@@ -124,14 +129,7 @@ async fn raft_single_member_restart_keeps_data() {
 #[tokio::test]
 async fn metrics_count_requests_and_show_raft_state() {
     let d = tempdir();
-    let mut a = suite_args();
-    a.extend([
-        "--store".into(),
-        "raft".into(),
-        "--raft-data-dir".into(),
-        p(d.path()),
-    ]);
-    let s = Server::start(&a);
+    let s = Server::start(&raft_suite_args(d.path()));
     let c = client();
     wait_ready(&c, &s).await;
     let scrape = || async {
