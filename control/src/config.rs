@@ -7,24 +7,30 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum LogFormat {
     Text,
     Json,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum StoreKind {
     Memory,
     Raft,
 }
 
-#[derive(Debug, Clone, Parser)]
+#[derive(Debug, Clone, Parser, serde::Serialize)]
 #[command(
     name = "felix-controlplane",
     about = "Felix control plane (REST + metadata store)"
 )]
 pub struct Config {
+    /// Print the effective configuration as JSON and exit.
+    #[arg(long)]
+    #[serde(skip)]
+    pub print_config: bool,
     /// Log line format on stderr: text or json (filters from FELIX_LOG).
     #[arg(long, env = "FELIX_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,

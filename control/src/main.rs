@@ -10,6 +10,13 @@ use std::sync::Arc;
 #[tokio::main]
 async fn main() {
     let cfg = Arc::new(Config::parse());
+    if cfg.print_config {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&*cfg).expect("config serializes")
+        );
+        return;
+    }
     let b = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("FELIX_LOG")

@@ -722,3 +722,21 @@ async fn suite(s: &Server) {
     assert_eq!((st, cl["ready"].as_bool()), (200, Some(true)));
     assert_eq!(cl["is_leader"], true);
 }
+
+/// `--print-config` prints the effective settings (flag over environment over default) and
+/// exits.
+#[test]
+fn print_config_shows_effective_settings() {
+    let out = std::process::Command::new(common::BIN)
+        .args(["--print-config", "--dead-after-ms", "7777"])
+        .env("FELIX_CONTROLPLANE_DEAD_AFTER_MS", "1234")
+        .env("FELIX_CONTROLPLANE_MAX_SHARDS", "99")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["dead_after_ms"], 7777, "flag beats environment");
+    assert_eq!(v["max_shards"], 99, "environment beats default");
+    assert_eq!(v["max_wait_ms"], 30000, "default");
+    assert_eq!(v["log_format"], "text");
+}
