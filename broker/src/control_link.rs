@@ -190,12 +190,16 @@ struct LinkState {
     mirror: Option<Mirror>,
     catalog: Catalog,
     fenced: bool,
+    /// `(catalog_id, revision)` last published: a snapshot of the same catalog at a lower
+    /// revision (a lagging Raft member) is never applied — it would read as deletions.
+    published: Option<(String, u64)>,
 }
 
 impl LinkState {
     fn republish(&mut self, cell: &CatalogCell, node_id: u64) {
         let Some(m) = &self.mirror else { return };
         self.catalog = Catalog::from_view(&self.catalog, &m.view(), node_id, self.fenced);
+        self.published = Some((m.catalog_id.clone(), m.revision));
         cell.publish(self.catalog.clone());
     }
 }
@@ -283,6 +287,7 @@ async fn run(
         mirror: None,
         catalog: Catalog::default(),
         fenced: false,
+        published: None,
     }));
     let incarnation = Arc::new(AtomicU64::new(0));
     let applied = Arc::new(AtomicU64::new(0));
@@ -359,13 +364,22 @@ async fn run(
         let result = match since {
             None => call::<CatalogSnapshot>(http.get(format!("{base}/v1/catalog")))
                 .await
-                .map(|snap| {
+                .and_then(|snap| {
                     let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
+                    if let Some((id, rev)) = &st.published {
+                        if *id == snap.catalog_id && snap.revision < *rev {
+                            return Err(CallError::Transport(format!(
+                                "snapshot at revision {} is behind the applied {rev}; retrying",
+                                snap.revision
+                            )));
+                        }
+                    }
                     tracing::info!(revision = snap.revision, "catalog snapshot read");
                     st.mirror = Some(Mirror::from_snapshot(snap));
                     st.republish(&cell, cfg.node_id);
                     applied.store(st.catalog.revision, Ordering::Release);
                     synced.store(true, Ordering::Release);
+                    Ok(())
                 }),
             Some(since) => call::<ChangesPage>(http.get(format!(
                 "{base}/v1/catalog/changes?since={since}&wait_ms={}",

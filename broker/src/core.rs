@@ -190,6 +190,8 @@ pub struct CoreSettings {
     pub shutdown: Arc<AtomicBool>,
     /// Set by a core whose drain hit the deadline with work unanswered (a forced exit).
     pub drain_forced: Arc<AtomicBool>,
+    /// Per core: nothing left to answer while draining (see the flusher).
+    pub drain_idle: Arc<Vec<AtomicBool>>,
     /// Counts cores that have opened their durable logs and serve (readiness waits for all).
     pub started: Arc<std::sync::atomic::AtomicUsize>,
 }
@@ -564,7 +566,16 @@ async fn flusher(state: Rc<RefCell<CoreState>>, sock: Rc<GlommioUdp>, wake_rx: W
         }
         if let Drain::Answering { since } = drain {
             let deadline_ms = state.borrow().s.cfg.drain_timeout_ms;
-            let idle = state.borrow().drain_idle();
+            // Every core publishes whether it still owes an answer; logs close only once no
+            // core does, so an owner core keeps serving a peer's forwarded publishes (an
+            // obligation shows on the core that owes it: the connection core until it gets
+            // the result, the owner while it holds or commits).
+            let idle = {
+                let st = state.borrow();
+                let mine = st.drain_idle();
+                st.s.drain_idle[st.id as usize].store(mine, Ordering::Release);
+                mine && st.s.drain_idle.iter().all(|f| f.load(Ordering::Acquire))
+            };
             if idle || since.elapsed() > Duration::from_millis(deadline_ms / 2) {
                 if !idle {
                     tracing::warn!(
@@ -663,8 +674,12 @@ impl CoreState {
     fn drain_idle(&self) -> bool {
         self.sessions.values().all(|s| s.unacked == 0)
             && self.held_total == 0
-            && self.durable.values().all(|d| d.pending.is_empty())
+            && self
+                .durable
+                .values()
+                .all(|d| d.pending.is_empty() && d.deferred.is_empty())
             && self.inbox.is_empty()
+            && self.mesh_overflow.iter().all(|q| q.is_empty())
     }
 
     // ---------- catalog ----------
@@ -692,9 +707,11 @@ impl CoreState {
             for shard in 0..slot.def.shards {
                 let place = &slot.places[shard as usize];
                 let served_before = !old.fenced
-                    && was.is_some_and(|w| matches!(w.places[shard as usize], Place::Mine { .. }));
+                    && was.is_some_and(|w| {
+                        matches!(w.places.get(shard as usize), Some(Place::Mine { .. }))
+                    });
                 if served_before
-                    && (new.fenced || was.map(|w| &w.places[shard as usize]) != Some(place))
+                    && (new.fenced || was.and_then(|w| w.places.get(shard as usize)) != Some(place))
                 {
                     let why = new.serve_check(idx, shard).err().unwrap_or((
                         ErrorCode::NotLeader,
@@ -783,9 +800,16 @@ impl CoreState {
                 glommio::spawn_local(commit_watcher(self.me.clone(), key, log)).detach();
             }
             Ok((log, _)) => {
-                // Deleted while opening: close it again (the deletion removes the files).
+                // Deleted while opening: close it and remove what the open (re)created.
+                let slot = self.catalog.slot(key.0).clone();
+                let root = self.s.cfg.durable_storage_dir.clone();
                 glommio::spawn_local(async move {
                     let _ = log.close().await;
+                    if let Some(root) = root {
+                        let dir = stream_dir(&root, &slot.def.name(), slot.incarnation);
+                        let _ = std::fs::remove_dir_all(dir.join(format!("{:05}", key.1)));
+                        let _ = std::fs::remove_dir(&dir);
+                    }
                 })
                 .detach();
             }
@@ -967,6 +991,17 @@ impl CoreState {
                 stream,
                 shard,
             } => {
+                // An Attach from the same core may be deferred behind the open: keep the order.
+                if let Some(d) = self.durable.get_mut(&(stream, shard)) {
+                    if d.is_opening() {
+                        d.deferred.push(MeshMsg::Detach {
+                            core,
+                            stream,
+                            shard,
+                        });
+                        return None;
+                    }
+                }
                 // Only a deleted stream's shard state is ever dropped (slots are not reused),
                 // so a Detach for state that is gone is a late one for a deleted stream.
                 let o = self.owned.get_mut(&(stream, shard))?;
@@ -979,6 +1014,17 @@ impl CoreState {
                 shard,
                 parked,
             } => {
+                if let Some(d) = self.durable.get_mut(&(stream, shard)) {
+                    if d.is_opening() {
+                        d.deferred.push(MeshMsg::Parked {
+                            core,
+                            stream,
+                            shard,
+                            parked,
+                        });
+                        return None;
+                    }
+                }
                 let o = self.owned.get_mut(&(stream, shard))?;
                 o.set_parked(core as usize, parked);
                 if !parked {
@@ -1183,6 +1229,9 @@ impl CoreState {
     /// Append held publishes while nothing is parked: one at a time, each followed by a
     /// self-message so this core's subscribers see the batch (and may park) first.
     fn drain_held(&mut self, stream: u32, shard: u32) {
+        if !self.owned.contains_key(&(stream, shard)) && self.catalog.slot(stream).deleted {
+            return; // a deleted stream's state is gone; do not create it again
+        }
         let now = Instant::now();
         loop {
             let o = self.owner(stream, shard);

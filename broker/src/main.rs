@@ -129,6 +129,8 @@ fn run(cfg: Config) -> Result<(), String> {
     let shutdown = Arc::new(AtomicBool::new(false));
     let drain_forced = Arc::new(AtomicBool::new(false));
     let started = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let drain_idle: Arc<Vec<AtomicBool>> =
+        Arc::new((0..cfg.cores).map(|_| AtomicBool::new(false)).collect());
     let mesh = MeshBuilder::<MeshMsg, _>::full(cfg.cores, 1024);
     let online = std::thread::available_parallelism()
         .map(|n| n.get())
@@ -146,6 +148,7 @@ fn run(cfg: Config) -> Result<(), String> {
             shutdown: shutdown.clone(),
             drain_forced: drain_forced.clone(),
             started: started.clone(),
+            drain_idle: drain_idle.clone(),
         };
         let placement = if cfg.cores <= online {
             Placement::Fixed(i)
