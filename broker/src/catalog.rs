@@ -9,7 +9,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StreamDef {
     pub tenant: String,
@@ -345,19 +345,6 @@ pub enum ViewPlace {
     Assigned { owner: u64, generation: u64 },
     Unassigned,
     OwnerDown { owner: u64 },
-}
-
-impl PartialEq for StreamDef {
-    fn eq(&self, o: &Self) -> bool {
-        self.tenant == o.tenant
-            && self.namespace == o.namespace
-            && self.stream == o.stream
-            && self.shards == o.shards
-            && self.durable == o.durable
-            && self.fsync == o.fsync
-            && self.retention_bytes == o.retention_bytes
-            && self.retention_seconds == o.retention_seconds
-    }
 }
 
 /// The latest catalog, published by the ops thread and read by every core. A core checks

@@ -248,8 +248,7 @@ pub fn operations_table() -> String {
         let key = long.replace('-', "_");
         let env = a
             .get_env()
-            .map(|e| format!("`{}`", e.to_string_lossy()))
-            .unwrap_or_else(|| "–".into());
+            .map_or_else(|| "–".into(), felix_control::docs::env_cell);
         let value = defaults.get(&key);
         let default = match (key.as_str(), value) {
             ("cores", _) => "all online cores".to_string(),

@@ -152,8 +152,8 @@ struct DurableShard {
 }
 
 impl DurableShard {
-    /// Placeholder while the log opens: publishes and attaches answer `unavailable`
-    /// (retryable) rather than taking the ephemeral path.
+    /// Placeholder while the log opens: mesh requests for the shard wait in `deferred`
+    /// (see `defer_while_opening`) rather than taking the ephemeral path.
     fn opening() -> Self {
         DurableShard {
             log: None,
@@ -400,7 +400,43 @@ pub fn shard_dir(
     name: &felix_quic::wire::StreamName,
     shard: u32,
 ) -> std::path::PathBuf {
-    stream_dir(root, name, 0).join(format!("{shard:05}"))
+    slot_shard_dir(root, name, 0, shard)
+}
+
+/// The log directory of one shard of a stream incarnation (see [`stream_dir`]).
+fn slot_shard_dir(
+    root: &std::path::Path,
+    name: &felix_quic::wire::StreamName,
+    incarnation: u64,
+    shard: u32,
+) -> std::path::PathBuf {
+    stream_dir(root, name, incarnation).join(format!("{shard:05}"))
+}
+
+/// Close a deleted shard's log (if open) and remove its directory, then the stream's
+/// directory once it is empty (removing it fails while another core's shard is still there).
+fn remove_deleted_shard(
+    log: Option<Log>,
+    root: Option<std::path::PathBuf>,
+    slot: &Slot,
+    shard: u32,
+) {
+    let name = slot.def.name();
+    let incarnation = slot.incarnation;
+    glommio::spawn_local(async move {
+        if let Some(log) = log {
+            let _ = log.close().await;
+        }
+        let Some(root) = root else { return };
+        let dir = slot_shard_dir(&root, &name, incarnation, shard);
+        if let Err(e) = std::fs::remove_dir_all(&dir) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(dir = %dir.display(), error = %e, "cannot remove a deleted shard's log");
+            }
+        }
+        let _ = std::fs::remove_dir(stream_dir(&root, &name, incarnation));
+    })
+    .detach();
 }
 
 /// A stream's directory: `tenant/namespace/stream`, and for a control-plane stream
@@ -506,8 +542,12 @@ impl OpenJob {
         if self.slot.incarnation != 0 {
             remove_older_incarnations(&root, &self.slot);
         }
-        let dir = stream_dir(&root, &self.slot.def.name(), self.slot.incarnation)
-            .join(format!("{:05}", self.shard));
+        let dir = slot_shard_dir(
+            &root,
+            &self.slot.def.name(),
+            self.slot.incarnation,
+            self.shard,
+        );
         Log::open(&dir, self.config)
             .await
             .map_err(|e| e.to_string())
@@ -706,12 +746,13 @@ impl CoreState {
             }
             for shard in 0..slot.def.shards {
                 let place = &slot.places[shard as usize];
-                let served_before = !old.fenced
-                    && was.is_some_and(|w| {
-                        matches!(w.places.get(shard as usize), Some(Place::Mine { .. }))
-                    });
-                if served_before
-                    && (new.fenced || was.and_then(|w| w.places.get(shard as usize)) != Some(place))
+                // Where this core served the shard before (not fenced, placed here), a change
+                // of place or generation, or a new fence, ends its subscriptions.
+                let before = was
+                    .filter(|_| !old.fenced)
+                    .and_then(|w| w.places.get(shard as usize));
+                if matches!(before, Some(Place::Mine { .. }))
+                    && (new.fenced || before != Some(place))
                 {
                     let why = new.serve_check(idx, shard).err().unwrap_or((
                         ErrorCode::NotLeader,
@@ -801,17 +842,12 @@ impl CoreState {
             }
             Ok((log, _)) => {
                 // Deleted while opening: close it and remove what the open (re)created.
-                let slot = self.catalog.slot(key.0).clone();
-                let root = self.s.cfg.durable_storage_dir.clone();
-                glommio::spawn_local(async move {
-                    let _ = log.close().await;
-                    if let Some(root) = root {
-                        let dir = stream_dir(&root, &slot.def.name(), slot.incarnation);
-                        let _ = std::fs::remove_dir_all(dir.join(format!("{:05}", key.1)));
-                        let _ = std::fs::remove_dir(&dir);
-                    }
-                })
-                .detach();
+                remove_deleted_shard(
+                    Some(log),
+                    self.s.cfg.durable_storage_dir.clone(),
+                    self.catalog.slot(key.0),
+                    key.1,
+                );
             }
             Err(e) if still_wanted => {
                 tracing::error!(stream = %name, shard = key.1, error = %e, "durable shard cannot open; it will answer unavailable");
@@ -852,26 +888,7 @@ impl CoreState {
                 refused.extend(d.pending.into_iter().map(|(r, _, _)| r));
                 // Deferred publishes and attaches meet the deleted slot when handled again.
                 self.inbox.extend(d.deferred);
-                let root = self.s.cfg.durable_storage_dir.clone();
-                let dir = root.map(|r| stream_dir(&r, &name, slot.incarnation));
-                let log = d.log;
-                glommio::spawn_local(async move {
-                    if let Some(log) = log {
-                        let _ = log.close().await;
-                    }
-                    if let Some(dir) = dir {
-                        let shard_dir = dir.join(format!("{shard:05}"));
-                        if let Err(e) = std::fs::remove_dir_all(&shard_dir) {
-                            if e.kind() != std::io::ErrorKind::NotFound {
-                                tracing::warn!(dir = %shard_dir.display(), error = %e, "cannot remove a deleted shard's log");
-                            }
-                        }
-                        // The last core to finish removes the stream directory (fails while
-                        // another core's shard is still there).
-                        let _ = std::fs::remove_dir(&dir);
-                    }
-                })
-                .detach();
+                remove_deleted_shard(d.log, self.s.cfg.durable_storage_dir.clone(), &slot, shard);
             }
             for req in refused {
                 self.route(
@@ -950,10 +967,31 @@ impl CoreState {
         })
     }
 
+    /// Publishes, attaches, detaches and park notices for a durable shard whose log is still
+    /// opening wait in arrival order (per sender) and are handled once it is open or failed;
+    /// anything else is handed back.
+    fn defer_while_opening(&mut self, msg: MeshMsg) -> Option<MeshMsg> {
+        let key = match &msg {
+            MeshMsg::Publish(req) => (req.stream, req.shard),
+            MeshMsg::Attach { stream, shard, .. }
+            | MeshMsg::Detach { stream, shard, .. }
+            | MeshMsg::Parked { stream, shard, .. } => (*stream, *shard),
+            _ => return Some(msg),
+        };
+        match self.durable.get_mut(&key) {
+            Some(d) if d.is_opening() => {
+                d.deferred.push(msg);
+                None
+            }
+            _ => Some(msg),
+        }
+    }
+
     fn on_mesh(&mut self, msg: MeshMsg) -> Option<(Vec<u8>, SocketAddr)> {
         // A peer may act on a newer catalog than ours (a slot we have not seen yet): catch up
         // first. The cell only moves forward, so after this we know every slot it knows.
         self.refresh_catalog();
+        let msg = self.defer_while_opening(msg)?;
         match msg {
             MeshMsg::Packet { mut buf, from } => {
                 CoreCounters::inc(&self.s.counters.packets_forwarded_in);
@@ -991,17 +1029,6 @@ impl CoreState {
                 stream,
                 shard,
             } => {
-                // An Attach from the same core may be deferred behind the open: keep the order.
-                if let Some(d) = self.durable.get_mut(&(stream, shard)) {
-                    if d.is_opening() {
-                        d.deferred.push(MeshMsg::Detach {
-                            core,
-                            stream,
-                            shard,
-                        });
-                        return None;
-                    }
-                }
                 // Only a deleted stream's shard state is ever dropped (slots are not reused),
                 // so a Detach for state that is gone is a late one for a deleted stream.
                 let o = self.owned.get_mut(&(stream, shard))?;
@@ -1014,17 +1041,6 @@ impl CoreState {
                 shard,
                 parked,
             } => {
-                if let Some(d) = self.durable.get_mut(&(stream, shard)) {
-                    if d.is_opening() {
-                        d.deferred.push(MeshMsg::Parked {
-                            core,
-                            stream,
-                            shard,
-                            parked,
-                        });
-                        return None;
-                    }
-                }
                 let o = self.owned.get_mut(&(stream, shard))?;
                 o.set_parked(core as usize, parked);
                 if !parked {
@@ -1059,12 +1075,6 @@ impl CoreState {
     // ---------- owner side ----------
 
     fn on_publish_at_owner(&mut self, req: PublishReq) {
-        if let Some(d) = self.durable.get_mut(&(req.stream, req.shard)) {
-            if d.is_opening() {
-                d.deferred.push(MeshMsg::Publish(req));
-                return;
-            }
-        }
         if let Err(e) = self.catalog.serve_check(req.stream, req.shard) {
             self.route(
                 req.origin.core,
@@ -1308,18 +1318,6 @@ impl CoreState {
                 },
             );
             return;
-        }
-        if let Some(d) = self.durable.get_mut(&(stream, shard)) {
-            if d.is_opening() {
-                d.deferred.push(MeshMsg::Attach {
-                    core,
-                    sub,
-                    stream,
-                    shard,
-                    start,
-                });
-                return;
-            }
         }
         // Interest counts every attach, even a refused one, so the subscriber's core can
         // always answer its removal with one Detach.

@@ -134,6 +134,15 @@ async fn publish(c: &Client, s: &StreamName, shard: u32, p: &str) -> Result<u64,
     }
 }
 
+/// Subscribe to shard 0 from the earliest retained record.
+async fn subscribe_earliest(c: &Client, s: &StreamName) -> felix_client::Subscription {
+    let opts = SubscribeOptions {
+        start: StartAt::Earliest,
+        ..Default::default()
+    };
+    c.subscribe(s, 0, opts).await.unwrap()
+}
+
 fn stream_dirs(durable: &Path, stream: &str) -> Vec<String> {
     let ns = durable.join("acme").join("prod");
     let mut v: Vec<String> = std::fs::read_dir(&ns)
@@ -193,17 +202,7 @@ async fn felixctl_stream_then_publish_subscribe_delete_and_recreate() {
     .await;
     assert_eq!((info.shards, info.durable), (2, true));
 
-    let mut sub = c
-        .subscribe(
-            &orders,
-            0,
-            SubscribeOptions {
-                start: StartAt::Earliest,
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    let mut sub = subscribe_earliest(&c, &orders).await;
     for i in 0..10u64 {
         assert_eq!(publish(&c, &orders, 0, &format!("r{i}")).await.unwrap(), i);
     }
@@ -267,17 +266,7 @@ async fn felixctl_stream_then_publish_subscribe_delete_and_recreate() {
     .await;
     assert!(info.durable);
     assert_eq!(publish(&c, &orders, 0, "fresh").await.unwrap(), 0);
-    let mut sub = c
-        .subscribe(
-            &orders,
-            0,
-            SubscribeOptions {
-                start: StartAt::Earliest,
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    let mut sub = subscribe_earliest(&c, &orders).await;
     match sub.next_timeout(Duration::from_secs(10)).await.unwrap() {
         Some(ev @ Event::Records { .. }) => {
             assert_eq!(ev.records(), vec![(0, bytes::Bytes::from("fresh"))])

@@ -208,8 +208,7 @@ pub fn operations_table() -> String {
         }
         let env = a
             .get_env()
-            .map(|e| format!("`{}`", e.to_string_lossy()))
-            .unwrap_or_else(|| "–".into());
+            .map_or_else(|| "–".into(), crate::docs::env_cell);
         let defaults: Vec<String> = a
             .get_default_values()
             .iter()

@@ -29,3 +29,8 @@ pub fn check_doc_block(path: &std::path::Path, name: &str, want: &str) -> Result
 pub fn table_cell(text: &str) -> String {
     text.replace('|', "\\|").replace('\n', " ")
 }
+
+/// An environment variable's table cell.
+pub fn env_cell(name: &std::ffi::OsStr) -> String {
+    format!("`{}`", name.to_string_lossy())
+}
