@@ -369,21 +369,24 @@ pub async fn run_core(
         let wake = wake.clone();
         let sock = sock.clone();
         glommio::spawn_local(async move {
-            let mut buf = vec![0u8; 65536];
+            // Room for the largest GRO-coalesced read (64 KiB of datagrams).
+            let mut buf = vec![0u8; 1 << 17];
             loop {
-                let (len, from) = match sock.recv(&mut buf).await {
+                let (len, from, segment) = match sock.recv(&mut buf).await {
                     Ok(v) => v,
                     Err(_) => continue,
                 };
-                let reply = {
-                    let mut st = state.borrow_mut();
-                    CoreCounters::inc(&st.s.counters.packets_received);
-                    let r = st.on_datagram(&mut buf[..len], from);
-                    st.drain_inbox();
-                    r
-                };
-                if let Some(r) = reply {
-                    let _ = sock.send_one(&r, from).await;
+                for seg in felix_quic::udp::gro_segments(len, segment) {
+                    let reply = {
+                        let mut st = state.borrow_mut();
+                        CoreCounters::inc(&st.s.counters.packets_received);
+                        let r = st.on_datagram(&mut buf[seg], from);
+                        st.drain_inbox();
+                        r
+                    };
+                    if let Some(r) = reply {
+                        let _ = sock.send_one(&r, from).await;
+                    }
                 }
                 wake.wake();
             }
@@ -659,11 +662,16 @@ async fn flusher(state: Rc<RefCell<CoreState>>, sock: Rc<GlommioUdp>, wake_rx: W
                 st.expire_held(now);
                 st.drain_inbox();
                 st.ep.on_timeouts(now);
-                for k in st.ep.take_dirty() {
+                let dirty = st.ep.take_dirty();
+                for (i, &k) in dirty.iter().enumerate() {
                     st.flush_conn(k);
                     if !st.ep.transmit(k, now, &mut batch) {
-                        // The batch is full: keep the connection dirty for the next round.
-                        st.ep.mark_dirty(k);
+                        // The batch is full: this connection and every one not reached yet
+                        // stay dirty for the next round (dropping them would leave their
+                        // ACKs unsent until the peer's probe timeout: a 25 ms stall).
+                        for &rest in dirty[i + 1..].iter().chain(std::iter::once(&k)) {
+                            st.ep.mark_dirty(rest);
+                        }
                         break;
                     }
                 }

@@ -60,6 +60,10 @@ struct Args {
     count: Option<u64>,
     #[arg(long, default_value_t = 60)]
     max_secs: u64,
+    /// Runtime worker threads; default: the CPUs this process may run on (so `taskset -c 1`
+    /// gives one thread — two threads time-sharing one core wait on each other's wakeups).
+    #[arg(long)]
+    threads: Option<usize>,
 }
 
 const COUNT_MAX: u64 = 10_000_000;
@@ -88,9 +92,29 @@ fn load1() -> f64 {
         .unwrap_or(-1.0)
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() {
+fn main() {
     let a = Args::parse();
+    let threads = a
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .clamp(1, 64);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    rt.block_on(run(a));
+}
+
+async fn run(a: Args) {
+    // RUST_LOG filters (default warn) to stderr: stdout carries only the JSON result line.
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     if a.payload < 16 || a.fanout == 0 || a.batch == 0 || a.inflight == 0 || a.max_secs > 600 {
         eprintln!("felix-loadgen: need payload >= 16, fanout/batch/inflight >= 1, max-secs <= 600");
         std::process::exit(2);

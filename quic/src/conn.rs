@@ -377,3 +377,31 @@ pub fn connection_id_for_core(core: u8, len: usize) -> Vec<u8> {
     id[0] = core;
     id
 }
+
+/// Log a closed connection's transport statistics at debug level (loss, RTT, congestion
+/// window: what explains a slow connection after the fact). Never on the hot path.
+pub fn trace_close_stats(side: &str, q: &QuicConn) {
+    if !tracing::enabled!(tracing::Level::DEBUG) {
+        return;
+    }
+    let s = q.stats();
+    let p = q.path_stats().next();
+    tracing::debug!(
+        side,
+        sent = s.sent,
+        recv = s.recv,
+        lost = s.lost,
+        retrans = s.retrans,
+        sent_bytes = s.sent_bytes,
+        recv_bytes = s.recv_bytes,
+        rtt_us = p.as_ref().map(|p| p.rtt.as_micros() as u64).unwrap_or(0),
+        min_rtt_us = p
+            .as_ref()
+            .and_then(|p| p.min_rtt)
+            .map(|d| d.as_micros() as u64)
+            .unwrap_or(0),
+        cwnd = p.as_ref().map(|p| p.cwnd).unwrap_or(0),
+        delivery_rate = p.as_ref().map(|p| p.delivery_rate).unwrap_or(0),
+        "connection closed"
+    );
+}

@@ -1,10 +1,11 @@
 //! glommio driver pieces for the broker: the per-core UDP socket (SO_REUSEPORT) behind a
 //! small trait, and a wake signal for the core's flusher task.
 //!
-//! The socket layer is its own piece so that a cmsg-capable path (io_uring sendmsg/recvmsg
-//! with UDP_SEGMENT/UDP_GRO) can replace [`GlommioUdp`] without touching the connection core.
-//! Today [`GlommioUdp`] sends one datagram per syscall (glommio's `UdpSocket` passes no
-//! control messages) — see docs/architecture.md for the measured ceiling.
+//! glommio's `UdpSocket` passes no control messages, so [`GlommioUdp`] sends and receives
+//! through [`crate::udp`] (non-blocking `sendmsg` with `UDP_SEGMENT`, `recvmsg` with
+//! `UDP_GRO`) on the socket's fd, and uses glommio's io_uring only to wait: a `MSG_PEEK`
+//! receive that completes when a datagram is waiting. One GSO `sendmsg` carries up to 64
+//! packets of one connection; one GRO `recvmsg` returns several datagrams of one flow.
 
 use crate::server::TxBatch;
 use std::io;
@@ -13,16 +14,20 @@ use std::net::SocketAddr;
 /// The datagram I/O a core needs.
 #[allow(async_fn_in_trait)]
 pub trait DatagramIo {
-    /// Receive one datagram.
-    async fn recv(&self, buf: &mut [u8]) -> io::Result<(usize, SocketAddr)>;
+    /// Receive one datagram, or several of one sender coalesced by GRO: bytes, sender, and
+    /// the segment size when coalesced (split with [`crate::udp::gro_segments`]).
+    async fn recv(&self, buf: &mut [u8]) -> io::Result<(usize, SocketAddr, Option<usize>)>;
     /// Send every packet of `batch` (errors on individual packets are counted, not fatal).
     async fn send_batch(&self, batch: &TxBatch) -> usize;
     /// Send one datagram.
     async fn send_one(&self, buf: &[u8], to: SocketAddr) -> io::Result<()>;
 }
 
-/// glommio's UDP socket: one syscall per datagram.
-pub struct GlommioUdp(glommio::net::UdpSocket);
+/// A core's UDP socket: GSO/GRO through [`crate::udp`], glommio for readiness.
+pub struct GlommioUdp {
+    sock: glommio::net::UdpSocket,
+    gso: std::cell::Cell<bool>,
+}
 
 /// Bind a UDP socket with SO_REUSEPORT (one per core on the same address) and large buffers.
 pub fn bind_reuseport(addr: SocketAddr, buffer_bytes: usize) -> io::Result<socket2::Socket> {
@@ -65,36 +70,64 @@ fn setsockopt_int(s: &socket2::Socket, opt: libc::c_int, v: usize) -> io::Result
 impl GlommioUdp {
     /// Wrap a bound socket (must be called on the executor that will use it).
     pub fn new(s: socket2::Socket) -> Self {
+        use std::os::fd::AsRawFd;
         use std::os::fd::{FromRawFd, IntoRawFd};
+        let gro = crate::udp::enable_gro(s.as_raw_fd());
+        if !gro {
+            tracing::warn!("UDP GRO unavailable: one receive per datagram");
+        }
         // SAFETY: the fd is a bound, non-blocking UDP socket whose ownership moves here.
-        GlommioUdp(unsafe { glommio::net::UdpSocket::from_raw_fd(s.into_raw_fd()) })
+        let sock = unsafe { glommio::net::UdpSocket::from_raw_fd(s.into_raw_fd()) };
+        GlommioUdp {
+            sock,
+            gso: std::cell::Cell::new(std::env::var_os("FELIX_UDP_NO_GSO").is_none()),
+        }
+    }
+    fn fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.sock.as_raw_fd()
     }
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.0
+        self.sock
             .local_addr()
             .map_err(|e| io::Error::other(e.to_string()))
     }
 }
 
 impl DatagramIo for GlommioUdp {
-    async fn recv(&self, buf: &mut [u8]) -> io::Result<(usize, SocketAddr)> {
-        self.0
-            .recv_from(buf)
-            .await
-            .map_err(|e| io::Error::other(e.to_string()))
-    }
-    async fn send_batch(&self, batch: &TxBatch) -> usize {
-        let mut failed = 0;
-        for i in 0..batch.packets.len() {
-            let (p, to) = batch.packet(i);
-            if self.0.send_to(p, to).await.is_err() {
-                failed += 1;
+    async fn recv(&self, buf: &mut [u8]) -> io::Result<(usize, SocketAddr, Option<usize>)> {
+        let mut probe = [0u8; 1];
+        loop {
+            match crate::udp::recv_gro(self.fd(), buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    // Wait on io_uring until a datagram is there; the peek consumes nothing.
+                    let _ = self.sock.peek_from(&mut probe).await;
+                }
+                r => return r,
             }
         }
+    }
+    async fn send_batch(&self, batch: &TxBatch) -> usize {
+        let list: Vec<(&[u8], SocketAddr)> =
+            (0..batch.packets.len()).map(|i| batch.packet(i)).collect();
+        let mut gso = self.gso.get();
+        let mut b = crate::udp::BatchSend::new(&list);
+        let mut waits = 0u32;
+        // A full socket buffer is rare with 8 MiB buffers: retry shortly, give up on a run
+        // after ~100 ms (QUIC retransmits what was not sent).
+        while b.send(self.fd(), &mut gso).is_err() {
+            waits += 1;
+            if waits % 1000 == 0 {
+                b.give_up_run(gso);
+            }
+            glommio::timer::sleep(std::time::Duration::from_micros(100)).await;
+        }
+        let failed = b.failed;
+        self.gso.set(gso);
         failed
     }
     async fn send_one(&self, buf: &[u8], to: SocketAddr) -> io::Result<()> {
-        self.0
+        self.sock
             .send_to(buf, to)
             .await
             .map(|_| ())

@@ -5,6 +5,7 @@
 pub mod conn;
 pub mod server;
 pub mod tls;
+pub mod udp;
 pub mod wire;
 
 #[cfg(feature = "glommio-driver")]

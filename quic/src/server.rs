@@ -4,7 +4,7 @@
 
 use crate::conn::{connection_id_for_core, BytesFactory, FelixConn};
 use crate::CONN_ID_LEN;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -43,7 +43,9 @@ pub struct Endpoint {
     conns: HashMap<ConnKey, ConnEntry>,
     by_cid: HashMap<Vec<u8>, ConnKey>,
     next_key: ConnKey,
-    dirty: BTreeSet<ConnKey>,
+    /// Connections with output, in the order they became dirty (round robin: a connection
+    /// that filled a batch goes behind those still waiting).
+    dirty: DirtyList,
     max_conns: usize,
 }
 
@@ -65,7 +67,7 @@ impl Endpoint {
             conns: HashMap::new(),
             by_cid: HashMap::new(),
             next_key: 1,
-            dirty: BTreeSet::new(),
+            dirty: DirtyList::default(),
             max_conns: 100_000,
         }
     }
@@ -99,7 +101,7 @@ impl Endpoint {
 
     /// Mark a connection as having output to send.
     pub fn mark_dirty(&mut self, key: ConnKey) {
-        self.dirty.insert(key);
+        self.dirty.push(key);
     }
 
     /// Handle a datagram received on this core's socket (`forwarded` when another core
@@ -120,7 +122,7 @@ impl Endpoint {
                 tracing::trace!(error = %err, "packet refused by connection");
             }
             e.peer = from;
-            self.dirty.insert(key);
+            self.dirty.push(key);
             return Route::Conn { key, new: false };
         }
         if hdr.ty != quiche::Type::Initial {
@@ -175,7 +177,7 @@ impl Endpoint {
                 deadline: None,
             },
         );
-        self.dirty.insert(key);
+        self.dirty.push(key);
         Route::Conn { key, new: true }
     }
 
@@ -195,7 +197,7 @@ impl Endpoint {
                 if d <= now {
                     e.conn.on_timeout();
                     e.deadline = None;
-                    self.dirty.insert(*k);
+                    self.dirty.push(*k);
                 }
             }
         }
@@ -203,11 +205,11 @@ impl Endpoint {
 
     /// Connections with pending output.
     pub fn take_dirty(&mut self) -> Vec<ConnKey> {
-        std::mem::take(&mut self.dirty).into_iter().collect()
+        self.dirty.take()
     }
 
     /// Write as many packets of connection `key` as fit into `batch`; returns true when the
-    /// connection has nothing more to send right now.
+    /// connection has nothing more to send right now (when false, mark it dirty again).
     pub fn transmit(&mut self, key: ConnKey, now: Instant, batch: &mut TxBatch) -> bool {
         let Some(e) = self.conns.get_mut(&key) else {
             return true;
@@ -223,9 +225,7 @@ impl Endpoint {
             }
         }
         e.deadline = e.conn.timeout().map(|t| now + t);
-        if !done {
-            self.dirty.insert(key);
-        }
+        // Not done: the caller marks it dirty again, behind the connections still waiting.
         done
     }
 
@@ -239,11 +239,12 @@ impl Endpoint {
             .collect();
         for k in &closed {
             if let Some(e) = self.conns.remove(k) {
+                crate::conn::trace_close_stats("server", e.conn.quic());
                 for c in e.cids {
                     self.by_cid.remove(&c);
                 }
             }
-            self.dirty.remove(k);
+            self.dirty.remove(*k);
         }
         closed
     }
@@ -291,5 +292,29 @@ impl TxBatch {
     pub fn clear(&mut self) {
         self.packets.clear();
         self.used = 0;
+    }
+}
+
+/// An insertion-ordered set of connection keys.
+#[derive(Default)]
+struct DirtyList {
+    order: VecDeque<ConnKey>,
+    member: HashSet<ConnKey>,
+}
+
+impl DirtyList {
+    fn push(&mut self, k: ConnKey) {
+        if self.member.insert(k) {
+            self.order.push_back(k);
+        }
+    }
+    fn remove(&mut self, k: ConnKey) {
+        if self.member.remove(&k) {
+            self.order.retain(|&x| x != k);
+        }
+    }
+    fn take(&mut self) -> Vec<ConnKey> {
+        self.member.clear();
+        std::mem::take(&mut self.order).into()
     }
 }

@@ -121,6 +121,12 @@ pub struct TransportConfig {
     pub max_stream_data_uni_bytes: u64,
     pub max_streams_bidi: u64,
     pub max_streams_uni: u64,
+    /// quiche congestion control: `cubic` (default), `reno`, `bbr2`. Cubic, because with a
+    /// broker that answers from an event loop BBR2 sizes its window from loopback's ~20 µs
+    /// minimum RTT and under-fills the path: measured here 1 KiB fanout-1 throughput
+    /// 270-300 MB/s with subscriber queue overflow under BBR2 vs 336-365 MB/s lossless
+    /// under cubic (bench-results/2026-12-03-gso-gro.md).
+    pub cc_algorithm: String,
 }
 
 impl Default for TransportConfig {
@@ -132,6 +138,7 @@ impl Default for TransportConfig {
             max_stream_data_uni_bytes: 16 * 1024 * 1024,
             max_streams_bidi: 1024,
             max_streams_uni: 1024,
+            cc_algorithm: "cubic".into(),
         }
     }
 }
@@ -153,8 +160,7 @@ fn apply_transport(c: &mut quiche::Config, t: &TransportConfig) -> Result<(), Tl
             .max(t.max_stream_data_uni_bytes),
     );
     c.set_disable_active_migration(true);
-    // BBR2 keeps loopback RTT low where cubic fills socket buffers (DEPENDENCIES.md).
-    c.set_cc_algorithm_name("bbr2")?;
+    c.set_cc_algorithm_name(&t.cc_algorithm)?;
     Ok(())
 }
 
