@@ -19,3 +19,7 @@ tla:
 # Print what a fast and a stalled subscriber get under each queue policy.
 demo-slow-consumer *ARGS:
     ./scripts/demo-slow-consumer.sh {{ARGS}}
+
+# Alternated Felix vs NATS-with-TLS campaign (release build + peer-bench needed); RUNS rounds.
+bench RUNS="5":
+    ./scripts/bench-vs-nats.sh bench-results/$(date +%F)-vs-nats.jsonl {{RUNS}}

@@ -32,6 +32,30 @@ enum Mode {
     DemoSlowConsumer,
 }
 
+#[derive(Clone, Copy, ValueEnum, Debug)]
+enum Policy {
+    DropNew,
+    DropOld,
+    Block,
+}
+
+impl Policy {
+    fn wire(self) -> QueuePolicy {
+        match self {
+            Policy::DropNew => QueuePolicy::DropNew,
+            Policy::DropOld => QueuePolicy::DropOld,
+            Policy::Block => QueuePolicy::Block,
+        }
+    }
+    fn name(self) -> &'static str {
+        match self {
+            Policy::DropNew => "drop_new",
+            Policy::DropOld => "drop_old",
+            Policy::Block => "block",
+        }
+    }
+}
+
 #[derive(Parser, Debug)]
 #[command(name = "felix-loadgen", about = "Felix load generator")]
 struct Args {
@@ -60,6 +84,10 @@ struct Args {
     count: Option<u64>,
     #[arg(long, default_value_t = 60)]
     max_secs: u64,
+    /// Subscriber queue policy on the broker (throughput, latency): `block` makes a throughput
+    /// run lossless by holding the publisher; the drop policies report what was lost.
+    #[arg(long, value_enum, default_value_t = Policy::DropNew)]
+    queue_policy: Policy,
     /// Runtime worker threads; default: the CPUs this process may run on (so `taskset -c 1`
     /// gives one thread — two threads time-sharing one core wait on each other's wakeups).
     #[arg(long)]
@@ -149,7 +177,7 @@ async fn throughput(a: &Args) -> Result<(), felix_client::Error> {
     let count = a.count.unwrap_or(500_000).min(COUNT_MAX);
     let deadline = Instant::now() + Duration::from_secs(a.max_secs);
     let load = load1();
-    let (_cs, subs) = subscribers(a, SubscribeOptions::default()).await?;
+    let (_cs, subs) = subscribers(a, SubscribeOptions { policy: a.queue_policy.wire(), ..Default::default() }).await?;
     let publisher = Client::connect(cfg(a)).await?;
     let payload = Bytes::from(vec![b'x'; a.payload]);
     let start = Instant::now();
@@ -215,6 +243,7 @@ async fn throughput(a: &Args) -> Result<(), felix_client::Error> {
             "publish_msgs_per_s": sent as f64 / pub_secs, "publish_mb_per_s": mb(sent as f64 / pub_secs),
             "per_sub_msgs_per_s_avg": avg, "per_sub_mb_per_s_avg": mb(avg), "per_sub_msgs_per_s_min": min,
             "total_msgs_per_s": avg * a.fanout as f64, "lost": lost_total,
+            "queue_policy": a.queue_policy.name(),
         })
     );
     let _ = publisher.close().await;
@@ -226,7 +255,7 @@ async fn latency(a: &Args) -> Result<(), felix_client::Error> {
     let warmup = (count / 10).min(1000);
     let deadline = Instant::now() + Duration::from_secs(a.max_secs);
     let load = load1();
-    let (_cs, mut subs) = subscribers(a, SubscribeOptions::default()).await?;
+    let (_cs, mut subs) = subscribers(a, SubscribeOptions { policy: a.queue_policy.wire(), ..Default::default() }).await?;
     let publisher = Client::connect(cfg(a)).await?;
     let mut each = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
     let mut all = each.clone();
