@@ -177,7 +177,14 @@ async fn throughput(a: &Args) -> Result<(), felix_client::Error> {
     let count = a.count.unwrap_or(500_000).min(COUNT_MAX);
     let deadline = Instant::now() + Duration::from_secs(a.max_secs);
     let load = load1();
-    let (_cs, subs) = subscribers(a, SubscribeOptions { policy: a.queue_policy.wire(), ..Default::default() }).await?;
+    let (_cs, subs) = subscribers(
+        a,
+        SubscribeOptions {
+            policy: a.queue_policy.wire(),
+            ..Default::default()
+        },
+    )
+    .await?;
     let publisher = Client::connect(cfg(a)).await?;
     let payload = Bytes::from(vec![b'x'; a.payload]);
     let start = Instant::now();
@@ -255,7 +262,14 @@ async fn latency(a: &Args) -> Result<(), felix_client::Error> {
     let warmup = (count / 10).min(1000);
     let deadline = Instant::now() + Duration::from_secs(a.max_secs);
     let load = load1();
-    let (_cs, mut subs) = subscribers(a, SubscribeOptions { policy: a.queue_policy.wire(), ..Default::default() }).await?;
+    let (_cs, mut subs) = subscribers(
+        a,
+        SubscribeOptions {
+            policy: a.queue_policy.wire(),
+            ..Default::default()
+        },
+    )
+    .await?;
     let publisher = Client::connect(cfg(a)).await?;
     let mut each = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
     let mut all = each.clone();
