@@ -662,16 +662,14 @@ async fn flusher(state: Rc<RefCell<CoreState>>, sock: Rc<GlommioUdp>, wake_rx: W
                 st.expire_held(now);
                 st.drain_inbox();
                 st.ep.on_timeouts(now);
-                let dirty = st.ep.take_dirty();
-                for (i, &k) in dirty.iter().enumerate() {
+                // Round robin over the connections dirty at the start of this round (those
+                // dirtied meanwhile wait for the next): one that fills the batch goes to the
+                // back, and the ones not reached stay queued in order.
+                for _ in 0..st.ep.dirty_count() {
+                    let Some(k) = st.ep.pop_dirty() else { break };
                     st.flush_conn(k);
                     if !st.ep.transmit(k, now, &mut batch) {
-                        // The batch is full: this connection and every one not reached yet
-                        // stay dirty for the next round (dropping them would leave their
-                        // ACKs unsent until the peer's probe timeout: a 25 ms stall).
-                        for &rest in dirty[i + 1..].iter().chain(std::iter::once(&k)) {
-                            st.ep.mark_dirty(rest);
-                        }
+                        st.ep.mark_dirty(k);
                         break;
                     }
                 }

@@ -32,30 +32,6 @@ enum Mode {
     DemoSlowConsumer,
 }
 
-#[derive(Clone, Copy, ValueEnum, Debug)]
-enum Policy {
-    DropNew,
-    DropOld,
-    Block,
-}
-
-impl Policy {
-    fn wire(self) -> QueuePolicy {
-        match self {
-            Policy::DropNew => QueuePolicy::DropNew,
-            Policy::DropOld => QueuePolicy::DropOld,
-            Policy::Block => QueuePolicy::Block,
-        }
-    }
-    fn name(self) -> &'static str {
-        match self {
-            Policy::DropNew => "drop_new",
-            Policy::DropOld => "drop_old",
-            Policy::Block => "block",
-        }
-    }
-}
-
 #[derive(Parser, Debug)]
 #[command(name = "felix-loadgen", about = "Felix load generator")]
 struct Args {
@@ -86,12 +62,17 @@ struct Args {
     max_secs: u64,
     /// Subscriber queue policy on the broker (throughput, latency): `block` makes a throughput
     /// run lossless by holding the publisher; the drop policies report what was lost.
-    #[arg(long, value_enum, default_value_t = Policy::DropNew)]
-    queue_policy: Policy,
+    /// `drop_new`, `drop_old` or `block` (the wire names, as felixctl spells them).
+    #[arg(long, default_value = "drop_new", value_parser = parse_policy)]
+    queue_policy: QueuePolicy,
     /// Runtime worker threads; default: the CPUs this process may run on (so `taskset -c 1`
     /// gives one thread — two threads time-sharing one core wait on each other's wakeups).
     #[arg(long)]
     threads: Option<usize>,
+}
+
+fn parse_policy(s: &str) -> Result<QueuePolicy, String> {
+    QueuePolicy::parse(s).ok_or_else(|| format!("must be drop_new, drop_old or block, got {s:?}"))
 }
 
 const COUNT_MAX: u64 = 10_000_000;
@@ -180,7 +161,7 @@ async fn throughput(a: &Args) -> Result<(), felix_client::Error> {
     let (_cs, subs) = subscribers(
         a,
         SubscribeOptions {
-            policy: a.queue_policy.wire(),
+            policy: a.queue_policy,
             ..Default::default()
         },
     )
@@ -265,7 +246,7 @@ async fn latency(a: &Args) -> Result<(), felix_client::Error> {
     let (_cs, mut subs) = subscribers(
         a,
         SubscribeOptions {
-            policy: a.queue_policy.wire(),
+            policy: a.queue_policy,
             ..Default::default()
         },
     )

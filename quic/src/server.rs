@@ -203,9 +203,15 @@ impl Endpoint {
         }
     }
 
-    /// Connections with pending output.
-    pub fn take_dirty(&mut self) -> Vec<ConnKey> {
-        self.dirty.take()
+    /// How many connections have pending output.
+    pub fn dirty_count(&self) -> usize {
+        self.dirty.order.len()
+    }
+
+    /// The connection that has waited longest with pending output; it stays off the list
+    /// until marked again, so a caller that stops early loses no one still waiting.
+    pub fn pop_dirty(&mut self) -> Option<ConnKey> {
+        self.dirty.pop()
     }
 
     /// Write as many packets of connection `key` as fit into `batch`; returns true when the
@@ -308,13 +314,14 @@ impl DirtyList {
             self.order.push_back(k);
         }
     }
+    fn pop(&mut self) -> Option<ConnKey> {
+        let k = self.order.pop_front()?;
+        self.member.remove(&k);
+        Some(k)
+    }
     fn remove(&mut self, k: ConnKey) {
         if self.member.remove(&k) {
             self.order.retain(|&x| x != k);
         }
-    }
-    fn take(&mut self) -> Vec<ConnKey> {
-        self.member.clear();
-        std::mem::take(&mut self.order).into()
     }
 }

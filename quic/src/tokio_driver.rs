@@ -144,17 +144,11 @@ async fn run<H: Handler>(
         tokio::select! {
             r = sock.async_io(tokio::io::Interest::READABLE, || crate::udp::recv_gro(fd, &mut inbuf)) => {
                 if let Ok((n, from, seg)) = r {
-                    for r in crate::udp::gro_segments(n, seg) {
-                        let _ = conn.recv(&mut inbuf[r], quiche::RecvInfo { from, to: local });
-                    }
+                    feed(&mut conn, &mut inbuf, n, from, seg, local);
                     // Drain whatever else is already queued on the socket before flushing.
                     for _ in 0..64 {
                         match sock.try_io(tokio::io::Interest::READABLE, || crate::udp::recv_gro(fd, &mut inbuf)) {
-                            Ok((n, from, seg)) => {
-                                for r in crate::udp::gro_segments(n, seg) {
-                                    let _ = conn.recv(&mut inbuf[r], quiche::RecvInfo { from, to: local });
-                                }
-                            }
+                            Ok((n, from, seg)) => feed(&mut conn, &mut inbuf, n, from, seg, local),
                             Err(_) => break,
                         }
                     }
@@ -185,5 +179,19 @@ async fn run<H: Handler>(
             }
             _ = tokio::time::sleep(timeout) => conn.on_timeout(),
         }
+    }
+}
+
+/// Feed `n` received bytes (one datagram, or several coalesced by GRO at `seg` bytes) to quiche.
+fn feed(
+    conn: &mut FelixConn,
+    buf: &mut [u8],
+    n: usize,
+    from: SocketAddr,
+    seg: Option<usize>,
+    to: SocketAddr,
+) {
+    for r in crate::udp::gro_segments(n, seg) {
+        let _ = conn.recv(&mut buf[r], quiche::RecvInfo { from, to });
     }
 }
