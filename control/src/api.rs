@@ -69,7 +69,7 @@ pub fn status_for(code: ErrorCode) -> u16 {
         InvalidFrame | InvalidName | InvalidRequest | Unsupported | UnsupportedVersion
         | UnknownShard => 400,
         NotFound | UnknownTenant | UnknownNamespace | UnknownStream => 404,
-        AlreadyExists | Conflict => 409,
+        AlreadyExists | Conflict | StaleClaim => 409,
         RevisionTooOld | StreamDeleted => 410,
         PayloadTooLarge | FrameTooLarge => 413,
         TooManySubscriptions | InflightLimit | PublishTimeout => 429,

@@ -8,7 +8,8 @@
 //! - A record is handed out by [`Group::poll`] as a [`Claim`] naming its delivery:
 //!   `SHARD:OFFSET:ATTEMPTS` ([`ClaimId`]). Attempts count deliveries from 1. While a claim
 //!   holds (its deadline is in the future) the record is never handed to anyone else.
-//! - [`Group::ack`], [`Group::nack`], [`Group::extend`] and [`Group::dead_letter`] answer a
+//! - [`Group::ack`], [`Group::nack`], [`Group::extend`], [`Group::dead_letter`] and
+//!   [`Group::release`] (a driver's take-back of a claim it could not send) answer a
 //!   delivery. An answer naming any other delivery than the record's current, live one — an
 //!   older attempt, a claim whose deadline has passed (even before [`Group::expire`] ran), a
 //!   record already acked, skipped or dead-lettered — is refused with
@@ -750,6 +751,21 @@ impl Group {
             };
             self.kill(o, reason);
         }
+    }
+
+    /// Take back a live claim that never reached its consumer (the driver could not send it,
+    /// e.g. the poll answer would exceed the frame bound or the connection went away): the
+    /// record is eligible again at once and the delivery does not count against its budget
+    /// (its number is not reused, so no answer to it can match a later delivery).
+    pub fn release(&mut self, claim: ClaimId, now_ms: u64) -> Result<(), GroupError> {
+        let deadline = self.live(claim, now_ms)?;
+        let o = claim.offset;
+        self.deadlines.remove(&(deadline, o));
+        let rec = self.recs.get_mut(&o).expect("live claim is tracked");
+        rec.base += 1;
+        rec.phase = Phase::Waiting { not_before_ms: 0 };
+        self.ready.insert(o);
+        Ok(())
     }
 
     /// Renew a live claim: its deadline becomes `now_ms + visibility_timeout_ms`.

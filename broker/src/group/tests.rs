@@ -487,6 +487,31 @@ fn past_max_attempts_a_record_is_dead_lettered_and_never_handed_out() {
 }
 
 #[test]
+fn a_released_claim_goes_out_again_first_without_spending_its_budget() {
+    let mut g = group(3);
+    let c = g.poll(2, None, 0).unwrap();
+    assert_eq!(offsets(&c), vec![0, 1]);
+    g.release(c[1].id(), 5).unwrap();
+    // The old number is stale now; the record is next (lowest eligible), numbered on.
+    assert_eq!(stale(g.ack(c[1].id(), 5)), StaleReason::NotInFlight);
+    let again = g.poll(1, None, 5).unwrap();
+    assert_eq!((again[0].offset, again[0].attempt), (1, 2));
+    // Releases never dead-letter: three deliveries still allowed after any number of them.
+    let mut id = again[0].id();
+    for _ in 0..5 {
+        g.release(id, 6).unwrap();
+        id = g.poll(1, None, 6).unwrap()[0].id();
+    }
+    for _ in 0..2 {
+        assert_eq!(g.nack(id, 0, 7).unwrap(), Fate::Redeliver);
+        id = g.poll(1, None, 7).unwrap()[0].id();
+    }
+    assert_eq!(g.nack(id, 0, 7).unwrap(), Fate::DeadLettered);
+    assert_eq!(stale(g.release(c[1].id(), 8)), StaleReason::DeadLettered);
+    g.check_invariants();
+}
+
+#[test]
 fn a_consumer_can_dead_letter_its_claim() {
     let mut g = group(1);
     let c = g.poll(1, None, 0).unwrap()[0];
@@ -1146,6 +1171,7 @@ enum Op {
     Nack(usize, u64),
     Extend(usize, u64),
     Reject(usize),
+    Release(usize),
     Forge { offset: u64, attempt: u32 },
     Expire,
     Advance(u64),
@@ -1162,6 +1188,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (any::<usize>(), prop_oneof![Just(0u64), 1u64..=30]).prop_map(|(i, d)| Op::Nack(i, d)),
         2 => (any::<usize>(), 1u64..=40).prop_map(|(i, v)| Op::Extend(i, v)),
         1 => any::<usize>().prop_map(Op::Reject),
+        1 => any::<usize>().prop_map(Op::Release),
         1 => (0u64..24, 1u32..=5).prop_map(|(offset, attempt)| Op::Forge { offset, attempt }),
         2 => Just(Op::Expire),
         4 => (1u64..=25).prop_map(Op::Advance),
@@ -1269,6 +1296,17 @@ proptest! {
                     prop_assert_eq!(is_stale(&r), !live);
                     if live {
                         prop_assert_eq!(r.unwrap(), m.kill(id.offset as usize, DeadLetterReason::Rejected));
+                    }
+                    held.retain(|h| h.id() != id);
+                },
+                Op::Release(i) => if let Some(id) = pick(i) {
+                    let r = g.release(id, now);
+                    let live = m.live(id, now);
+                    prop_assert_eq!(is_stale(&r), !live);
+                    if live {
+                        let o = id.offset as usize;
+                        let d = m.recs[o].deliv.unwrap();
+                        m.recs[o].deliv = Some(MDeliv { base: d.base + 1, ph: MPhase::Wait(0), ..d });
                     }
                     held.retain(|h| h.id() != id);
                 },

@@ -81,6 +81,7 @@ registry! {
     Internal = 21, "internal", Retryable, "An unexpected internal error; the broker logged it.";
     ShuttingDown = 22, "shutting_down", Retryable, "The broker is draining and accepts no new work.";
     StreamDeleted = 23, "stream_deleted", Fatal, "The stream was deleted; its subscriptions end and its records are gone.";
+    StaleClaim = 24, "stale_claim", Fatal, "A group answer names a delivery that is no longer live (lapsed, answered, or out again under a newer attempt).";
 }
 
 impl fmt::Display for ErrorCode {

@@ -12,9 +12,13 @@
 //! touching payloads and one delivery frame is shared (as `Bytes`) by every subscriber.
 
 pub mod error;
+pub mod group;
 pub mod hash;
 
 pub use error::{ErrorCode, Retry};
+pub use group::{
+    AnswerOp, ClaimRef, DeadLetterAction, DeadLetterRef, GroupFrame, GroupInfo, GroupRef,
+};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use std::fmt;
@@ -418,6 +422,8 @@ pub enum Frame {
         shards: u32,
         durable: bool,
     },
+    /// Consumer-group requests and answers (kinds 15..=28, see [`group`]).
+    Group(GroupFrame),
     /// A kind this build does not know (from a newer peer); skipped by receivers.
     Unknown {
         kind: u8,
@@ -481,6 +487,7 @@ impl Frame {
             Frame::SubEnd { .. } => kind::SUB_END,
             Frame::DescribeStream { .. } => kind::DESCRIBE_STREAM,
             Frame::StreamInfo { .. } => kind::STREAM_INFO,
+            Frame::Group(g) => g.kind(),
             Frame::Unknown { kind, .. } => *kind,
         }
     }
@@ -647,6 +654,7 @@ impl Frame {
                 body.put_u32_le(*shards);
                 body.put_u8(*durable as u8);
             }
+            Frame::Group(g) => g.encode_body(&mut body),
             Frame::Unknown {
                 flags: f, body: b, ..
             } => {
@@ -867,6 +875,7 @@ pub fn decode_body(kind_: u8, flags: u16, body: Bytes) -> Result<Frame, WireErro
             shards: r.u32("shards")?,
             durable: r.bool("durable")?,
         },
+        k @ group::kind::FIRST..=group::kind::LAST => Frame::Group(GroupFrame::decode(k, &mut r)?),
         k => Frame::Unknown {
             kind: k,
             flags,

@@ -348,6 +348,7 @@ fn arb_frame() -> impl Strategy<Value = Frame> {
                 durable,
             }
         }),
+        arb_group_frame().prop_map(Frame::Group),
         (
             100u8..=255,
             any::<u16>(),
@@ -393,7 +394,7 @@ proptest! {
 
     /// Hostile input with a valid header: random bodies for every known kind never panic.
     #[test]
-    fn hostile_bodies_never_panic(k in 0u8..20, body in prop::collection::vec(any::<u8>(), 0..120)) {
+    fn hostile_bodies_never_panic(k in 0u8..40, body in prop::collection::vec(any::<u8>(), 0..120)) {
         let _ = decode_body(k, 0, Bytes::from(body));
     }
 
@@ -405,4 +406,180 @@ proptest! {
         b[i] = val;
         let _ = decode_frame(&b, MAX);
     }
+}
+
+fn arb_target() -> impl Strategy<Value = GroupRef> {
+    (arb_stream(), arb_name(), any::<u32>()).prop_map(|(stream, group, shard)| GroupRef {
+        stream,
+        group,
+        shard,
+    })
+}
+
+fn arb_start() -> impl Strategy<Value = StartAt> {
+    prop_oneof![
+        Just(StartAt::Latest),
+        Just(StartAt::Earliest),
+        any::<u64>().prop_map(StartAt::Offset),
+    ]
+}
+
+fn arb_claims() -> impl Strategy<Value = Vec<ClaimRef>> {
+    prop::collection::vec(
+        (any::<u64>(), any::<u32>()).prop_map(|(offset, attempt)| ClaimRef { offset, attempt }),
+        0..6,
+    )
+}
+
+fn arb_group_frame() -> impl Strategy<Value = GroupFrame> {
+    use GroupFrame::*;
+    let rid = any::<u64>();
+    prop_oneof![
+        (rid, arb_target(), arb_start(), any::<u32>(), any::<u64>()).prop_map(
+            |(request_id, target, start, max_attempts, visibility_timeout_ms)| GroupCreate {
+                request_id,
+                target,
+                start,
+                max_attempts,
+                visibility_timeout_ms
+            }
+        ),
+        (rid, arb_target()).prop_map(|(request_id, target)| GroupDelete { request_id, target }),
+        (rid, arb_target()).prop_map(|(request_id, target)| GroupDescribe { request_id, target }),
+        (rid, arb_target()).prop_map(|(request_id, target)| GroupPollCancel { request_id, target }),
+        (rid, any::<u32>(), any::<[u64; 7]>(), any::<u32>()).prop_map(|(request_id, shard, v, m)| {
+            GroupInfo {
+                request_id,
+                shard,
+                info: super::GroupInfo {
+                    cursor: v[0],
+                    tail: v[1],
+                    in_flight: v[2],
+                    waiting: v[3],
+                    parked: v[4],
+                    dead_letters: v[5],
+                    max_attempts: m,
+                    visibility_timeout_ms: v[6],
+                },
+            }
+        }),
+        (rid, arb_target(), any::<u32>(), any::<u64>(), any::<u64>()).prop_map(
+            |(request_id, target, max, visibility_timeout_ms, wait_ms)| GroupPoll {
+                request_id,
+                target,
+                max,
+                visibility_timeout_ms,
+                wait_ms
+            }
+        ),
+        (rid, any::<u32>(), any::<u64>(), arb_claims()).prop_map(
+            |(request_id, shard, visibility_timeout_ms, claims)| {
+                let records = Records::encode(claims.iter().map(|c| c.offset.to_le_bytes()));
+                GroupRecords {
+                    request_id,
+                    shard,
+                    visibility_timeout_ms,
+                    claims,
+                    records,
+                }
+            }
+        ),
+        (
+            rid,
+            arb_target(),
+            prop_oneof![
+                Just(AnswerOp::Ack),
+                any::<u64>().prop_map(|delay_ms| AnswerOp::Nack { delay_ms }),
+                any::<u64>().prop_map(|v| AnswerOp::Extend {
+                    visibility_timeout_ms: v
+                }),
+                Just(AnswerOp::Reject),
+            ],
+            arb_claims()
+        )
+            .prop_map(|(request_id, target, op, claims)| GroupAnswer {
+                request_id,
+                target,
+                op,
+                claims
+            }),
+        (rid, prop::collection::vec(any::<u16>(), 0..8))
+            .prop_map(|(request_id, codes)| GroupAnswered { request_id, codes }),
+        (rid, arb_target(), arb_start())
+            .prop_map(|(request_id, target, to)| GroupSeek { request_id, target, to }),
+        (rid, arb_target(), proptest::option::of(any::<u64>()), any::<u32>()).prop_map(
+            |(request_id, target, after, limit)| DeadLetterList {
+                request_id,
+                target,
+                after,
+                limit
+            }
+        ),
+        (
+            rid,
+            prop::collection::vec(
+                (any::<u64>(), any::<u32>(), 0u8..3, any::<bool>()).prop_map(
+                    |(offset, attempts, reason, redriving)| DeadLetterRef {
+                        offset,
+                        attempts,
+                        reason,
+                        redriving
+                    }
+                ),
+                0..5
+            ),
+            proptest::option::of(any::<u64>())
+        )
+            .prop_map(|(request_id, letters, next_after)| DeadLetterPage {
+                request_id,
+                letters,
+                next_after
+            }),
+        (
+            rid,
+            arb_target(),
+            prop_oneof![Just(DeadLetterAction::Redrive), Just(DeadLetterAction::Discard)],
+            any::<u64>()
+        )
+            .prop_map(|(request_id, target, action, offset)| DeadLetterOp {
+                request_id,
+                target,
+                action,
+                offset
+            }),
+        rid.prop_map(|request_id| GroupOk { request_id }),
+    ]
+}
+
+#[test]
+fn group_records_need_one_payload_per_claim() {
+    let f = Frame::Group(GroupFrame::GroupRecords {
+        request_id: 1,
+        shard: 0,
+        visibility_timeout_ms: 10,
+        claims: vec![ClaimRef {
+            offset: 4,
+            attempt: 1,
+        }],
+        records: Records::encode([&b"a"[..], b"b"]),
+    });
+    assert!(matches!(
+        decode_frame(&f.encode(), MAX),
+        Err(WireError::InvalidRecords(_))
+    ));
+}
+
+#[test]
+fn a_hostile_claim_count_is_refused_without_allocating() {
+    let f = Frame::Group(GroupFrame::GroupAnswered {
+        request_id: 1,
+        codes: vec![0],
+    });
+    let mut b = f.encode().to_vec();
+    // The count sits right after the request id: claim four billion codes.
+    b[HEADER_LEN + 8..HEADER_LEN + 12].copy_from_slice(&u32::MAX.to_le_bytes());
+    assert!(matches!(
+        decode_frame(&b, MAX),
+        Err(WireError::Truncated { .. })
+    ));
 }
