@@ -111,6 +111,12 @@ settings! {
         log_format: String = "text".into(), "FELIX_LOG_FORMAT";
         /// This broker's node id in the control plane's registry (1 or more).
         node_id: u64 = 1, "FELIX_NODE_ID";
+        /// Consumer groups one durable shard may hold.
+        group_max_per_shard: u32 = 64, "FELIX_GROUP_MAX_PER_SHARD";
+        /// Longest a consumer-group poll may wait for a record (longer asks are cut to it), milliseconds.
+        group_poll_wait_max_ms: u64 = 30_000, "FELIX_GROUP_POLL_WAIT_MAX_MS";
+        /// Long polls waiting at once on one group (more are refused with inflight_limit).
+        group_poll_waiters_max: u32 = 1024, "FELIX_GROUP_POLL_WAITERS_MAX";
         /// Long-poll bound of one catalog changes request to the control plane, milliseconds.
         controlplane_wait_ms: u64 = 30_000, "FELIX_CONTROLPLANE_WAIT_MS";
     }
@@ -177,6 +183,8 @@ impl Config {
             ("ring_bytes_max", c.ring_bytes_max),
             ("sub_queue_records_max", c.sub_queue_records_max as u64),
             ("sub_queue_bytes_max", c.sub_queue_bytes_max),
+            ("group_max_per_shard", c.group_max_per_shard as u64),
+            ("group_poll_waiters_max", c.group_poll_waiters_max as u64),
         ] {
             if v == 0 {
                 return Err(format!("{name} must be positive"));
@@ -184,6 +192,13 @@ impl Config {
         }
         felix_storage::FsyncMode::parse(&c.durable_fsync, c.durable_fsync_interval_ms)
             .map_err(|e| format!("durable_fsync: {e}"))?;
+        if c.group_poll_wait_max_ms > crate::group::DURATION_LIMIT_MS {
+            return Err(format!(
+                "group_poll_wait_max_ms must be at most {} (12 hours), got {}",
+                crate::group::DURATION_LIMIT_MS,
+                c.group_poll_wait_max_ms
+            ));
+        }
         if c.durable_fsync_interval_ms == 0 {
             return Err("durable_fsync_interval_ms must be positive".into());
         }

@@ -37,6 +37,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod groups;
+pub use groups::GroupOrigin;
+
 /// Where a publish came from, so its answer finds its way back.
 #[derive(Debug, Clone, Copy)]
 pub struct Origin {
@@ -111,6 +114,16 @@ pub enum MeshMsg {
         shard: u32,
         parked: bool,
     },
+    /// Connection core → owner of a durable shard: a consumer-group request.
+    Group {
+        origin: GroupOrigin,
+        stream: u32,
+        frame: felix_quic::wire::GroupFrame,
+    },
+    /// Owner → connection core: the answer to a group request.
+    GroupReply { origin: GroupOrigin, frame: Frame },
+    /// Connection core → every core: a connection that long-polled is gone.
+    GroupConnClosed { core: u8, conn: ConnKey },
     /// Owner → itself: try the next held publish (queued behind the deliveries just sent, so
     /// local subscribers park before the next append if they are full).
     DrainHeld { stream: u32, shard: u32 },
@@ -211,6 +224,8 @@ struct Session {
     /// Subscription stream id → subscription id.
     sub_streams: HashMap<u64, u64>,
     pub_streams: HashMap<u64, PubStream>,
+    /// Sent a long poll (its close must reach the groups' owners).
+    long_polls: bool,
 }
 
 struct Sub {
@@ -257,6 +272,12 @@ struct CoreState {
     /// Shutting down: new publishes are refused with `shutting_down` while those in flight
     /// are answered.
     draining: bool,
+    /// Consumer groups of the durable shards this core owns (see `groups`).
+    groups: HashMap<ShardKey, groups::ShardGroups>,
+    /// Zero of the groups' millisecond clock.
+    group_epoch: Instant,
+    /// When a group next changes by time (a claim lapses, a wait ends); `u64::MAX`: never.
+    group_due_ms: u64,
 }
 
 /// Run one core until shutdown. `sock` is this core's SO_REUSEPORT socket.
@@ -305,6 +326,9 @@ pub async fn run_core(
         wake: wake.clone(),
         draining: false,
         closing_logs: false,
+        groups: HashMap::new(),
+        group_epoch: Instant::now(),
+        group_due_ms: u64::MAX,
     }));
     state.borrow_mut().me = Rc::downgrade(&state);
     open_durable_shards(&state).await;
@@ -660,6 +684,7 @@ async fn flusher(state: Rc<RefCell<CoreState>>, sock: Rc<GlommioUdp>, wake_rx: W
                 let mut st = state.borrow_mut();
                 st.refresh_catalog();
                 st.expire_held(now);
+                st.groups_tick();
                 st.drain_inbox();
                 st.ep.on_timeouts(now);
                 // Round robin over the connections dirty at the start of this round (those
@@ -692,7 +717,13 @@ async fn flusher(state: Rc<RefCell<CoreState>>, sock: Rc<GlommioUdp>, wake_rx: W
                 return;
             }
         }
-        let timeout = state.borrow().ep.next_timeout(Instant::now());
+        let timeout = {
+            let st = state.borrow();
+            match (st.ep.next_timeout(Instant::now()), st.group_timeout()) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            }
+        };
         let cap = Duration::from_millis(
             if state.borrow().held_total > 0 || !matches!(drain, Drain::Serving) {
                 10
@@ -726,6 +757,7 @@ impl CoreState {
                 .all(|d| d.pending.is_empty() && d.deferred.is_empty())
             && self.inbox.is_empty()
             && self.mesh_overflow.iter().all(|q| q.is_empty())
+            && self.groups_idle()
     }
 
     // ---------- catalog ----------
@@ -842,6 +874,7 @@ impl CoreState {
                 tracing::info!(stream = %name, shard = key.1, next_offset = report.next_offset,
                     oldest = report.oldest_offset, verdict = ?report.verdict, "durable shard open");
                 self.owner(key.0, key.1).start_at(report.next_offset);
+                self.load_groups(key, report.next_offset);
                 let d = self.durable.get_mut(&key).expect("checked above");
                 d.log = Some(log.clone());
                 glommio::spawn_local(commit_watcher(self.me.clone(), key, log)).detach();
@@ -885,6 +918,7 @@ impl CoreState {
         for shard in 0..slot.def.shards {
             let key = (idx, shard);
             self.end_local_subs(key, why.clone());
+            self.drop_groups(key, &why);
             let mut refused: Vec<PublishReq> = Vec::new();
             if let Some(o) = self.owned.get_mut(&key) {
                 self.held_total -= o.held.len();
@@ -979,6 +1013,10 @@ impl CoreState {
     fn defer_while_opening(&mut self, msg: MeshMsg) -> Option<MeshMsg> {
         let key = match &msg {
             MeshMsg::Publish(req) => (req.stream, req.shard),
+            MeshMsg::Group { stream, frame, .. } => match frame.target() {
+                Some(t) => (*stream, t.shard),
+                None => return Some(msg),
+            },
             MeshMsg::Attach { stream, shard, .. }
             | MeshMsg::Detach { stream, shard, .. }
             | MeshMsg::Parked { stream, shard, .. } => (*stream, *shard),
@@ -1054,6 +1092,13 @@ impl CoreState {
                 }
             }
             MeshMsg::DrainHeld { stream, shard } => self.drain_held(stream, shard),
+            MeshMsg::Group {
+                origin,
+                stream,
+                frame,
+            } => self.on_group(origin, stream, frame),
+            MeshMsg::GroupReply { origin, frame } => self.on_group_reply(origin, frame),
+            MeshMsg::GroupConnClosed { core, conn } => self.on_group_conn_closed(core, conn),
         }
         None
     }
@@ -1240,6 +1285,9 @@ impl CoreState {
                 result,
             },
         );
+        if self.groups.contains_key(&(stream, shard)) {
+            self.groups_records_committed((stream, shard));
+        }
     }
 
     /// Append held publishes while nothing is parked: one at a time, each followed by a
@@ -1827,6 +1875,7 @@ impl CoreState {
             for sid in session.subs {
                 self.remove_sub(sid, None);
             }
+            self.group_conn_closed(key, session.long_polls);
         }
     }
 
@@ -1962,6 +2011,12 @@ impl CoreState {
                                 ErrorCode::NotFound,
                                 format!("no subscription {subscription_id} on this connection"),
                             );
+                        }
+                    }
+                    Frame::Group(g) => {
+                        let rid = g.request_id();
+                        if let Err((code, msg)) = self.on_group_request(key, stream, g) {
+                            self.send_err(key, stream, rid, code, msg);
                         }
                     }
                     Frame::Unknown { .. } => {}

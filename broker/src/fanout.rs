@@ -135,6 +135,22 @@ impl ReplayRing {
     pub fn records(&self) -> u64 {
         self.records
     }
+
+    /// The payload of the record at `offset`, if the ring still holds it.
+    pub fn get(&self, offset: u64) -> Option<Bytes> {
+        let i = self.batches.partition_point(|b| b.end() <= offset);
+        let b = self.batches.get(i)?;
+        if offset < b.first_offset {
+            return None;
+        }
+        let mut pos = 0usize;
+        for _ in 0..offset - b.first_offset {
+            let len = u32::from_le_bytes(b.region[pos..pos + 4].try_into().unwrap()) as usize;
+            pos += 4 + len;
+        }
+        let len = u32::from_le_bytes(b.region[pos..pos + 4].try_into().unwrap()) as usize;
+        Some(b.region.slice(pos + 4..pos + 4 + len))
+    }
 }
 
 /// What the subscriber's connection sends next.

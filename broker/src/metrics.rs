@@ -65,6 +65,14 @@ counters! {
     durable_publishes_refused: "publishes to durable shards refused by storage (failed, write queue full)",
     history_reads: "history reads from disk for subscribers catching up",
     history_records_read: "records read from disk for subscribers catching up",
+    group_polls: "consumer-group polls answered by shards this core owns (long polls once)",
+    group_claims: "records claimed by consumer-group polls (every delivery, redeliveries included)",
+    group_acks: "consumer-group claims acknowledged",
+    group_redeliveries: "consumer-group claims that lapsed or were nacked and will be delivered again",
+    group_dead_letters: "records dead-lettered by consumer groups",
+    group_stale_answers: "consumer-group answers refused as stale_claim",
+    group_writes: "consumer-group state files written (each covers every change queued before it)",
+    group_write_failures: "consumer-group state files that could not be written (answers got unavailable)",
 }
 
 /// Upper bounds of latency histograms, microseconds.

@@ -27,6 +27,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
+mod group;
+pub use felix_quic::wire::{AnswerOp, ClaimId, DeadLetterAction, DeadLetterRef, GroupInfo};
+pub use group::{DeadLetterPage, GroupConsumer, GroupOptions, GroupRecord};
+
 /// Everything a client call can fail with.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
@@ -197,6 +201,8 @@ enum Cmd {
         subscription_id: u64,
         request_id: u64,
     },
+    /// A frame on the control stream that gets no answer of its own.
+    Send { frame: Frame },
     /// An application drained a paused subscription: try to resume reading.
     Resume,
     Close {
@@ -240,6 +246,7 @@ fn request_id_of(f: &Frame) -> Option<u64> {
         | Frame::Error { request_id, .. }
         | Frame::PublishAck { request_id, .. }
         | Frame::SubscribeOk { request_id, .. } => Some(*request_id),
+        Frame::Group(g) => Some(g.request_id()),
         _ => None,
     }
 }
@@ -436,6 +443,7 @@ impl Handler for ConnHandler {
                     },
                 );
             }
+            Cmd::Send { frame } => c.send_frame(0, &frame),
             Cmd::Resume => {}
             Cmd::Close { done } => {
                 c.close(0, "client close");

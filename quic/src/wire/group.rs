@@ -13,6 +13,8 @@
 
 use super::{put_str, put_stream, Reader, Records, StartAt, StreamName, WireError};
 use bytes::{BufMut, BytesMut};
+use std::fmt;
+use std::str::FromStr;
 
 /// Frame kinds of this module (stable numbers, after the core kinds).
 pub mod kind {
@@ -32,6 +34,70 @@ pub mod kind {
     pub const GROUP_OK: u8 = 28;
     pub const FIRST: u8 = GROUP_CREATE;
     pub const LAST: u8 = GROUP_OK;
+}
+
+/// Names one delivery of one record: `SHARD:OFFSET:ATTEMPTS`, decimal, attempts from 1.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ClaimId {
+    pub shard: u32,
+    pub offset: u64,
+    pub attempt: u32,
+}
+
+impl fmt::Display for ClaimId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}:{}", self.shard, self.offset, self.attempt)
+    }
+}
+
+/// A string that is not a canonical `SHARD:OFFSET:ATTEMPTS`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("claim id {input:?} is not SHARD:OFFSET:ATTEMPTS: {why}")]
+pub struct ClaimIdError {
+    pub input: String,
+    pub why: &'static str,
+}
+
+fn decimal(part: &str, max: u64, why: &'static str) -> Result<u64, &'static str> {
+    let canonical = !part.is_empty()
+        && part.bytes().all(|b| b.is_ascii_digit())
+        && (part == "0" || !part.starts_with('0'));
+    if !canonical {
+        return Err(why);
+    }
+    match part.parse::<u64>() {
+        Ok(v) if v <= max => Ok(v),
+        _ => Err(why),
+    }
+}
+
+impl FromStr for ClaimId {
+    type Err = ClaimIdError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let fail = |why| ClaimIdError {
+            input: s.chars().take(64).collect(),
+            why,
+        };
+        let mut parts = s.split(':');
+        let (Some(shard), Some(offset), Some(attempt), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(fail("needs exactly three ':'-separated parts"));
+        };
+        let shard =
+            decimal(shard, u32::MAX as u64, "shard is not a canonical u32").map_err(fail)?;
+        let offset = decimal(offset, u64::MAX, "offset is not a canonical u64").map_err(fail)?;
+        let attempt =
+            decimal(attempt, u32::MAX as u64, "attempts is not a canonical u32").map_err(fail)?;
+        if attempt == 0 {
+            return Err(fail("attempts count from 1"));
+        }
+        Ok(ClaimId {
+            shard: shard as u32,
+            offset,
+            attempt: attempt as u32,
+        })
+    }
 }
 
 /// One group on one shard of a stream.

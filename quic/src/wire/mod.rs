@@ -17,7 +17,7 @@ pub mod hash;
 
 pub use error::{ErrorCode, Retry};
 pub use group::{
-    AnswerOp, ClaimRef, DeadLetterAction, DeadLetterRef, GroupFrame, GroupInfo, GroupRef,
+    AnswerOp, ClaimId, ClaimIdError, ClaimRef, DeadLetterAction, DeadLetterRef, GroupFrame, GroupInfo, GroupRef,
 };
 
 use bytes::{BufMut, Bytes, BytesMut};
