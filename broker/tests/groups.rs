@@ -9,7 +9,7 @@ mod common;
 
 use bytes::Bytes;
 use common::Broker;
-use felix_client::{Client, ClaimId, DeadLetterAction, GroupOptions, GroupRecord};
+use felix_client::{ClaimId, Client, DeadLetterAction, GroupOptions, GroupRecord};
 use felix_quic::wire::{ErrorCode, ShardSelector, StartAt, StreamName};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -90,7 +90,9 @@ async fn competing(b: &Broker, group: &str, consumers: usize, per_shard: u64) {
         start: StartAt::Latest,
         ..opts(5, 60_000)
     };
-    c.group_create(&name("jobs"), group, None, start).await.unwrap();
+    c.group_create(&name("jobs"), group, None, start)
+        .await
+        .unwrap();
     let expected = publish(&c, "jobs", 2, per_shard).await;
     let seen = std::sync::Arc::new(std::sync::Mutex::new(BTreeMap::<(u32, u64), Bytes>::new()));
     let total = expected.len();
@@ -136,7 +138,11 @@ async fn competing(b: &Broker, group: &str, consumers: usize, per_shard: u64) {
         counts.push(t.await.unwrap());
     }
     assert_eq!(counts.iter().sum::<usize>(), total);
-    assert_eq!(*seen.lock().unwrap(), expected, "every record, its own payload");
+    assert_eq!(
+        *seen.lock().unwrap(),
+        expected,
+        "every record, its own payload"
+    );
     for (shard, info) in c.group_describe(&name("jobs"), group, None).await.unwrap() {
         assert_eq!(info.cursor, info.tail, "shard {shard} cursor at the tail");
         assert_eq!((info.in_flight, info.dead_letters), (0, 0));
@@ -175,7 +181,10 @@ fn redelivery_dead_letters_and_stale_claims() {
         assert_eq!(again[0].attempt, 2);
         // A late answer naming the first delivery is refused.
         let late = c.group_ack(&s, "g", &[first[0].claim()]).await.unwrap();
-        assert_eq!(late[0].as_ref().err().and_then(code), Some(ErrorCode::StaleClaim));
+        assert_eq!(
+            late[0].as_ref().err().and_then(code),
+            Some(ErrorCode::StaleClaim)
+        );
         // Past max_attempts (2) the record is dead-lettered and not handed out again.
         tokio::time::sleep(Duration::from_millis(400)).await;
         let page = c.dead_letters(&s, "g", 0, None, 10).await.unwrap();
@@ -218,16 +227,26 @@ fn redelivery_dead_letters_and_stale_claims() {
             .await
             .unwrap_err();
         assert_eq!(e.code(), Some(ErrorCode::NotFound));
-        assert!(c.dead_letters(&s, "g", 0, None, 10).await.unwrap().letters.is_empty());
+        assert!(c
+            .dead_letters(&s, "g", 0, None, 10)
+            .await
+            .unwrap()
+            .letters
+            .is_empty());
         // Extend keeps a claim past its original deadline.
         publish(&c, "one", 1, 1).await;
         let r = poll(1).await.unwrap();
         tokio::time::sleep(Duration::from_millis(150)).await;
-        c.group_extend(&s, "g", &[r[0].claim()], 5_000).await.unwrap()[0]
+        c.group_extend(&s, "g", &[r[0].claim()], 5_000)
+            .await
+            .unwrap()[0]
             .clone()
             .unwrap();
         tokio::time::sleep(Duration::from_millis(300)).await;
-        assert!(poll(1).await.unwrap().is_empty(), "extended claim still holds");
+        assert!(
+            poll(1).await.unwrap().is_empty(),
+            "extended claim still holds"
+        );
         c.group_ack(&s, "g", &[r[0].claim()]).await.unwrap()[0]
             .clone()
             .unwrap();
@@ -255,7 +274,11 @@ fn a_vanished_consumers_claims_go_to_the_others_and_long_polls_wait() {
             drop(gone);
         }
         let mut cons = c.group_consumer(&s, "g").await.unwrap();
-        assert!(cons.poll(100, None, Duration::ZERO).await.unwrap().is_empty());
+        assert!(cons
+            .poll(100, None, Duration::ZERO)
+            .await
+            .unwrap()
+            .is_empty());
         // Its claims lapse; the long poll wakes for them.
         let mut got = BTreeSet::new();
         let deadline = Instant::now() + WAIT;
@@ -275,9 +298,13 @@ fn a_vanished_consumers_claims_go_to_the_others_and_long_polls_wait() {
             let pc = b.client().await;
             let t = tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_millis(200)).await;
-                pc.publish_batch(&name("jobs"), ShardSelector::Shard(shard), vec![Bytes::from("late")])
-                    .await
-                    .unwrap();
+                pc.publish_batch(
+                    &name("jobs"),
+                    ShardSelector::Shard(shard),
+                    vec![Bytes::from("late")],
+                )
+                .await
+                .unwrap();
                 pc
             });
             let recs = cons.poll(10, None, Duration::from_secs(20)).await.unwrap();
@@ -351,7 +378,11 @@ fn typed_refusals() {
             )
             .await
             .unwrap_err();
-        assert_eq!(e.code(), Some(ErrorCode::InvalidRequest), "beyond the tail: {e}");
+        assert_eq!(
+            e.code(),
+            Some(ErrorCode::InvalidRequest),
+            "beyond the tail: {e}"
+        );
         c.group_delete(&s, "g", None).await.unwrap();
         let e = c.group_describe(&s, "g", Some(1)).await.unwrap_err();
         assert_eq!(e.code(), Some(ErrorCode::NotFound));
@@ -380,7 +411,9 @@ fn answers_stay_under_the_frame_bound_and_old_claims_come_from_disk() {
                 .unwrap();
             expected.push(p);
         }
-        c.group_create(&s, "g", None, opts(1, 60_000)).await.unwrap();
+        c.group_create(&s, "g", None, opts(1, 60_000))
+            .await
+            .unwrap();
         let mut next = 0u64;
         let deadline = Instant::now() + WAIT;
         while next < 40 {
@@ -389,7 +422,11 @@ fn answers_stay_under_the_frame_bound_and_old_claims_come_from_disk() {
                 .group_poll(&s, "g", 0, 100, None, Duration::ZERO)
                 .await
                 .unwrap();
-            assert!(!recs.is_empty() && recs.len() <= 6, "{} records in 64 KiB", recs.len());
+            assert!(
+                !recs.is_empty() && recs.len() <= 6,
+                "{} records in 64 KiB",
+                recs.len()
+            );
             for r in &recs {
                 assert_eq!(r.offset, next, "in order, none skipped");
                 assert_eq!(r.payload, expected[next as usize], "offset {next} bytes");
@@ -402,9 +439,17 @@ fn answers_stay_under_the_frame_bound_and_old_claims_come_from_disk() {
         }
         // Records released for lack of room were not counted as deliveries: max_attempts
         // is 1, yet nothing was dead-lettered.
-        assert!(c.dead_letters(&s, "g", 0, None, 10).await.unwrap().letters.is_empty());
+        assert!(c
+            .dead_letters(&s, "g", 0, None, 10)
+            .await
+            .unwrap()
+            .letters
+            .is_empty());
     });
-    assert!(b.total("history_reads") > 0, "claims beyond the tail cache read from disk");
+    assert!(
+        b.total("history_reads") > 0,
+        "claims beyond the tail cache read from disk"
+    );
 }
 
 #[test]
@@ -415,7 +460,9 @@ fn sigkill_and_restart_keep_cursor_and_dead_letters() {
     rt.block_on(async {
         let c = b.client().await;
         publish(&c, "jobs", 1, 100).await;
-        c.group_create(&s, "g", Some(0), opts(3, 60_000)).await.unwrap();
+        c.group_create(&s, "g", Some(0), opts(3, 60_000))
+            .await
+            .unwrap();
         let mut acked = 0;
         while acked < 60 {
             let recs = c
@@ -460,11 +507,122 @@ fn sigkill_and_restart_keep_cursor_and_dead_letters() {
             let ids: Vec<ClaimId> = recs.iter().map(GroupRecord::claim).collect();
             c.group_ack(&s, "g", &ids).await.unwrap();
         }
-        assert_eq!(offsets, (60..100).collect::<Vec<_>>(), "no acked record again");
+        assert_eq!(
+            offsets,
+            (60..100).collect::<Vec<_>>(),
+            "no acked record again"
+        );
         assert!(c
             .group_poll(&s, "g", 0, 10, None, Duration::ZERO)
             .await
             .unwrap()
             .is_empty());
     });
+}
+
+#[test]
+fn felixctl_group_commands() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let b = start(tempfile::tempdir().unwrap(), &[]);
+    let exe = std::path::Path::new(env!("CARGO_BIN_EXE_felix-broker")).with_file_name("felixctl");
+    let ctl = |args: &[&str]| {
+        std::process::Command::new(&exe)
+            .args(["--broker", &b.quic.to_string()])
+            .arg("--ca")
+            .arg(b.ca())
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("felixctl built alongside (cargo build --workspace)")
+    };
+    let ok = |o: std::process::Output| {
+        assert!(
+            o.status.success(),
+            "felixctl failed ({:?}): {}",
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8(o.stdout).unwrap()
+    };
+    rt.block_on(async {
+        let c = b.client().await;
+        publish(&c, "jobs", 2, 3).await;
+    });
+    ok(ctl(&[
+        "group",
+        "create",
+        "jobs",
+        "g",
+        "--max-attempts",
+        "2",
+    ]));
+    let out = ok(ctl(&[
+        "--json", "group", "poll", "jobs", "g", "--max", "10",
+    ]));
+    let claims: Vec<String> = out
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v["claim"].as_str().unwrap().to_string()
+        })
+        .collect();
+    assert_eq!(claims.len(), 6, "{out}");
+    let (first, rest) = claims.split_first().unwrap();
+    let mut args = vec!["group", "ack", "jobs", "g"];
+    args.extend(rest.iter().map(String::as_str));
+    ok(ctl(&args));
+    ok(ctl(&["group", "reject", "jobs", "g", first]));
+    // A second answer to the same delivery is refused (exit 1, stale_claim).
+    let o = ctl(&["group", "ack", "jobs", "g", first]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("stale_claim"));
+    let shard: u32 = first.split(':').next().unwrap().parse().unwrap();
+    let offset: u64 = first.split(':').nth(1).unwrap().parse().unwrap();
+    let ls = ok(ctl(&["group", "dead-letters", "ls", "jobs", "g"]));
+    assert!(
+        ls.contains(&format!("{shard}:{offset} attempts 1 rejected")),
+        "{ls}"
+    );
+    let desc = ok(ctl(&["--json", "group", "describe", "jobs", "g"]));
+    for l in desc.lines() {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap();
+        assert_eq!(v["cursor"], 3, "{l}");
+    }
+    // Destructive commands need --yes without a terminal.
+    let o = ctl(&[
+        "group",
+        "dead-letters",
+        "discard",
+        "jobs",
+        "g",
+        "--shard",
+        &shard.to_string(),
+        &offset.to_string(),
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    let o = ctl(&["group", "seek", "jobs", "g", "earliest"]);
+    assert_eq!(o.status.code(), Some(2), "a backward seek asks");
+    ok(ctl(&[
+        "--yes",
+        "group",
+        "dead-letters",
+        "discard",
+        "jobs",
+        "g",
+        "--shard",
+        &shard.to_string(),
+        &offset.to_string(),
+    ]));
+    assert_eq!(ok(ctl(&["group", "dead-letters", "ls", "jobs", "g"])), "");
+    assert_eq!(
+        ctl(&["group", "ack", "jobs", "g", "0:1"]).status.code(),
+        Some(2),
+        "malformed claim"
+    );
+    assert_eq!(ctl(&["group", "rm", "jobs", "g"]).status.code(), Some(2));
+    ok(ctl(&["--yes", "group", "rm", "jobs", "g"]));
+    assert_eq!(
+        ctl(&["group", "describe", "jobs", "g"]).status.code(),
+        Some(1)
+    );
 }

@@ -1,10 +1,11 @@
 //! felixctl: Felix from the command line.
 //!
-//! Over QUIC: `describe`, `publish`, `subscribe`. Over the control plane's REST API (see
+//! Over QUIC: `describe`, `publish`, `subscribe`, `group ...` (consumer groups, see `group`). Over the control plane's REST API (see
 //! `admin`): `tenant|namespace|stream|cache create|get|ls|set|rm`, `node ls`, `shard ls`,
 //! `context`, `completions`. Exit codes: 0 ok, 1 refused or the connection failed, 2 usage.
 
 mod admin;
+mod group;
 
 use clap::{Parser, Subcommand};
 use felix_client::{Client, ClientConfig, Event, SubscribeOptions};
@@ -104,6 +105,9 @@ enum Cmd {
         #[arg(long)]
         idle_exit_ms: Option<u64>,
     },
+    /// Consumer groups: create|describe|poll|ack|nack|extend|reject|seek|rm|dead-letters.
+    #[command(subcommand)]
+    Group(group::GroupCmd),
     #[command(flatten)]
     Admin(admin::AdminCmd),
 }
@@ -215,6 +219,16 @@ async fn run(cli: Cli) -> i32 {
             .await
         }
         Cmd::Admin(_) => unreachable!("handled before connecting"),
+        Cmd::Group(g) => {
+            let ctx = group::Ctx {
+                client: &client,
+                tenant: &cli.tenant,
+                namespace: &cli.namespace,
+                json: cli.json,
+                yes: cli.yes,
+            };
+            group::run(g, &ctx).await
+        }
         Cmd::Describe { stream } => {
             let name = StreamName::new(&cli.tenant, &cli.namespace, stream);
             match client.describe_stream(&name).await {

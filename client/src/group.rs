@@ -124,7 +124,10 @@ impl Client {
         Ok((request_id, rx))
     }
 
-    async fn group_request(&self, make: impl FnOnce(u64) -> GroupFrame) -> Result<GroupFrame, Error> {
+    async fn group_request(
+        &self,
+        make: impl FnOnce(u64) -> GroupFrame,
+    ) -> Result<GroupFrame, Error> {
         group_answer(self.request(|rid| Frame::Group(make(rid))).await?)
     }
 
@@ -138,7 +141,10 @@ impl Client {
     async fn expect_ok(&self, make: impl FnOnce(u64) -> GroupFrame) -> Result<(), Error> {
         match self.group_request(make).await? {
             GroupFrame::GroupOk { .. } => Ok(()),
-            other => Err(Error::Protocol(format!("unexpected answer kind {}", other.kind()))),
+            other => Err(Error::Protocol(format!(
+                "unexpected answer kind {}",
+                other.kind()
+            ))),
         }
     }
 
@@ -294,7 +300,10 @@ impl Client {
                 });
             }
         }
-        Ok(out.into_iter().map(|r| r.expect("every claim answered")).collect())
+        Ok(out
+            .into_iter()
+            .map(|r| r.expect("every claim answered"))
+            .collect())
     }
 
     /// Acknowledge: the records are done for the group.
@@ -304,7 +313,8 @@ impl Client {
         group: &str,
         claims: &[ClaimId],
     ) -> Result<Vec<Result<(), Error>>, Error> {
-        self.group_answer(stream, group, AnswerOp::Ack, claims).await
+        self.group_answer(stream, group, AnswerOp::Ack, claims)
+            .await
     }
 
     /// Hand back: delivered again after `delay_ms` (0: at once), or dead-lettered if that
@@ -346,7 +356,8 @@ impl Client {
         group: &str,
         claims: &[ClaimId],
     ) -> Result<Vec<Result<(), Error>>, Error> {
-        self.group_answer(stream, group, AnswerOp::Reject, claims).await
+        self.group_answer(stream, group, AnswerOp::Reject, claims)
+            .await
     }
 
     /// Move the cursor (every shard, or one). Forward skips records; backward delivers
@@ -472,7 +483,13 @@ impl GroupConsumer<'_> {
             .collect()
     }
 
-    fn poll_frame(&self, shard: u32, max: u32, vt: Option<u64>, wait: Duration) -> impl FnOnce(u64) -> Frame + '_ {
+    fn poll_frame(
+        &self,
+        shard: u32,
+        max: u32,
+        vt: Option<u64>,
+        wait: Duration,
+    ) -> impl FnOnce(u64) -> Frame + '_ {
         move |request_id| {
             Frame::Group(GroupFrame::GroupPoll {
                 request_id,
@@ -509,9 +526,9 @@ impl GroupConsumer<'_> {
         // Round one: every shard, no wait.
         let mut rxs = Vec::new();
         for (s, q) in self.split(max, 0) {
-            let (_, rx) = self
-                .client
-                .start(self.poll_frame(s, q, visibility_timeout_ms, Duration::ZERO))?;
+            let (_, rx) =
+                self.client
+                    .start(self.poll_frame(s, q, visibility_timeout_ms, Duration::ZERO))?;
             rxs.push(rx);
         }
         for rx in rxs {
@@ -525,9 +542,9 @@ impl GroupConsumer<'_> {
         let (tx, mut done) = mpsc::unbounded_channel();
         let mut waiting = std::collections::HashMap::new();
         for (s, q) in self.split(max, 1) {
-            let (rid, rx) = self
-                .client
-                .start(self.poll_frame(s, q, visibility_timeout_ms, wait))?;
+            let (rid, rx) =
+                self.client
+                    .start(self.poll_frame(s, q, visibility_timeout_ms, wait))?;
             waiting.insert(rid, s);
             let tx = tx.clone();
             let t = wait + self.client.inner.cfg.request_timeout;
@@ -545,7 +562,10 @@ impl GroupConsumer<'_> {
         let mut first_err = None;
         while let Some((rid, r)) = done.recv().await {
             waiting.remove(&rid);
-            match r.and_then(group_answer).and_then(|g| records_of(g, Instant::now())) {
+            match r
+                .and_then(group_answer)
+                .and_then(|g| records_of(g, Instant::now()))
+            {
                 Ok(recs) => {
                     if out.len() < max as usize {
                         let room = max as usize - out.len();

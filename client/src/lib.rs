@@ -202,7 +202,9 @@ enum Cmd {
         request_id: u64,
     },
     /// A frame on the control stream that gets no answer of its own.
-    Send { frame: Frame },
+    Send {
+        frame: Frame,
+    },
     /// An application drained a paused subscription: try to resume reading.
     Resume,
     Close {

@@ -20,11 +20,11 @@ use super::*;
 use crate::group::{
     file as gfile, Claim, ClaimId, DeadLetterReason, Fate, Group, GroupConfig, GroupError,
 };
+use bytes::Bytes;
 use felix_quic::wire::{
     AnswerOp, ClaimRef, DeadLetterAction, DeadLetterRef, GroupFrame, GroupInfo,
 };
 use std::collections::BTreeMap;
-use bytes::Bytes;
 use std::path::PathBuf;
 
 /// Where a group request came from.
@@ -367,14 +367,19 @@ impl CoreState {
 
     pub(super) fn on_group(&mut self, origin: GroupOrigin, stream: u32, frame: GroupFrame) {
         let rid = origin.request_id;
-        let target = frame.target().cloned().expect("routed requests name a group");
+        let target = frame
+            .target()
+            .cloned()
+            .expect("routed requests name a group");
         let key = (stream, target.shard);
         if let Err((code, msg)) = self.catalog.serve_check(stream, target.shard) {
             return self.group_reply(origin, Frame::error(rid, code, msg));
         }
         let log = match self.durable.get(&key).map(DurableShard::usable) {
             Some(Ok(log)) => log.clone(),
-            Some(Err((code, msg))) => return self.group_reply(origin, Frame::error(rid, code, msg)),
+            Some(Err((code, msg))) => {
+                return self.group_reply(origin, Frame::error(rid, code, msg))
+            }
             None => {
                 return self.group_reply(
                     origin,
@@ -477,7 +482,13 @@ impl CoreState {
                 let vt = (visibility_timeout_ms > 0).then_some(visibility_timeout_ms);
                 CoreCounters::inc(&self.s.counters.group_polls);
                 self.expire_group(key, &name, now);
-                let slot = self.groups.get_mut(&key).unwrap().groups.get_mut(&name).unwrap();
+                let slot = self
+                    .groups
+                    .get_mut(&key)
+                    .unwrap()
+                    .groups
+                    .get_mut(&name)
+                    .unwrap();
                 match slot.group.poll(max, vt, now) {
                     Err(e) => self.group_reply(origin, err_frame(rid, &e)),
                     Ok(claims) if claims.is_empty() && wait_ms > 0 && !self.draining => {
@@ -589,13 +600,10 @@ impl CoreState {
                     StartAt::Offset(o) => o,
                 };
                 if offset < oldest {
-                    let msg = format!(
-                        "offset {offset} is below the oldest retained offset {oldest}"
-                    );
-                    return self.group_reply(
-                        origin,
-                        Frame::error(rid, ErrorCode::RevisionTooOld, msg),
-                    );
+                    let msg =
+                        format!("offset {offset} is below the oldest retained offset {oldest}");
+                    return self
+                        .group_reply(origin, Frame::error(rid, ErrorCode::RevisionTooOld, msg));
                 }
                 match slot.group.seek(offset) {
                     Err(e) => self.group_reply(origin, err_frame(rid, &e)),
@@ -666,7 +674,10 @@ impl CoreState {
         }
         let max = self.s.cfg.group_max_per_shard as usize;
         if sg.groups.len() + sg.broken.len() >= max {
-            let msg = format!("shard {} already holds {max} groups (group_max_per_shard)", key.1);
+            let msg = format!(
+                "shard {} already holds {max} groups (group_max_per_shard)",
+                key.1
+            );
             return self.group_reply(origin, Frame::error(rid, ErrorCode::InvalidRequest, msg));
         }
         let oldest = log.oldest_offset();
@@ -770,7 +781,9 @@ impl CoreState {
             let Some(slot) = st.groups.get_mut(&key).and_then(|g| g.groups.remove(&name)) else {
                 return;
             };
-            let origin = slot.deleting.expect("finish_delete runs for deleted groups");
+            let origin = slot
+                .deleting
+                .expect("finish_delete runs for deleted groups");
             let rid = origin.request_id;
             let f = match r {
                 Ok(()) => ok(rid),
@@ -858,7 +871,11 @@ impl CoreState {
             };
             self.group_reply(origin, f);
         }
-        let Some(slot) = self.groups.get_mut(&key).and_then(|g| g.groups.get_mut(&name)) else {
+        let Some(slot) = self
+            .groups
+            .get_mut(&key)
+            .and_then(|g| g.groups.get_mut(&name))
+        else {
             return;
         };
         slot.writing = false;
@@ -876,7 +893,11 @@ impl CoreState {
 
     /// Lapse claims past their deadline; persist what became a dead letter.
     fn expire_group(&mut self, key: ShardKey, name: &str, now: u64) {
-        let Some(slot) = self.groups.get_mut(&key).and_then(|g| g.groups.get_mut(name)) else {
+        let Some(slot) = self
+            .groups
+            .get_mut(&key)
+            .and_then(|g| g.groups.get_mut(name))
+        else {
             return;
         };
         let expired = slot.group.expire(now);
@@ -907,7 +928,11 @@ impl CoreState {
         };
         loop {
             let draining = self.draining;
-            let Some(slot) = self.groups.get_mut(&key).and_then(|g| g.groups.get_mut(name)) else {
+            let Some(slot) = self
+                .groups
+                .get_mut(&key)
+                .and_then(|g| g.groups.get_mut(name))
+            else {
                 return;
             };
             if slot.deleting.is_some() {
@@ -970,12 +995,25 @@ impl CoreState {
     }
 
     /// Read the claimed records' payloads (tail cache, else disk) and answer the poll.
-    fn send_claims(&mut self, key: ShardKey, name: String, origin: GroupOrigin, claims: Vec<Claim>) {
+    fn send_claims(
+        &mut self,
+        key: ShardKey,
+        name: String,
+        origin: GroupOrigin,
+        claims: Vec<Claim>,
+    ) {
         CoreCounters::add(&self.s.counters.group_claims, claims.len() as u64);
-        let ring = &self.owned.get(&key).expect("owner state of a durable shard").ring;
+        let ring = &self
+            .owned
+            .get(&key)
+            .expect("owner state of a durable shard")
+            .ring;
         let payloads: Vec<Option<Bytes>> = claims.iter().map(|c| ring.get(c.offset)).collect();
         if payloads.iter().all(Option::is_some) {
-            let p = payloads.into_iter().map(|p| Payload::Ready(p.unwrap())).collect();
+            let p = payloads
+                .into_iter()
+                .map(|p| Payload::Ready(p.unwrap()))
+                .collect();
             return self.finish_claims(key, &name, origin, claims, p);
         }
         let Some(log) = self.durable.get(&key).and_then(|d| d.log.clone()) else {
@@ -1044,9 +1082,16 @@ impl CoreState {
     ) {
         let now = self.group_now_ms();
         let budget = self.s.cfg.max_frame_bytes.saturating_sub(4096);
-        let Some(slot) = self.groups.get_mut(&key).and_then(|g| g.groups.get_mut(name)) else {
+        let Some(slot) = self
+            .groups
+            .get_mut(&key)
+            .and_then(|g| g.groups.get_mut(name))
+        else {
             let msg = format!("consumer group {name} was deleted");
-            return self.group_reply(origin, Frame::error(origin.request_id, ErrorCode::NotFound, msg));
+            return self.group_reply(
+                origin,
+                Frame::error(origin.request_id, ErrorCode::NotFound, msg),
+            );
         };
         let mut kept: Vec<ClaimRef> = Vec::new();
         let mut bodies: Vec<Bytes> = Vec::new();
@@ -1087,4 +1132,3 @@ impl CoreState {
         self.group_due_ms = self.group_due_ms.min(now);
     }
 }
-

@@ -122,9 +122,13 @@ pub enum AnswerOp {
     Ack,
     /// Hand back; eligible again after `delay_ms` (0: at once) or dead-lettered if it was
     /// the last allowed delivery.
-    Nack { delay_ms: u64 },
+    Nack {
+        delay_ms: u64,
+    },
     /// Renew the claim for this long from now.
-    Extend { visibility_timeout_ms: u64 },
+    Extend {
+        visibility_timeout_ms: u64,
+    },
     /// Dead-letter now.
     Reject,
 }

@@ -17,7 +17,8 @@ pub mod hash;
 
 pub use error::{ErrorCode, Retry};
 pub use group::{
-    AnswerOp, ClaimId, ClaimIdError, ClaimRef, DeadLetterAction, DeadLetterRef, GroupFrame, GroupInfo, GroupRef,
+    AnswerOp, ClaimId, ClaimIdError, ClaimRef, DeadLetterAction, DeadLetterRef, GroupFrame,
+    GroupInfo, GroupRef,
 };
 
 use bytes::{BufMut, Bytes, BytesMut};

@@ -447,22 +447,24 @@ fn arb_group_frame() -> impl Strategy<Value = GroupFrame> {
         (rid, arb_target()).prop_map(|(request_id, target)| GroupDelete { request_id, target }),
         (rid, arb_target()).prop_map(|(request_id, target)| GroupDescribe { request_id, target }),
         (rid, arb_target()).prop_map(|(request_id, target)| GroupPollCancel { request_id, target }),
-        (rid, any::<u32>(), any::<[u64; 7]>(), any::<u32>()).prop_map(|(request_id, shard, v, m)| {
-            GroupInfo {
-                request_id,
-                shard,
-                info: super::GroupInfo {
-                    cursor: v[0],
-                    tail: v[1],
-                    in_flight: v[2],
-                    waiting: v[3],
-                    parked: v[4],
-                    dead_letters: v[5],
-                    max_attempts: m,
-                    visibility_timeout_ms: v[6],
-                },
+        (rid, any::<u32>(), any::<[u64; 7]>(), any::<u32>()).prop_map(
+            |(request_id, shard, v, m)| {
+                GroupInfo {
+                    request_id,
+                    shard,
+                    info: super::GroupInfo {
+                        cursor: v[0],
+                        tail: v[1],
+                        in_flight: v[2],
+                        waiting: v[3],
+                        parked: v[4],
+                        dead_letters: v[5],
+                        max_attempts: m,
+                        visibility_timeout_ms: v[6],
+                    },
+                }
             }
-        }),
+        ),
         (rid, arb_target(), any::<u32>(), any::<u64>(), any::<u64>()).prop_map(
             |(request_id, target, max, visibility_timeout_ms, wait_ms)| GroupPoll {
                 request_id,
@@ -505,16 +507,23 @@ fn arb_group_frame() -> impl Strategy<Value = GroupFrame> {
             }),
         (rid, prop::collection::vec(any::<u16>(), 0..8))
             .prop_map(|(request_id, codes)| GroupAnswered { request_id, codes }),
-        (rid, arb_target(), arb_start())
-            .prop_map(|(request_id, target, to)| GroupSeek { request_id, target, to }),
-        (rid, arb_target(), proptest::option::of(any::<u64>()), any::<u32>()).prop_map(
-            |(request_id, target, after, limit)| DeadLetterList {
+        (rid, arb_target(), arb_start()).prop_map(|(request_id, target, to)| GroupSeek {
+            request_id,
+            target,
+            to
+        }),
+        (
+            rid,
+            arb_target(),
+            proptest::option::of(any::<u64>()),
+            any::<u32>()
+        )
+            .prop_map(|(request_id, target, after, limit)| DeadLetterList {
                 request_id,
                 target,
                 after,
                 limit
-            }
-        ),
+            }),
         (
             rid,
             prop::collection::vec(
@@ -538,7 +547,10 @@ fn arb_group_frame() -> impl Strategy<Value = GroupFrame> {
         (
             rid,
             arb_target(),
-            prop_oneof![Just(DeadLetterAction::Redrive), Just(DeadLetterAction::Discard)],
+            prop_oneof![
+                Just(DeadLetterAction::Redrive),
+                Just(DeadLetterAction::Discard)
+            ],
             any::<u64>()
         )
             .prop_map(|(request_id, target, action, offset)| DeadLetterOp {
