@@ -20,6 +20,7 @@ const CATALOG: &str = "streams:
   - {tenant: default, namespace: default, stream: jobs, shards: 2, durable: true, fsync: on_commit}
   - {tenant: default, namespace: default, stream: one, shards: 1, durable: true, fsync: periodic}
   - {tenant: default, namespace: default, stream: events, shards: 1}
+  - {tenant: default, namespace: default, stream: small, shards: 1, durable: true, fsync: none, retention_bytes: 1048576}
 ";
 
 fn name(s: &str) -> StreamName {
@@ -625,4 +626,60 @@ fn felixctl_group_commands() {
         ctl(&["group", "describe", "jobs", "g"]).status.code(),
         Some(1)
     );
+}
+
+#[test]
+fn an_unreadable_group_file_is_refused_not_reset_and_retention_skips() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let b = start(
+        tempfile::tempdir().unwrap(),
+        &["--durable-segment-bytes", "1048576"],
+    );
+    let s = name("one");
+    rt.block_on(async {
+        let c = b.client().await;
+        publish(&c, "one", 1, 10).await;
+        c.group_create(&s, "g", None, opts(3, 60_000)).await.unwrap();
+        // Retention: a group at offset 0 of a log whose head segments are deleted skips
+        // what is gone and never hands it out.
+        c.group_create(&name("small"), "r", None, opts(3, 60_000))
+            .await
+            .unwrap();
+        for _ in 0..300 {
+            c.publish_batch(&name("small"), ShardSelector::Shard(0), vec![Bytes::from(vec![7u8; 10_000])])
+                .await
+                .unwrap();
+        }
+        let recs = c
+            .group_poll(&name("small"), "r", 0, 1, None, Duration::ZERO)
+            .await
+            .unwrap();
+        assert!(recs[0].offset > 0, "the head was deleted by retention: {}", recs[0].offset);
+        let info = &c.group_describe(&name("small"), "r", None).await.unwrap()[0].1;
+        assert_eq!(info.cursor, recs[0].offset);
+    });
+    let dir = b.kill();
+    let f = dir.path().join("durable/default/default/one/00000/groups/g.grp");
+    let mut bytes = std::fs::read(&f).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xff;
+    std::fs::write(&f, bytes).unwrap();
+    let b = start(dir, &["--durable-segment-bytes", "1048576"]);
+    rt.block_on(async {
+        let c = b.client().await;
+        let e = c.group_describe(&s, "g", None).await.unwrap_err();
+        assert_eq!(e.code(), Some(ErrorCode::Unavailable), "{e}");
+        let e = c
+            .group_create(&s, "g", None, GroupOptions::default())
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Some(ErrorCode::AlreadyExists));
+        c.group_delete(&s, "g", None).await.unwrap();
+        assert!(!f.exists());
+        c.group_create(&s, "g", None, GroupOptions::default())
+            .await
+            .unwrap();
+        let info = &c.group_describe(&s, "g", None).await.unwrap()[0].1;
+        assert_eq!((info.cursor, info.tail), (0, 10));
+    });
 }

@@ -94,3 +94,45 @@ fn every_mode_runs_and_accounts_for_every_record() {
     assert_eq!(ing["count"], 200);
     assert!(ing["acks_per_s"].as_f64().unwrap() > 0.0);
 }
+
+#[test]
+fn group_mode_processes_every_record_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let cat = dir.path().join("catalog.yaml");
+    std::fs::write(
+        &cat,
+        "streams:\n  - {tenant: default, namespace: default, stream: jobs, shards: 2, durable: true}\n",
+    )
+    .unwrap();
+    let durable = dir.path().join("durable");
+    let (cat, durable) = (cat.display().to_string(), durable.display().to_string());
+    let b = Broker::start_in(
+        dir,
+        2,
+        &["--catalog", &cat, "--durable-storage-dir", &durable],
+    );
+    for consumers in ["1", "3"] {
+        let g = loadgen(
+            &b,
+            &[
+                "--mode",
+                "group",
+                "--stream",
+                "jobs",
+                "--payload",
+                "100",
+                "--batch",
+                "16",
+                "--consumers",
+                consumers,
+                "--count",
+                "500",
+            ],
+        );
+        assert_eq!(g["mode"], "group");
+        assert_eq!(g["processed"], 500, "{g}");
+        assert_eq!(g["duplicates"], 0, "{g}");
+        assert_eq!(g["lossless"], true, "{g}");
+        assert!(g["records_per_s"].as_f64().unwrap() > 0.0);
+    }
+}

@@ -10,6 +10,12 @@
 //!   at once, no subscribers (peer-bench's `js-publish` shape). Reports acks/s, MB/s and
 //!   ack latency percentiles (publish call → ack). Against a durable stream the ack follows
 //!   the commit under the stream's fsync mode.
+//! * `group`: queue consumption. Creates a fresh consumer group at the stream's tail, loads
+//!   `--count` records (`--batch` per publish, round robin over the shards), then
+//!   `--consumers` consumers, each on its own connection, poll every shard (up to `--batch`
+//!   records per poll) and acknowledge each poll's claims in one answer, until every record
+//!   is acknowledged. Reports processed records/s (first poll → last ack), poll+ack round
+//!   percentiles, and checks every record was processed exactly once. Needs a durable stream.
 //! * `demo-slow-consumer`: for each policy, one fast and one stalled subscriber; prints what
 //!   each received, the lag notices, and whether the publisher waited.
 //!
@@ -29,6 +35,7 @@ enum Mode {
     Throughput,
     Latency,
     Ingest,
+    Group,
     DemoSlowConsumer,
 }
 
@@ -69,6 +76,9 @@ struct Args {
     /// gives one thread — two threads time-sharing one core wait on each other's wakeups).
     #[arg(long)]
     threads: Option<usize>,
+    /// Competing consumers, each on its own connection (group).
+    #[arg(long, default_value_t = 1)]
+    consumers: usize,
 }
 
 fn parse_policy(s: &str) -> Result<QueuePolicy, String> {
@@ -132,6 +142,7 @@ async fn run(a: Args) {
         Mode::Throughput => throughput(&a).await,
         Mode::Latency => latency(&a).await,
         Mode::Ingest => ingest(&a).await,
+        Mode::Group => group(&a).await,
         Mode::DemoSlowConsumer => demo(&a).await,
     };
     if let Err(e) = r {
@@ -364,6 +375,121 @@ async fn ingest(a: &Args) -> Result<(), felix_client::Error> {
     );
     let _ = c.close().await;
     Ok(())
+}
+
+async fn group(a: &Args) -> Result<(), felix_client::Error> {
+    use felix_client::{ClaimId, GroupOptions};
+    let count = a.count.unwrap_or(100_000).min(COUNT_MAX);
+    if a.consumers == 0 || a.consumers > 256 {
+        return Err(felix_client::Error::InvalidArgument(
+            "--consumers must be 1..=256".into(),
+        ));
+    }
+    let deadline = Instant::now() + Duration::from_secs(a.max_secs);
+    let load = load1();
+    let c = Client::connect(cfg(a)).await?;
+    let info = c.describe_stream(&name(a)).await?;
+    let gname = format!("loadgen-{}-{}", std::process::id(), load_nanos());
+    let opts = GroupOptions {
+        start: StartAt::Latest,
+        max_attempts: 0,
+        visibility_timeout_ms: 60_000,
+    };
+    c.group_create(&name(a), &gname, None, opts).await?;
+    // Load the records (acked: all committed before consumption starts).
+    let payload = Bytes::from(vec![b'x'; a.payload]);
+    let p = c.publisher();
+    let mut inflight = tokio::task::JoinSet::new();
+    let mut sent = 0u64;
+    while sent < count {
+        while inflight.len() >= a.inflight {
+            inflight.join_next().await.unwrap().unwrap()?;
+        }
+        let n = (a.batch as u64).min(count - sent);
+        let (p, sn, pl) = (p.clone(), name(a), payload.clone());
+        let shard = ((sent / a.batch as u64) % info.shards as u64) as u32;
+        inflight.spawn(async move {
+            p.publish_batch(&sn, ShardSelector::Shard(shard), vec![pl; n as usize])
+                .await
+                .map(|_| ())
+        });
+        sent += n;
+    }
+    while let Some(r) = inflight.join_next().await {
+        r.unwrap()?;
+    }
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..a.consumers {
+        let (cfg, sn, g, done) = (cfg(a), name(a), gname.clone(), done.clone());
+        let max = a.batch.min(1000) as u32;
+        tasks.push(tokio::spawn(async move {
+            let c = Client::connect(cfg).await?;
+            let mut cons = c.group_consumer(&sn, &g).await?;
+            let mut hist =
+                hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
+            let mut seen: Vec<(u32, u64)> = Vec::new();
+            let mut redelivered = 0u64;
+            while done.load(std::sync::atomic::Ordering::Relaxed) < count
+                && Instant::now() < deadline
+            {
+                let t0 = Instant::now();
+                let recs = cons.poll(max, None, Duration::from_millis(100)).await?;
+                if recs.is_empty() {
+                    continue;
+                }
+                let ids: Vec<ClaimId> = recs.iter().map(|r| r.claim()).collect();
+                let answered = c.group_ack(&sn, &g, &ids).await?;
+                hist.record(t0.elapsed().as_micros().max(1) as u64).unwrap();
+                for (r, ok) in recs.iter().zip(answered) {
+                    if ok.is_ok() {
+                        seen.push((r.shard, r.offset));
+                    }
+                    redelivered += u64::from(r.attempt > 1);
+                }
+                done.fetch_add(ids.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            }
+            let _ = c.close().await;
+            Ok::<_, felix_client::Error>((seen, hist, redelivered))
+        }));
+    }
+    let mut all = std::collections::HashSet::new();
+    let mut dup = 0u64;
+    let mut hist = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
+    let mut redelivered = 0u64;
+    for t in tasks {
+        let (seen, h, r) = t.await.unwrap()?;
+        for k in seen {
+            dup += u64::from(!all.insert(k));
+        }
+        hist.add(h).unwrap();
+        redelivered += r;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let processed = all.len() as u64;
+    let rate = processed as f64 / secs;
+    let _ = c.group_delete(&name(a), &gname, None).await;
+    println!(
+        "{}",
+        serde_json::json!({
+            "tool": "felix-loadgen", "mode": "group", "stream": a.stream, "shards": info.shards,
+            "payload": a.payload, "batch": a.batch, "consumers": a.consumers, "count": count,
+            "load1": load, "processed": processed, "duplicates": dup, "redelivered": redelivered,
+            "lossless": processed == count && dup == 0, "truncated": processed < count,
+            "records_per_s": rate, "mb_per_s": rate * a.payload as f64 / 1e6,
+            "unit": "us", "poll_ack": {"p50": hist.value_at_quantile(0.5), "p90": hist.value_at_quantile(0.9),
+            "p99": hist.value_at_quantile(0.99), "max": hist.max()},
+        })
+    );
+    let _ = c.close().await;
+    Ok(())
+}
+
+fn load_nanos() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
 }
 
 /// For each policy: a fast subscriber, a stalled one (not read while publishing), 2000
