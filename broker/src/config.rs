@@ -161,16 +161,19 @@ impl Config {
         if c.tls_cert.is_some() != c.tls_key.is_some() {
             return Err("tls_cert and tls_key must be set together".into());
         }
-        if c.max_frame_bytes < 1024 {
+        if c.max_frame_bytes < 4096 {
             return Err(format!(
-                "max_frame_bytes must be at least 1024, got {}",
+                "max_frame_bytes must be at least 4096, got {}",
                 c.max_frame_bytes
             ));
         }
-        if c.max_payload_bytes == 0 || c.max_payload_bytes as usize > c.max_frame_bytes {
+        // 1 KiB of room keeps any one record inside every frame that carries it (a delivery,
+        // a consumer-group answer) whatever the names around it.
+        if c.max_payload_bytes == 0 || c.max_payload_bytes as usize > c.max_frame_bytes - 1024 {
             return Err(format!(
-                "max_payload_bytes must be 1..=max_frame_bytes ({}), got {}",
-                c.max_frame_bytes, c.max_payload_bytes
+                "max_payload_bytes must be 1..=max_frame_bytes - 1024 ({}), got {}",
+                c.max_frame_bytes - 1024,
+                c.max_payload_bytes
             ));
         }
         for (name, v) in [
@@ -353,5 +356,21 @@ mod tests {
         assert!(Config::resolve(&f)
             .unwrap_err()
             .contains("sub_queue_records_max"));
+        // A record must fit every frame that carries it, with room for the frame's fields.
+        let f = Flags {
+            max_frame_bytes: Some(65_536),
+            max_payload_bytes: Some(65_536),
+            ..Default::default()
+        };
+        assert!(Config::resolve(&f)
+            .unwrap_err()
+            .contains("max_payload_bytes"));
+        let f = Flags {
+            group_poll_wait_max_ms: Some(u64::MAX),
+            ..Default::default()
+        };
+        assert!(Config::resolve(&f)
+            .unwrap_err()
+            .contains("group_poll_wait_max_ms"));
     }
 }

@@ -278,6 +278,8 @@ struct CoreState {
     group_epoch: Instant,
     /// When a group next changes by time (a claim lapses, a wait ends); `u64::MAX`: never.
     group_due_ms: u64,
+    /// Group tasks running (disk reads for polls, file removals) that owe an answer.
+    group_tasks: usize,
 }
 
 /// Run one core until shutdown. `sock` is this core's SO_REUSEPORT socket.
@@ -329,6 +331,7 @@ pub async fn run_core(
         groups: HashMap::new(),
         group_epoch: Instant::now(),
         group_due_ms: u64::MAX,
+        group_tasks: 0,
     }));
     state.borrow_mut().me = Rc::downgrade(&state);
     open_durable_shards(&state).await;

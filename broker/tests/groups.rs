@@ -130,6 +130,7 @@ async fn competing(b: &Broker, group: &str, consumers: usize, per_shard: u64) {
                     r.unwrap();
                 }
             }
+            drop(cons);
             c.close().await.unwrap();
             mine
         }));
@@ -639,27 +640,39 @@ fn an_unreadable_group_file_is_refused_not_reset_and_retention_skips() {
     rt.block_on(async {
         let c = b.client().await;
         publish(&c, "one", 1, 10).await;
-        c.group_create(&s, "g", None, opts(3, 60_000)).await.unwrap();
+        c.group_create(&s, "g", None, opts(3, 60_000))
+            .await
+            .unwrap();
         // Retention: a group at offset 0 of a log whose head segments are deleted skips
         // what is gone and never hands it out.
         c.group_create(&name("small"), "r", None, opts(3, 60_000))
             .await
             .unwrap();
         for _ in 0..300 {
-            c.publish_batch(&name("small"), ShardSelector::Shard(0), vec![Bytes::from(vec![7u8; 10_000])])
-                .await
-                .unwrap();
+            c.publish_batch(
+                &name("small"),
+                ShardSelector::Shard(0),
+                vec![Bytes::from(vec![7u8; 10_000])],
+            )
+            .await
+            .unwrap();
         }
         let recs = c
             .group_poll(&name("small"), "r", 0, 1, None, Duration::ZERO)
             .await
             .unwrap();
-        assert!(recs[0].offset > 0, "the head was deleted by retention: {}", recs[0].offset);
+        assert!(
+            recs[0].offset > 0,
+            "the head was deleted by retention: {}",
+            recs[0].offset
+        );
         let info = &c.group_describe(&name("small"), "r", None).await.unwrap()[0].1;
         assert_eq!(info.cursor, recs[0].offset);
     });
     let dir = b.kill();
-    let f = dir.path().join("durable/default/default/one/00000/groups/g.grp");
+    let f = dir
+        .path()
+        .join("durable/default/default/one/00000/groups/g.grp");
     let mut bytes = std::fs::read(&f).unwrap();
     let mid = bytes.len() / 2;
     bytes[mid] ^= 0xff;
@@ -681,5 +694,59 @@ fn an_unreadable_group_file_is_refused_not_reset_and_retention_skips() {
             .unwrap();
         let info = &c.group_describe(&s, "g", None).await.unwrap()[0].1;
         assert_eq!((info.cursor, info.tail), (0, 10));
+    });
+}
+
+#[test]
+fn short_waits_are_not_held_by_long_ones_and_one_shards_refusal_loses_nothing() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let b = start(tempfile::tempdir().unwrap(), &[]);
+    rt.block_on(async {
+        let c = b.client().await;
+        let s = name("jobs");
+        c.group_create(&s, "g", Some(0), opts(5, 60_000))
+            .await
+            .unwrap();
+        // A long poll first, then a short one on the same group: the short one ends on time.
+        let long_c = b.client().await;
+        let long = tokio::spawn(async move {
+            let r = long_c
+                .group_poll(&name("jobs"), "g", 0, 1, None, Duration::from_secs(20))
+                .await
+                .unwrap();
+            (r, long_c)
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let t0 = Instant::now();
+        let short = c
+            .group_poll(&s, "g", 0, 1, None, Duration::from_millis(200))
+            .await
+            .unwrap();
+        assert!(short.is_empty());
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "answered at its own deadline"
+        );
+        publish(&c, "jobs", 1, 1).await;
+        let (r, long_c) = long.await.unwrap();
+        assert_eq!(r.len(), 1, "the long poll got the record");
+        long_c.close().await.unwrap();
+        // The group exists on shard 0 only: a poll over both shards still returns shard 0's
+        // records (shard 1's refusal does not drop them).
+        publish(&c, "jobs", 1, 3).await;
+        let mut cons = c.group_consumer(&s, "g").await.unwrap();
+        let recs = cons.poll(10, None, Duration::ZERO).await.unwrap();
+        assert_eq!(
+            recs.iter().map(|r| r.offset).collect::<Vec<_>>(),
+            vec![1, 2, 3]
+        );
+        drop(cons);
+        let e = c
+            .group_consumer(&s, "nope")
+            .await
+            .unwrap()
+            .poll(1, None, Duration::ZERO)
+            .await;
+        assert_eq!(e.unwrap_err().code(), Some(ErrorCode::NotFound));
     });
 }

@@ -22,7 +22,8 @@ pub struct GroupRecord {
     pub attempt: u32,
     pub payload: Bytes,
     /// The claim holds until about then (the broker's clock decides; measured from when
-    /// the answer arrived, so slightly late rather than early).
+    /// the poll was sent, so early rather than late — except for a long poll, whose claim
+    /// starts when it is served: then it is `visibility` after the answer).
     pub deadline: Instant,
 }
 
@@ -79,7 +80,7 @@ fn group_answer(f: Frame) -> Result<GroupFrame, Error> {
     }
 }
 
-fn records_of(g: GroupFrame, arrived: Instant) -> Result<Vec<GroupRecord>, Error> {
+fn records_of(g: GroupFrame, base: Instant) -> Result<Vec<GroupRecord>, Error> {
     match g {
         GroupFrame::GroupRecords {
             shard,
@@ -88,7 +89,7 @@ fn records_of(g: GroupFrame, arrived: Instant) -> Result<Vec<GroupRecord>, Error
             records,
             ..
         } => {
-            let deadline = arrived + Duration::from_millis(visibility_timeout_ms);
+            let deadline = base + Duration::from_millis(visibility_timeout_ms);
             Ok(claims
                 .into_iter()
                 .zip(records.iter())
@@ -227,6 +228,7 @@ impl Client {
         visibility_timeout_ms: Option<u64>,
         wait: Duration,
     ) -> Result<Vec<GroupRecord>, Error> {
+        let sent = Instant::now();
         let (_, rx) = self.start(|request_id| {
             Frame::Group(GroupFrame::GroupPoll {
                 request_id,
@@ -237,7 +239,8 @@ impl Client {
             })
         })?;
         let f = self.wait_long(rx, wait).await?;
-        records_of(group_answer(f)?, Instant::now())
+        let base = if wait.is_zero() { sent } else { Instant::now() };
+        records_of(group_answer(f)?, base)
     }
 
     async fn wait_long(
@@ -438,6 +441,7 @@ impl Client {
         group: &str,
     ) -> Result<GroupConsumer<'_>, Error> {
         let shards = self.describe_stream(stream).await?.shards;
+        let (answers_tx, answers) = mpsc::unbounded_channel();
         Ok(GroupConsumer {
             client: self,
             stream: stream.clone(),
@@ -445,18 +449,25 @@ impl Client {
             shards,
             next: 0,
             buffered: VecDeque::new(),
+            answers_tx,
+            answers,
+            outstanding: std::collections::HashMap::new(),
         })
     }
 }
+
+type Answer = (u64, Instant, Result<Frame, Error>);
 
 /// Polls one group across every shard of a stream from one call.
 ///
 /// A poll first asks every shard at once without waiting (the `max` split between them,
 /// the starting shard rotating so none is favoured). Only if all are empty and `wait` is
 /// not zero does it long-poll every shard; as soon as one answers with records the others
-/// are cancelled. A cancelled poll that had already claimed records answers with them:
-/// those are kept (their claims run) and returned first by the next call, dropped once
-/// their claim has lapsed (the broker delivers them again).
+/// are cancelled. Records claimed by a poll whose answer is not returned — a cancelled poll
+/// that had already claimed, answers beyond `max`, or every answer of a `poll` future that
+/// was dropped before it finished — are kept and returned first by the next call (dropped
+/// once their claim has lapsed: the broker delivers them again). Long polls still waiting
+/// when a new call starts, or when the consumer is dropped, are cancelled.
 pub struct GroupConsumer<'a> {
     client: &'a Client,
     stream: StreamName,
@@ -464,6 +475,18 @@ pub struct GroupConsumer<'a> {
     shards: u32,
     next: u32,
     buffered: VecDeque<GroupRecord>,
+    /// Every poll's answer arrives here (forwarded by a task), so none is lost with a
+    /// dropped future.
+    answers_tx: mpsc::UnboundedSender<Answer>,
+    answers: mpsc::UnboundedReceiver<Answer>,
+    /// Polls sent and not answered yet: request id → (shard, long poll).
+    outstanding: std::collections::HashMap<u64, (u32, bool)>,
+}
+
+impl Drop for GroupConsumer<'_> {
+    fn drop(&mut self) {
+        self.cancel_long_polls();
+    }
 }
 
 impl GroupConsumer<'_> {
@@ -483,22 +506,59 @@ impl GroupConsumer<'_> {
             .collect()
     }
 
-    fn poll_frame(
-        &self,
+    /// Send one poll; a task forwards its answer to `answers`.
+    fn launch(
+        &mut self,
         shard: u32,
         max: u32,
         vt: Option<u64>,
         wait: Duration,
-    ) -> impl FnOnce(u64) -> Frame + '_ {
-        move |request_id| {
+    ) -> Result<(), Error> {
+        let sent = Instant::now();
+        let t = target(&self.stream, &self.group, shard);
+        let (rid, rx) = self.client.start(|request_id| {
             Frame::Group(GroupFrame::GroupPoll {
                 request_id,
-                target: target(&self.stream, &self.group, shard),
+                target: t,
                 max,
                 visibility_timeout_ms: vt.unwrap_or(0),
                 wait_ms: wait.as_millis() as u64,
             })
+        })?;
+        self.outstanding.insert(rid, (shard, !wait.is_zero()));
+        let tx = self.answers_tx.clone();
+        let limit = wait + self.client.inner.cfg.request_timeout;
+        tokio::spawn(async move {
+            let r = match tokio::time::timeout(limit, rx).await {
+                Err(_) => Err(Error::Timeout(limit)),
+                Ok(Err(_)) => Err(Error::Closed("connection task ended".into())),
+                Ok(Ok(r)) => r,
+            };
+            let _ = tx.send((rid, sent, r));
+        });
+        Ok(())
+    }
+
+    /// Ask every long poll still waiting to answer now (with what it holds, or nothing).
+    fn cancel_long_polls(&mut self) {
+        for (&rid, &(shard, long)) in &self.outstanding {
+            if long {
+                let _ = self.client.inner.send(Cmd::Send {
+                    frame: Frame::Group(GroupFrame::GroupPollCancel {
+                        request_id: rid,
+                        target: target(&self.stream, &self.group, shard),
+                    }),
+                });
+            }
         }
+    }
+
+    /// Take one answer in: its records, or its error.
+    fn take(&mut self, (rid, sent, r): Answer) -> Result<Vec<GroupRecord>, Error> {
+        // See `GroupRecord::deadline` for the base of a long poll.
+        let long = self.outstanding.remove(&rid).is_some_and(|(_, long)| long);
+        let base = if long { Instant::now() } else { sent };
+        r.and_then(group_answer).and_then(|g| records_of(g, base))
     }
 
     /// Up to `max` records from any shards.
@@ -511,87 +571,71 @@ impl GroupConsumer<'_> {
         if max == 0 {
             return Err(Error::InvalidArgument("poll max must be at least 1".into()));
         }
-        let now = Instant::now();
-        let mut out: Vec<GroupRecord> = Vec::new();
-        while out.len() < max as usize {
-            match self.buffered.pop_front() {
-                Some(r) if r.deadline > now => out.push(r),
-                Some(_) => {}
-                None => break,
+        // Answers of an earlier call that did not finish, and its long polls.
+        self.cancel_long_polls();
+        while let Ok(a) = self.answers.try_recv() {
+            if let Ok(recs) = self.take(a) {
+                self.buffered.extend(recs);
             }
         }
+        let mut out: Vec<GroupRecord> = Vec::new();
+        let mut first_err = None;
+        let fill = |out: &mut Vec<GroupRecord>, buffered: &mut VecDeque<GroupRecord>| {
+            let now = Instant::now();
+            while out.len() < max as usize {
+                match buffered.pop_front() {
+                    Some(r) if r.deadline > now => out.push(r),
+                    Some(_) => {}
+                    None => break,
+                }
+            }
+        };
+        fill(&mut out, &mut self.buffered);
         if !out.is_empty() {
             return Ok(out);
         }
-        // Round one: every shard, no wait.
-        let mut rxs = Vec::new();
+        // Round one: every shard, no wait; every answer is read (one shard's refusal does
+        // not drop the records the others claimed).
         for (s, q) in self.split(max, 0) {
-            let (_, rx) =
-                self.client
-                    .start(self.poll_frame(s, q, visibility_timeout_ms, Duration::ZERO))?;
-            rxs.push(rx);
+            self.launch(s, q, visibility_timeout_ms, Duration::ZERO)?;
         }
-        for rx in rxs {
-            let f = self.client.inner.wait(rx).await?;
-            out.extend(records_of(group_answer(f)?, Instant::now())?);
-        }
-        if !out.is_empty() || wait.is_zero() {
-            return Ok(out);
-        }
-        // Round two: long-poll every shard; the first answer with records cancels the rest.
-        let (tx, mut done) = mpsc::unbounded_channel();
-        let mut waiting = std::collections::HashMap::new();
-        for (s, q) in self.split(max, 1) {
-            let (rid, rx) =
-                self.client
-                    .start(self.poll_frame(s, q, visibility_timeout_ms, wait))?;
-            waiting.insert(rid, s);
-            let tx = tx.clone();
-            let t = wait + self.client.inner.cfg.request_timeout;
-            tokio::spawn(async move {
-                let r = match tokio::time::timeout(t, rx).await {
-                    Err(_) => Err(Error::Timeout(t)),
-                    Ok(Err(_)) => Err(Error::Closed("connection task ended".into())),
-                    Ok(Ok(r)) => r,
-                };
-                let _ = tx.send((rid, r));
-            });
-        }
-        drop(tx);
-        let mut cancelled = false;
-        let mut first_err = None;
-        while let Some((rid, r)) = done.recv().await {
-            waiting.remove(&rid);
-            match r
-                .and_then(group_answer)
-                .and_then(|g| records_of(g, Instant::now()))
-            {
-                Ok(recs) => {
-                    if out.len() < max as usize {
-                        let room = max as usize - out.len();
-                        let mut recs = recs.into_iter();
-                        out.extend(recs.by_ref().take(room));
-                        self.buffered.extend(recs);
-                    } else {
-                        self.buffered.extend(recs);
-                    }
-                }
+        while !self.outstanding.is_empty() {
+            let Some(a) = self.answers.recv().await else {
+                break;
+            };
+            match self.take(a) {
+                Ok(recs) => self.buffered.extend(recs),
                 Err(e) => {
                     first_err.get_or_insert(e);
                 }
             }
+        }
+        fill(&mut out, &mut self.buffered);
+        if !out.is_empty() || wait.is_zero() {
+            return match (out.is_empty(), first_err) {
+                (true, Some(e)) => Err(e),
+                _ => Ok(out),
+            };
+        }
+        // Round two: long-poll every shard; the first answer with records cancels the rest.
+        for (s, q) in self.split(max, 1) {
+            self.launch(s, q, visibility_timeout_ms, wait)?;
+        }
+        let mut cancelled = false;
+        while !self.outstanding.is_empty() {
+            let Some(a) = self.answers.recv().await else {
+                break;
+            };
+            match self.take(a) {
+                Ok(recs) => self.buffered.extend(recs),
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+            fill(&mut out, &mut self.buffered);
             if !out.is_empty() && !cancelled {
                 cancelled = true;
-                for (&rid, &s) in &waiting {
-                    let t = target(&self.stream, &self.group, s);
-                    // Answered with what it holds (or nothing); its answer still arrives.
-                    let _ = self.client.inner.send(Cmd::Send {
-                        frame: Frame::Group(GroupFrame::GroupPollCancel {
-                            request_id: rid,
-                            target: t,
-                        }),
-                    });
-                }
+                self.cancel_long_polls();
             }
         }
         match (out.is_empty(), first_err) {

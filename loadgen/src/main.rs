@@ -450,6 +450,7 @@ async fn group(a: &Args) -> Result<(), felix_client::Error> {
                 }
                 done.fetch_add(ids.len() as u64, std::sync::atomic::Ordering::Relaxed);
             }
+            drop(cons);
             let _ = c.close().await;
             Ok::<_, felix_client::Error>((seen, hist, redelivered))
         }));

@@ -259,10 +259,12 @@ impl CoreState {
 
     /// Nothing left to answer or write (drain).
     pub(super) fn groups_idle(&self) -> bool {
-        self.groups
-            .values()
-            .flat_map(|g| g.groups.values())
-            .all(|s| !s.writing && s.queued.is_empty() && s.waiters.is_empty())
+        self.group_tasks == 0
+            && self
+                .groups
+                .values()
+                .flat_map(|g| g.groups.values())
+                .all(|s| !s.writing && s.queued.is_empty() && s.waiters.is_empty())
     }
 
     fn group_reply(&mut self, origin: GroupOrigin, frame: Frame) {
@@ -668,6 +670,12 @@ impl CoreState {
     ) {
         let rid = origin.request_id;
         let sg = self.groups.entry(key).or_default();
+        if sg.groups.get(&name).is_some_and(|s| s.deleting.is_some()) {
+            let msg = format!(
+                "consumer group {name} is being deleted; create it again once that is done"
+            );
+            return self.group_reply(origin, Frame::error(rid, ErrorCode::Conflict, msg));
+        }
         if sg.groups.contains_key(&name) || sg.broken.contains_key(&name) {
             let msg = format!("consumer group {name} already exists on shard {}", key.1);
             return self.group_reply(origin, Frame::error(rid, ErrorCode::AlreadyExists, msg));
@@ -733,6 +741,7 @@ impl CoreState {
     fn group_delete_broken(&mut self, origin: GroupOrigin, key: ShardKey, name: String) {
         let dir = self.groups_dir(key);
         let me = self.me.clone();
+        self.group_tasks += 1;
         glommio::spawn_local(async move {
             let n = name.clone();
             let r = match dir {
@@ -745,6 +754,7 @@ impl CoreState {
             };
             let Some(st) = me.upgrade() else { return };
             let mut st = st.borrow_mut();
+            st.group_tasks -= 1;
             let rid = origin.request_id;
             let f = match r {
                 Ok(()) => {
@@ -766,6 +776,15 @@ impl CoreState {
     fn finish_delete(&mut self, key: ShardKey, name: String) {
         let dir = self.groups_dir(key);
         let me = self.me.clone();
+        if let Some(slot) = self
+            .groups
+            .get_mut(&key)
+            .and_then(|g| g.groups.get_mut(&name))
+        {
+            // No write may start (or rename over the removal) while the file is removed.
+            slot.writing = true;
+        }
+        self.group_tasks += 1;
         glommio::spawn_local(async move {
             let n = name.clone();
             let r = match dir {
@@ -778,12 +797,15 @@ impl CoreState {
             };
             let Some(st) = me.upgrade() else { return };
             let mut st = st.borrow_mut();
-            let Some(slot) = st.groups.get_mut(&key).and_then(|g| g.groups.remove(&name)) else {
-                return;
-            };
-            let origin = slot
-                .deleting
-                .expect("finish_delete runs for deleted groups");
+            st.group_tasks -= 1;
+            let deleting = st
+                .groups
+                .get(&key)
+                .and_then(|g| g.groups.get(&name))
+                .and_then(|s| s.deleting);
+            // Gone already (the stream was deleted meanwhile): nothing left to answer here.
+            let Some(origin) = deleting else { return };
+            st.groups.get_mut(&key).unwrap().groups.remove(&name);
             let rid = origin.request_id;
             let f = match r {
                 Ok(()) => ok(rid),
@@ -807,6 +829,13 @@ impl CoreState {
             .get_mut(&key)
             .and_then(|g| g.groups.get_mut(name))
             .expect("persisted group exists");
+        if slot.deleting.is_some() {
+            if let Some((o, _)) = reply {
+                let msg = format!("consumer group {name} was deleted");
+                self.group_reply(o, Frame::error(o.request_id, ErrorCode::NotFound, msg));
+            }
+            return;
+        }
         slot.dirty = true;
         slot.queued.extend(reply);
         if !slot.writing {
@@ -939,12 +968,20 @@ impl CoreState {
                 return;
             }
             slot.group.records_available(tail);
-            let Some(w) = slot.waiters.front() else { break };
-            if w.until_ms <= now || draining {
-                let w = slot.waiters.pop_front().unwrap();
-                self.group_reply(w.origin, empty_records(w.origin.request_id, key.1));
+            // Waits that ended are answered whatever their place in line (a short wait behind
+            // a long one must not wait for it).
+            let (ended, waiting): (VecDeque<Waiter>, VecDeque<Waiter>) =
+                std::mem::take(&mut slot.waiters)
+                    .into_iter()
+                    .partition(|w| w.until_ms <= now || draining);
+            slot.waiters = waiting;
+            if !ended.is_empty() {
+                for w in ended {
+                    self.group_reply(w.origin, empty_records(w.origin.request_id, key.1));
+                }
                 continue;
             }
+            let Some(w) = slot.waiters.front() else { break };
             match slot.group.poll(w.max, w.visibility_timeout_ms, now) {
                 Ok(claims) if claims.is_empty() => break,
                 Ok(claims) => {
@@ -1023,6 +1060,7 @@ impl CoreState {
         let bytes_max = self.s.cfg.history_fetch_bytes;
         let me = self.me.clone();
         CoreCounters::inc(&self.s.counters.history_reads);
+        self.group_tasks += 1;
         glommio::spawn_local(async move {
             let mut out: Vec<Payload> = Vec::with_capacity(claims.len());
             let mut i = 0;
@@ -1063,6 +1101,7 @@ impl CoreState {
             }
             let Some(st) = me.upgrade() else { return };
             let mut st = st.borrow_mut();
+            st.group_tasks -= 1;
             st.finish_claims(key, &name, origin, claims, out);
             st.drain_inbox();
             st.wake.wake();
@@ -1081,7 +1120,10 @@ impl CoreState {
         payloads: Vec<Payload>,
     ) {
         let now = self.group_now_ms();
-        let budget = self.s.cfg.max_frame_bytes.saturating_sub(4096);
+        // GroupRecords: header 10, request_id 8, shard 4, visibility 8, claim count 4,
+        // record count + region length 8; per record a 12-byte claim and a 4-byte length.
+        // Config keeps max_payload_bytes 1 KiB under max_frame_bytes, so one record fits.
+        let budget = self.s.cfg.max_frame_bytes - (10 + 8 + 4 + 8 + 4 + 8);
         let Some(slot) = self
             .groups
             .get_mut(&key)
@@ -1099,6 +1141,11 @@ impl CoreState {
         let mut vt_ms = 0;
         let mut skipped = false;
         for (c, p) in claims.iter().zip(payloads) {
+            // A claim that lapsed (or was reset by a seek) while its payload was read may be
+            // out again under a newer delivery: it is not this poll's to send any more.
+            if !slot.group.is_live(c.id(), now) {
+                continue;
+            }
             match p {
                 Payload::Ready(b) if kept.is_empty() || used + 16 + b.len() <= budget => {
                     used += 16 + b.len();

@@ -480,13 +480,6 @@ impl Group {
         }
         let vt = self.visibility(visibility_timeout_ms)?;
         self.expire(now_ms);
-        while let Some(&(nb, o)) = self.delayed.first() {
-            if nb > now_ms {
-                break;
-            }
-            self.delayed.pop_first();
-            self.ready.insert(o);
-        }
         let deadline_ms = now_ms.saturating_add(vt);
         let mut out = Vec::new();
         while out.len() < max as usize
@@ -576,6 +569,11 @@ impl Group {
             Phase::InFlight { deadline_ms } => Ok(deadline_ms),
             Phase::Waiting { .. } | Phase::Parked { .. } => stale(StaleReason::NotInFlight),
         }
+    }
+
+    /// Whether `claim` names the record's live delivery now (what every answer checks).
+    pub fn is_live(&self, claim: ClaimId, now_ms: u64) -> bool {
+        self.live(claim, now_ms).is_ok()
     }
 
     /// The record is done for this group.
@@ -728,8 +726,16 @@ impl Group {
 
     /// Lapse every claim whose deadline is at or before `now_ms` (in deadline, then offset
     /// order): the record is eligible again, or dead-lettered (parked) if that was its last
-    /// allowed delivery.
+    /// allowed delivery. Nacked records whose delay has passed become eligible too, so
+    /// [`Group::next_wakeup_ms`] never names a time already past.
     pub fn expire(&mut self, now_ms: u64) -> Vec<Expired> {
+        while let Some(&(nb, o)) = self.delayed.first() {
+            if nb > now_ms {
+                break;
+            }
+            self.delayed.pop_first();
+            self.ready.insert(o);
+        }
         let mut out = Vec::new();
         while let Some(&(deadline, o)) = self.deadlines.first() {
             if deadline > now_ms {

@@ -512,6 +512,24 @@ fn a_released_claim_goes_out_again_first_without_spending_its_budget() {
 }
 
 #[test]
+fn expire_makes_passed_nack_delays_eligible_so_the_wakeup_is_never_in_the_past() {
+    let mut g = group(1);
+    let c = g.poll(1, None, 0).unwrap()[0];
+    g.nack(c.id(), 50, 10).unwrap();
+    assert_eq!(g.next_wakeup_ms(), Some(60));
+    g.expire(70);
+    assert_eq!(
+        g.next_wakeup_ms(),
+        None,
+        "nothing timed once the delay passed"
+    );
+    let again = g.poll(1, None, 70).unwrap()[0].id();
+    assert!(g.is_live(again, 70));
+    assert!(!g.is_live(c.id(), 70));
+    g.check_invariants();
+}
+
+#[test]
 fn a_consumer_can_dead_letter_its_claim() {
     let mut g = group(1);
     let c = g.poll(1, None, 0).unwrap()[0];
@@ -1312,6 +1330,7 @@ proptest! {
                 },
                 Op::Expire => {
                     prop_assert_eq!(g.expire(now), m.expire(now));
+                    prop_assert!(g.next_wakeup_ms().is_none_or(|w| w > now), "wake-up in the past after expire");
                 }
                 Op::Advance(d) => now += d,
                 Op::Append(n) => {
