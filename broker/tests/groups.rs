@@ -750,3 +750,36 @@ fn short_waits_are_not_held_by_long_ones_and_one_shards_refusal_loses_nothing() 
         assert_eq!(e.unwrap_err().code(), Some(ErrorCode::NotFound));
     });
 }
+
+#[test]
+fn sigterm_answers_waiting_long_polls_and_exits_clean() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let b = start(tempfile::tempdir().unwrap(), &[]);
+    let waiting = rt.block_on(async {
+        let c = b.client().await;
+        c.group_create(&name("jobs"), "g", None, opts(5, 60_000))
+            .await
+            .unwrap();
+        let poll = tokio::spawn(async move {
+            let mut cons = c.group_consumer(&name("jobs"), "g").await.unwrap();
+            let r = cons.poll(5, None, Duration::from_secs(25)).await;
+            drop(cons);
+            r
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        poll
+    });
+    let t0 = Instant::now();
+    b.signal(libc::SIGTERM);
+    let r = rt.block_on(waiting).unwrap();
+    assert!(
+        r.unwrap().is_empty(),
+        "answered with nothing rather than left hanging"
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(15),
+        "answered by the drain, not its wait"
+    );
+    let (code, _) = b.wait_exit(Duration::from_secs(20));
+    assert_eq!(code, Some(0), "a clean drain");
+}
