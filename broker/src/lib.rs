@@ -6,6 +6,7 @@
 //! standalone or followed from the control plane by the ops thread (`control_link`). Not
 //! yet: caches. Consumer groups: the pure per-shard state machine (`group`), not yet driven.
 
+pub mod cache;
 pub mod catalog;
 pub mod config;
 pub mod control_link;
