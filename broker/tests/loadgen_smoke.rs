@@ -90,6 +90,35 @@ fn every_mode_runs_and_accounts_for_every_record() {
             "200",
         ],
     );
+    let pid = b.pid().to_string();
+    let fs = loadgen(
+        &b,
+        &[
+            "--mode",
+            "fanout-scale",
+            "--subscribers",
+            "60",
+            "--connections",
+            "2",
+            "--rate",
+            "200",
+            "--secs",
+            "1",
+            "--payload",
+            "64",
+            "--queue-policy",
+            "block",
+            "--broker-pid",
+            &pid,
+        ],
+    );
+    assert_eq!(fs["mode"], "fanout-scale");
+    assert_eq!(fs["published"], 200, "{fs}");
+    assert_eq!(fs["delivered"], 200 * 60, "{fs}");
+    assert_eq!((fs["lost"].as_u64(), fs["lossless"].as_bool()), (Some(0), Some(true)), "{fs}");
+    assert!(fs["broker_rss_per_sub_bytes"].is_number(), "{fs}");
+    assert!(fs["latency_sampled"]["samples"].as_u64().unwrap() > 0);
+
     assert_eq!(ing["mode"], "ingest");
     assert_eq!(ing["count"], 200);
     assert!(ing["acks_per_s"].as_f64().unwrap() > 0.0);

@@ -16,6 +16,13 @@
 //!   records per poll) and acknowledge each poll's claims in one answer, until every record
 //!   is acknowledged. Reports processed records/s (first poll → last ack), poll+ack round
 //!   percentiles, and checks every record was processed exactly once. Needs a durable stream.
+//! * `fanout-scale`: `--subscribers S` subscriptions (up to 10,000) on one shard, spread
+//!   over `--connections` connections (default: 1,000 per connection), and one publisher at
+//!   a fixed `--rate` records/s (fire-and-forget, ticks of 1 ms) for `--secs` seconds.
+//!   Reports delivered events/s, records lost (lag notices), whether every subscriber got
+//!   every record, publish→deliver latency percentiles (sampled: the first record of each
+//!   delivery) and, with `--broker-pid`, the broker's resident memory per subscriber
+//!   (VmRSS after subscribing minus before, over S).
 //! * `demo-slow-consumer`: for each policy, one fast and one stalled subscriber; prints what
 //!   each received, the lag notices, and whether the publisher waited.
 //!
@@ -36,6 +43,7 @@ enum Mode {
     Latency,
     Ingest,
     Group,
+    FanoutScale,
     DemoSlowConsumer,
 }
 
@@ -79,6 +87,21 @@ struct Args {
     /// Competing consumers, each on its own connection (group).
     #[arg(long, default_value_t = 1)]
     consumers: usize,
+    /// Subscriptions (fanout-scale), at most 10,000.
+    #[arg(long, default_value_t = 1000)]
+    subscribers: usize,
+    /// Connections the subscriptions are spread over (fanout-scale); default S/1000 rounded up.
+    #[arg(long)]
+    connections: Option<usize>,
+    /// Publish rate, records/s (fanout-scale).
+    #[arg(long, default_value_t = 100)]
+    rate: u64,
+    /// Publishing time, seconds (fanout-scale).
+    #[arg(long, default_value_t = 5)]
+    secs: u64,
+    /// The broker's pid, to report its resident memory per subscriber (fanout-scale).
+    #[arg(long)]
+    broker_pid: Option<u32>,
 }
 
 fn parse_policy(s: &str) -> Result<QueuePolicy, String> {
@@ -143,6 +166,7 @@ async fn run(a: Args) {
         Mode::Latency => latency(&a).await,
         Mode::Ingest => ingest(&a).await,
         Mode::Group => group(&a).await,
+        Mode::FanoutScale => fanout_scale(&a).await,
         Mode::DemoSlowConsumer => demo(&a).await,
     };
     if let Err(e) = r {
@@ -484,6 +508,161 @@ async fn group(a: &Args) -> Result<(), felix_client::Error> {
         })
     );
     let _ = c.close().await;
+    Ok(())
+}
+
+/// VmRSS of a process, bytes.
+fn rss_bytes(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb: u64 = s
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
+}
+
+async fn fanout_scale(a: &Args) -> Result<(), felix_client::Error> {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
+    let subs_n = a.subscribers;
+    if subs_n == 0 || subs_n > 10_000 || a.rate == 0 || a.rate > 1_000_000 || a.secs == 0 {
+        return Err(felix_client::Error::InvalidArgument(
+            "need 1..=10000 subscribers, rate 1..=1000000, secs >= 1".into(),
+        ));
+    }
+    let conns_n = a.connections.unwrap_or(subs_n.div_ceil(1000)).clamp(1, subs_n);
+    let load = load1();
+    let rss0 = a.broker_pid.and_then(rss_bytes);
+    let mut clients = Vec::new();
+    for _ in 0..conns_n {
+        clients.push(Client::connect(cfg(a)).await?);
+    }
+    let opts = SubscribeOptions {
+        policy: a.queue_policy,
+        ..Default::default()
+    };
+    let mut subs = Vec::with_capacity(subs_n);
+    for i in 0..subs_n {
+        subs.push(clients[i % conns_n].subscribe(&name(a), a.shard, opts.clone()).await?);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let rss1 = a.broker_pid.and_then(rss_bytes);
+    let epoch = Instant::now();
+    let sent = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    let hists: Vec<_> = (0..conns_n)
+        .map(|_| {
+            Arc::new(Mutex::new(
+                hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000, 2).unwrap(),
+            ))
+        })
+        .collect();
+    let drain_end = Duration::from_secs(a.secs + 10).min(Duration::from_secs(a.max_secs));
+    let readers: Vec<_> = subs
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut s)| {
+            let (sent, done, h) = (sent.clone(), done.clone(), hists[i % conns_n].clone());
+            tokio::spawn(async move {
+                let (mut got, mut lost) = (0u64, 0u64);
+                loop {
+                    if done.load(Ordering::Acquire) && got + lost >= sent.load(Ordering::Acquire) {
+                        break;
+                    }
+                    let left = drain_end.saturating_sub(epoch.elapsed());
+                    if left.is_zero() {
+                        break;
+                    }
+                    match s.next_timeout(left.min(Duration::from_millis(200))).await {
+                        Ok(Some(ev @ Event::Records { .. })) => {
+                            let recs = ev.records();
+                            if let Some((_, p)) = recs.first() {
+                                let t = u64::from_le_bytes(p[..8].try_into().unwrap());
+                                let now = epoch.elapsed().as_micros() as u64;
+                                let _ = h.lock().unwrap().record(now.saturating_sub(t).max(1));
+                            }
+                            got += recs.len() as u64;
+                        }
+                        Ok(Some(Event::Lag { lost: l, .. })) => lost += l,
+                        Ok(Some(Event::End { .. })) | Ok(None) => break,
+                        Err(_) => {}
+                    }
+                }
+                (got, lost)
+            })
+        })
+        .collect();
+    // Publisher: every millisecond, whatever the rate says is due.
+    let publisher = Client::connect(cfg(a)).await?;
+    let start = Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_millis(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let total = a.rate * a.secs;
+    let mut n = 0u64;
+    let pad = vec![b'x'; a.payload - 8];
+    while n < total {
+        tick.tick().await;
+        let due = ((start.elapsed().as_secs_f64() * a.rate as f64) as u64 + 1).min(total);
+        if due <= n {
+            continue;
+        }
+        let ts = epoch.elapsed().as_micros() as u64;
+        let batch: Vec<Bytes> = (n..due)
+            .map(|_| {
+                let mut p = Vec::with_capacity(a.payload);
+                p.extend_from_slice(&ts.to_le_bytes());
+                p.extend_from_slice(&pad);
+                Bytes::from(p)
+            })
+            .collect();
+        publisher.publish_fire(&name(a), ShardSelector::Shard(a.shard), batch)?;
+        n = due;
+        sent.store(n, Ordering::Release);
+    }
+    let pub_secs = start.elapsed().as_secs_f64();
+    done.store(true, Ordering::Release);
+    let (mut delivered, mut lost, mut complete) = (0u64, 0u64, 0usize);
+    let mut min_got = u64::MAX;
+    for r in readers {
+        let (g, l) = r.await.unwrap();
+        delivered += g;
+        lost += l;
+        min_got = min_got.min(g);
+        complete += usize::from(g == n);
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let mut hist = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000, 2).unwrap();
+    for h in &hists {
+        hist.add(&*h.lock().unwrap()).unwrap();
+    }
+    let (refused, _) = publisher.fire_and_forget_errors();
+    let per_sub = match (rss0, rss1) {
+        (Some(a0), Some(a1)) => serde_json::json!(a1.saturating_sub(a0) as f64 / subs_n as f64),
+        _ => serde_json::Value::Null,
+    };
+    println!(
+        "{}",
+        serde_json::json!({
+            "tool": "felix-loadgen", "mode": "fanout-scale", "subscribers": subs_n,
+            "connections": conns_n, "payload": a.payload, "rate_target": a.rate,
+            "publish_rate": n as f64 / pub_secs, "published": n, "publish_refused": refused,
+            "delivered": delivered, "delivered_per_s": delivered as f64 / elapsed,
+            "expected": n * subs_n as u64, "lost": lost, "min_per_sub": min_got,
+            "subs_complete": complete, "lossless": complete == subs_n,
+            "queue_policy": a.queue_policy.name(), "load1": load,
+            "broker_rss_before": rss0, "broker_rss_after_subscribe": rss1,
+            "broker_rss_per_sub_bytes": per_sub, "unit": "us",
+            "latency_sampled": {"p50": hist.value_at_quantile(0.5), "p90": hist.value_at_quantile(0.9),
+                "p99": hist.value_at_quantile(0.99), "max": hist.max(), "samples": hist.len()},
+        })
+    );
+    let _ = publisher.close().await;
+    for c in clients {
+        let _ = c.close().await;
+    }
     Ok(())
 }
 

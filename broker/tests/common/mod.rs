@@ -143,6 +143,11 @@ impl Broker {
         })
     }
 
+    /// The broker process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The generated dev certificate (the CA clients trust).
     pub fn ca(&self) -> PathBuf {
         self.dir.path().join("tls/dev-cert.pem")
