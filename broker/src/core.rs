@@ -23,6 +23,7 @@ use crate::fanout::{Batch, Item, Lag, Offer, ReplayRing, ShardOwner, SubQueue};
 use crate::metrics::CoreCounters;
 use felix_quic::conn::ConnEvent;
 use felix_quic::glommio_driver::{wake_pair, DatagramIo, GlommioUdp, Wake, WakeRx};
+use felix_quic::idmap::IdMap;
 use felix_quic::server::{ConnKey, Endpoint, Route, TxBatch};
 use felix_quic::wire::{
     features, ErrorCode, Frame, Limits, QueuePolicy, Records, ShardSelector, StartAt,
@@ -222,7 +223,7 @@ struct Session {
     unacked: u32,
     subs: Vec<u64>,
     /// Subscription stream id → subscription id.
-    sub_streams: HashMap<u64, u64>,
+    sub_streams: IdMap<u64, u64>,
     pub_streams: HashMap<u64, PubStream>,
     /// Sent a long poll (its close must reach the groups' owners).
     long_polls: bool,
@@ -251,7 +252,7 @@ struct CoreState {
     catalog: Arc<Catalog>,
     catalog_version: u64,
     ep: Endpoint,
-    sessions: HashMap<ConnKey, Session>,
+    sessions: IdMap<ConnKey, Session>,
     s: CoreSettings,
     senders: Rc<Senders<MeshMsg>>,
     mesh_wake: Wake,
@@ -259,7 +260,7 @@ struct CoreState {
     inbox: VecDeque<MeshMsg>,
     owned: HashMap<ShardKey, ShardOwner<PublishReq>>,
     held_total: usize,
-    subs: HashMap<u64, Sub>,
+    subs: IdMap<u64, Sub>,
     local_subs: HashMap<ShardKey, Vec<u64>>,
     parked_subs: HashMap<ShardKey, u32>,
     rr: HashMap<u32, u32>,
@@ -310,7 +311,7 @@ pub async fn run_core(
         catalog,
         catalog_version,
         ep,
-        sessions: HashMap::new(),
+        sessions: IdMap::default(),
         s: settings,
         senders: senders.clone(),
         mesh_wake: mesh_wake.clone(),
@@ -318,7 +319,7 @@ pub async fn run_core(
         inbox: VecDeque::new(),
         owned: HashMap::new(),
         held_total: 0,
-        subs: HashMap::new(),
+        subs: IdMap::default(),
         local_subs: HashMap::new(),
         parked_subs: HashMap::new(),
         rr: HashMap::new(),
@@ -2277,6 +2278,6 @@ impl CoreState {
     }
 }
 
-fn item_is_none(subs: &HashMap<u64, Sub>, sid: u64) -> bool {
+fn item_is_none(subs: &IdMap<u64, Sub>, sid: u64) -> bool {
     subs.get(&sid).map(|s| s.queue.is_empty()).unwrap_or(true)
 }

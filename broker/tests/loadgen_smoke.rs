@@ -115,7 +115,11 @@ fn every_mode_runs_and_accounts_for_every_record() {
     assert_eq!(fs["mode"], "fanout-scale");
     assert_eq!(fs["published"], 200, "{fs}");
     assert_eq!(fs["delivered"], 200 * 60, "{fs}");
-    assert_eq!((fs["lost"].as_u64(), fs["lossless"].as_bool()), (Some(0), Some(true)), "{fs}");
+    assert_eq!(
+        (fs["lost"].as_u64(), fs["lossless"].as_bool()),
+        (Some(0), Some(true)),
+        "{fs}"
+    );
     assert!(fs["broker_rss_per_sub_bytes"].is_number(), "{fs}");
     assert!(fs["latency_sampled"]["samples"].as_u64().unwrap() > 0);
 

@@ -533,7 +533,10 @@ async fn fanout_scale(a: &Args) -> Result<(), felix_client::Error> {
             "need 1..=10000 subscribers, rate 1..=1000000, secs >= 1".into(),
         ));
     }
-    let conns_n = a.connections.unwrap_or(subs_n.div_ceil(1000)).clamp(1, subs_n);
+    let conns_n = a
+        .connections
+        .unwrap_or(subs_n.div_ceil(1000))
+        .clamp(1, subs_n);
     let load = load1();
     let rss0 = a.broker_pid.and_then(rss_bytes);
     let mut clients = Vec::new();
@@ -546,7 +549,11 @@ async fn fanout_scale(a: &Args) -> Result<(), felix_client::Error> {
     };
     let mut subs = Vec::with_capacity(subs_n);
     for i in 0..subs_n {
-        subs.push(clients[i % conns_n].subscribe(&name(a), a.shard, opts.clone()).await?);
+        subs.push(
+            clients[i % conns_n]
+                .subscribe(&name(a), a.shard, opts.clone())
+                .await?,
+        );
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     let rss1 = a.broker_pid.and_then(rss_bytes);

@@ -3,6 +3,7 @@
 //! (`glommio_driver`) and a tokio driver for clients (`tokio_driver`).
 
 pub mod conn;
+pub mod idmap;
 pub mod server;
 pub mod tls;
 pub mod udp;
