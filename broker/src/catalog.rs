@@ -41,10 +41,87 @@ fn default_shards() -> u32 {
     4
 }
 
+/// A cache: key -> value with TTL and watches, served per shard by one core
+/// (`crate::core::caches`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CacheDef {
+    pub tenant: String,
+    pub namespace: String,
+    pub cache: String,
+    #[serde(default = "default_shards")]
+    pub shards: u32,
+    /// Log-backed (needs `durable_storage_dir`). Not built yet: such a cache is refused
+    /// with `unsupported` rather than served from memory under a durable name.
+    #[serde(default)]
+    pub durable: bool,
+    /// TTL of a put that names none; `None`: such entries do not expire.
+    #[serde(default)]
+    pub default_ttl_ms: Option<u64>,
+}
+
+impl CacheDef {
+    pub fn name(&self) -> StreamName {
+        StreamName::new(&self.tenant, &self.namespace, &self.cache)
+    }
+}
+
+/// What slots of both kinds need of their definition.
+pub trait Def: Clone {
+    fn def_name(&self) -> StreamName;
+    fn def_shards(&self) -> u32;
+    fn check(&self) -> Result<(), String>;
+}
+
+impl Def for StreamDef {
+    fn def_name(&self) -> StreamName {
+        self.name()
+    }
+    fn def_shards(&self) -> u32 {
+        self.shards
+    }
+    fn check(&self) -> Result<(), String> {
+        Catalog::check_def(self)
+    }
+}
+
+impl Def for CacheDef {
+    fn def_name(&self) -> StreamName {
+        self.name()
+    }
+    fn def_shards(&self) -> u32 {
+        self.shards
+    }
+    fn check(&self) -> Result<(), String> {
+        for n in [&self.tenant, &self.namespace, &self.cache] {
+            validate_name(n)?;
+        }
+        if self.shards == 0 || self.shards > SHARDS_MAX {
+            return Err(format!(
+                "cache {}: shards must be 1..={SHARDS_MAX}",
+                self.cache
+            ));
+        }
+        if let Some(t) = self.default_ttl_ms {
+            if t == 0 || t > crate::cache::TTL_LIMIT_MS {
+                return Err(format!(
+                    "cache {}: default_ttl_ms must be 1..={}",
+                    self.cache,
+                    crate::cache::TTL_LIMIT_MS
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct CatalogFile {
+    #[serde(default)]
     streams: Vec<StreamDef>,
+    #[serde(default)]
+    caches: Vec<CacheDef>,
 }
 
 /// Where one shard of a stream is served, as this broker sees it.
@@ -69,8 +146,8 @@ pub enum Place {
 /// created again under the same name is a different slot and nothing of the old one leaks
 /// into it.
 #[derive(Debug, Clone)]
-pub struct Slot {
-    pub def: StreamDef,
+pub struct Slot<D = StreamDef> {
+    pub def: D,
     /// The control plane's `created_revision` (0 for the standalone catalog).
     pub incarnation: u64,
     pub deleted: bool,
@@ -84,6 +161,9 @@ pub struct Slot {
 pub struct Catalog {
     slots: Vec<Slot>,
     index: HashMap<StreamName, usize>,
+    /// Caches: their own slots (cache slot indexes are cache identities on the data path).
+    cache_slots: Vec<Slot<CacheDef>>,
+    cache_index: HashMap<StreamName, usize>,
     tenants: HashSet<String>,
     namespaces: HashSet<(String, String)>,
     /// The control plane's catalog revision this version reflects (0 standalone).
@@ -97,22 +177,32 @@ pub const SHARDS_MAX: u32 = 4096;
 
 impl Catalog {
     pub fn default_catalog() -> Self {
-        Self::from_defs(vec![StreamDef {
-            tenant: "default".into(),
-            namespace: "default".into(),
-            stream: "events".into(),
-            shards: 4,
-            durable: false,
-            fsync: None,
-            retention_bytes: None,
-            retention_seconds: None,
-        }])
+        Self::from_defs_and_caches(
+            vec![StreamDef {
+                tenant: "default".into(),
+                namespace: "default".into(),
+                stream: "events".into(),
+                shards: 4,
+                durable: false,
+                fsync: None,
+                retention_bytes: None,
+                retention_seconds: None,
+            }],
+            vec![CacheDef {
+                tenant: "default".into(),
+                namespace: "default".into(),
+                cache: "kv".into(),
+                shards: 4,
+                durable: false,
+                default_ttl_ms: None,
+            }],
+        )
         .expect("built-in catalog is valid")
     }
 
     pub fn from_yaml(text: &str) -> Result<Self, String> {
         let f: CatalogFile = serde_saphyr::from_str(text).map_err(|e| e.to_string())?;
-        Self::from_defs(f.streams)
+        Self::from_defs_and_caches(f.streams, f.caches)
     }
 
     fn check_def(s: &StreamDef) -> Result<(), String> {
@@ -142,7 +232,31 @@ impl Catalog {
 
     /// The standalone catalog: every shard is this broker's.
     pub fn from_defs(streams: Vec<StreamDef>) -> Result<Self, String> {
+        Self::from_defs_and_caches(streams, Vec::new())
+    }
+
+    /// The standalone catalog of streams and caches.
+    pub fn from_defs_and_caches(
+        streams: Vec<StreamDef>,
+        caches: Vec<CacheDef>,
+    ) -> Result<Self, String> {
         let mut c = Catalog::default();
+        for d in caches {
+            d.check()?;
+            let name = d.name();
+            if c.cache_index.contains_key(&name) {
+                return Err(format!("cache {name} declared twice"));
+            }
+            c.tenants.insert(d.tenant.clone());
+            c.namespaces.insert((d.tenant.clone(), d.namespace.clone()));
+            c.cache_index.insert(name, c.cache_slots.len());
+            c.cache_slots.push(Slot {
+                places: vec![Place::Mine { generation: 0 }; d.shards as usize],
+                def: d,
+                incarnation: 0,
+                deleted: false,
+            });
+        }
         for s in streams {
             Self::check_def(&s)?;
             let name = s.name();
@@ -166,64 +280,55 @@ impl Catalog {
     /// keep their index (a stream gone from `view`, being deleted, or replaced by a new
     /// incarnation is marked deleted), new incarnations get new slots at the end.
     pub fn from_view(prev: &Catalog, view: &ControlView, node_id: u64, fenced: bool) -> Catalog {
-        let mut c = Catalog {
-            slots: prev.slots.clone(),
-            index: HashMap::new(),
+        let (slots, index) = merge_slots(&prev.slots, &view.streams, view, node_id);
+        let (cache_slots, cache_index) =
+            merge_slots(&prev.cache_slots, &view.caches, view, node_id);
+        Catalog {
+            slots,
+            index,
+            cache_slots,
+            cache_index,
             tenants: view.tenants.clone(),
             namespaces: view.namespaces.clone(),
             revision: view.revision,
             fenced,
-        };
-        let mut live: HashMap<(StreamName, u64), &ViewStream> = HashMap::new();
-        for s in &view.streams {
-            if !s.deleting {
-                live.insert((s.def.name(), s.incarnation), s);
-            }
         }
-        for (i, slot) in c.slots.iter_mut().enumerate() {
-            if slot.deleted {
-                continue;
-            }
-            match live.remove(&(slot.def.name(), slot.incarnation)) {
-                Some(v) => {
-                    // Same incarnation: settings (fsync, retention) and placement may change;
-                    // the shard count and durability are fixed at creation.
-                    debug_assert_eq!(v.def.shards, slot.def.shards);
-                    slot.def = v.def.clone();
-                    slot.places = places(v, view, node_id);
-                    c.index.insert(slot.def.name(), i);
-                }
-                None => slot.deleted = true,
-            }
-        }
-        let mut fresh: Vec<&ViewStream> = live.into_values().collect();
-        fresh.sort_by_key(|s| s.incarnation);
-        for v in fresh {
-            if Self::check_def(&v.def).is_err() {
-                // The control plane validates the same rules; a definition this build cannot
-                // serve is left out (lookups answer unknown_stream) rather than half-served.
-                tracing::warn!(stream = %v.def.name(), "control plane stream refused by this broker");
-                continue;
-            }
-            c.index.insert(v.def.name(), c.slots.len());
-            c.slots.push(Slot {
-                places: places(v, view, node_id),
-                def: v.def.clone(),
-                incarnation: v.incarnation,
-                deleted: false,
-            });
-        }
-        c
     }
 
     /// Resolve an active stream, with the registry error a client should see.
     pub fn lookup(&self, name: &StreamName) -> Result<(usize, &StreamDef), (ErrorCode, String)> {
-        for n in [&name.tenant, &name.namespace, &name.stream] {
-            validate_name(n).map_err(|m| (ErrorCode::InvalidName, m))?;
-        }
+        self.check_names(name)?;
         if let Some(&i) = self.index.get(name) {
             return Ok((i, &self.slots[i].def));
         }
+        self.scope_check(name)?;
+        Err((
+            ErrorCode::UnknownStream,
+            format!("stream {name} does not exist"),
+        ))
+    }
+
+    /// Resolve an active cache (`name.stream` is the cache name).
+    pub fn lookup_cache(
+        &self,
+        name: &StreamName,
+    ) -> Result<(usize, &CacheDef), (ErrorCode, String)> {
+        self.check_names(name)?;
+        if let Some(&i) = self.cache_index.get(name) {
+            return Ok((i, &self.cache_slots[i].def));
+        }
+        self.scope_check(name)?;
+        Err((ErrorCode::NotFound, format!("cache {name} does not exist")))
+    }
+
+    fn check_names(&self, name: &StreamName) -> Result<(), (ErrorCode, String)> {
+        for n in [&name.tenant, &name.namespace, &name.stream] {
+            validate_name(n).map_err(|m| (ErrorCode::InvalidName, m))?;
+        }
+        Ok(())
+    }
+
+    fn scope_check(&self, name: &StreamName) -> Result<(), (ErrorCode, String)> {
         if !self.tenants.contains(&name.tenant) {
             return Err((
                 ErrorCode::UnknownTenant,
@@ -242,30 +347,47 @@ impl Catalog {
                 ),
             ));
         }
-        Err((
-            ErrorCode::UnknownStream,
-            format!("stream {name} does not exist"),
-        ))
+        Ok(())
     }
 
     /// Whether this broker serves `shard` of slot `idx` now; else the typed refusal (a
     /// redirect naming the owner when another broker has it).
     pub fn serve_check(&self, idx: u32, shard: u32) -> Result<(), (ErrorCode, String)> {
         let slot = &self.slots[idx as usize];
-        let name = slot.def.name();
         if slot.deleted {
             return Err((
                 ErrorCode::StreamDeleted,
-                format!("stream {name} was deleted"),
+                format!("stream {} was deleted", slot.def.name()),
             ));
         }
+        self.place_check(&slot.def.name(), &slot.places, shard)
+    }
+
+    /// [`Catalog::serve_check`] for a cache shard.
+    pub fn cache_serve_check(&self, idx: u32, shard: u32) -> Result<(), (ErrorCode, String)> {
+        let slot = &self.cache_slots[idx as usize];
+        if slot.deleted {
+            return Err((
+                ErrorCode::NotFound,
+                format!("cache {} was deleted", slot.def.name()),
+            ));
+        }
+        self.place_check(&slot.def.name(), &slot.places, shard)
+    }
+
+    fn place_check(
+        &self,
+        name: &StreamName,
+        places: &[Place],
+        shard: u32,
+    ) -> Result<(), (ErrorCode, String)> {
         if self.fenced {
             return Err((
                 ErrorCode::Unavailable,
                 "this broker's registration was superseded by another process with its node id; it serves nothing".into(),
             ));
         }
-        match &slot.places[shard as usize] {
+        match &places[shard as usize] {
             Place::Mine { .. } => Ok(()),
             Place::Elsewhere {
                 owner,
@@ -294,14 +416,75 @@ impl Catalog {
         &self.slots
     }
 
+    pub fn cache_slot(&self, idx: u32) -> &Slot<CacheDef> {
+        &self.cache_slots[idx as usize]
+    }
+
+    pub fn cache_slots(&self) -> &[Slot<CacheDef>] {
+        &self.cache_slots
+    }
+
     /// Active stream definitions.
     pub fn streams(&self) -> impl Iterator<Item = &StreamDef> {
         self.slots.iter().filter(|s| !s.deleted).map(|s| &s.def)
     }
 }
 
-fn places(v: &ViewStream, view: &ControlView, node_id: u64) -> Vec<Place> {
-    (0..v.def.shards as usize)
+/// The next version of one kind of slots: slots of `prev` keep their index (one gone from
+/// `views`, being deleted, or replaced by a new incarnation is marked deleted), new
+/// incarnations get new slots at the end. Pure.
+fn merge_slots<D: Def>(
+    prev: &[Slot<D>],
+    views: &[ViewStream<D>],
+    view: &ControlView,
+    node_id: u64,
+) -> (Vec<Slot<D>>, HashMap<StreamName, usize>) {
+    let mut slots = prev.to_vec();
+    let mut index = HashMap::new();
+    let mut live: HashMap<(StreamName, u64), &ViewStream<D>> = HashMap::new();
+    for s in views {
+        if !s.deleting {
+            live.insert((s.def.def_name(), s.incarnation), s);
+        }
+    }
+    for (i, slot) in slots.iter_mut().enumerate() {
+        if slot.deleted {
+            continue;
+        }
+        match live.remove(&(slot.def.def_name(), slot.incarnation)) {
+            Some(v) => {
+                // Same incarnation: settings and placement may change; the shard count and
+                // durability are fixed at creation.
+                debug_assert_eq!(v.def.def_shards(), slot.def.def_shards());
+                slot.def = v.def.clone();
+                slot.places = places(v, view, node_id);
+                index.insert(slot.def.def_name(), i);
+            }
+            None => slot.deleted = true,
+        }
+    }
+    let mut fresh: Vec<&ViewStream<D>> = live.into_values().collect();
+    fresh.sort_by_key(|s| s.incarnation);
+    for v in fresh {
+        if let Err(why) = v.def.check() {
+            // The control plane validates the same rules; a definition this build cannot
+            // serve is left out (lookups answer unknown) rather than half-served.
+            tracing::warn!(name = %v.def.def_name(), %why, "control plane definition refused by this broker");
+            continue;
+        }
+        index.insert(v.def.def_name(), slots.len());
+        slots.push(Slot {
+            places: places(v, view, node_id),
+            def: v.def.clone(),
+            incarnation: v.incarnation,
+            deleted: false,
+        });
+    }
+    (slots, index)
+}
+
+fn places<D: Def>(v: &ViewStream<D>, view: &ControlView, node_id: u64) -> Vec<Place> {
+    (0..v.def.def_shards() as usize)
         .map(|i| match v.placement.get(i) {
             Some(ViewPlace::Assigned { owner, generation }) if *owner == node_id => Place::Mine {
                 generation: *generation,
@@ -329,12 +512,14 @@ pub struct ControlView {
     pub tenants: HashSet<String>,
     pub namespaces: HashSet<(String, String)>,
     pub streams: Vec<ViewStream>,
+    pub caches: Vec<ViewStream<CacheDef>>,
     pub broker_addrs: HashMap<u64, String>,
 }
 
+/// A stream (or, with `D = CacheDef`, a cache) as the control plane has it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ViewStream {
-    pub def: StreamDef,
+pub struct ViewStream<D = StreamDef> {
+    pub def: D,
     pub incarnation: u64,
     pub deleting: bool,
     pub placement: Vec<ViewPlace>,

@@ -117,6 +117,20 @@ settings! {
         group_poll_wait_max_ms: u64 = 30_000, "FELIX_GROUP_POLL_WAIT_MAX_MS";
         /// Long polls waiting at once on one group (more are refused with inflight_limit).
         group_poll_waiters_max: u32 = 1024, "FELIX_GROUP_POLL_WAITERS_MAX";
+        /// Cache keys (and counter names) longest accepted, bytes.
+        cache_key_bytes_max: u32 = 512, "FELIX_CACHE_KEY_BYTES_MAX";
+        /// Entries (and, separately, counters) one cache shard may hold; a put past it is refused cache_full.
+        cache_entries_max: u64 = 1_000_000, "FELIX_CACHE_ENTRIES_MAX";
+        /// Keys plus values one cache shard may hold, bytes; a put past it is refused cache_full.
+        cache_bytes_max: u64 = 256 << 20, "FELIX_CACHE_BYTES_MAX";
+        /// Recent changes a cache shard keeps for watches resuming by offset, entries.
+        cache_replay_entries_max: u32 = 65_536, "FELIX_CACHE_REPLAY_ENTRIES_MAX";
+        /// Recent changes a cache shard keeps for watches resuming by offset, bytes.
+        cache_replay_bytes_max: u64 = 64 << 20, "FELIX_CACHE_REPLAY_BYTES_MAX";
+        /// Events one cache watch may have queued before it is ended watch_lagged (default and maximum).
+        cache_watch_max_events: u32 = 65_536, "FELIX_CACHE_WATCH_MAX_EVENTS";
+        /// Bytes one cache watch may have queued before it is ended watch_lagged (default and maximum).
+        cache_watch_max_bytes: u64 = 64 << 20, "FELIX_CACHE_WATCH_MAX_BYTES";
         /// Long-poll bound of one catalog changes request to the control plane, milliseconds.
         controlplane_wait_ms: u64 = 30_000, "FELIX_CONTROLPLANE_WAIT_MS";
     }
@@ -188,6 +202,15 @@ impl Config {
             ("sub_queue_bytes_max", c.sub_queue_bytes_max),
             ("group_max_per_shard", c.group_max_per_shard as u64),
             ("group_poll_waiters_max", c.group_poll_waiters_max as u64),
+            ("cache_entries_max", c.cache_entries_max),
+            ("cache_bytes_max", c.cache_bytes_max),
+            (
+                "cache_replay_entries_max",
+                c.cache_replay_entries_max as u64,
+            ),
+            ("cache_replay_bytes_max", c.cache_replay_bytes_max),
+            ("cache_watch_max_events", c.cache_watch_max_events as u64),
+            ("cache_watch_max_bytes", c.cache_watch_max_bytes),
         ] {
             if v == 0 {
                 return Err(format!("{name} must be positive"));
@@ -200,6 +223,14 @@ impl Config {
                 "group_poll_wait_max_ms must be at most {} (12 hours), got {}",
                 crate::group::DURATION_LIMIT_MS,
                 c.group_poll_wait_max_ms
+            ));
+        }
+        // A key, the names and the fixed fields of a cache frame (~260 bytes) must fit in the
+        // 1 KiB of room max_payload_bytes leaves, so a value of max_payload_bytes always fits.
+        if c.cache_key_bytes_max == 0 || c.cache_key_bytes_max > 640 {
+            return Err(format!(
+                "cache_key_bytes_max must be 1..=640, got {}",
+                c.cache_key_bytes_max
             ));
         }
         if c.durable_fsync_interval_ms == 0 {

@@ -7,7 +7,9 @@
 //! snapshot and then by change pages, refusing anything that is not gap-free (a resync reads
 //! the snapshot again). The driver around it is thin: HTTP calls, backoff, timers.
 
-use crate::catalog::{Catalog, CatalogCell, ControlView, StreamDef, ViewPlace, ViewStream};
+use crate::catalog::{
+    CacheDef, Catalog, CatalogCell, ControlView, StreamDef, ViewPlace, ViewStream,
+};
 use felix_control::api::{
     self, CatalogSnapshot, ChangeEvent, ChangesPage, ErrorBody, FsyncMode, ResourceState,
     ShardState,
@@ -25,6 +27,7 @@ pub struct Mirror {
     tenants: BTreeSet<String>,
     namespaces: BTreeSet<(String, String)>,
     streams: BTreeMap<(String, String, String), api::Stream>,
+    caches: BTreeMap<(String, String, String), api::Cache>,
     brokers: BTreeMap<u64, api::Broker>,
 }
 
@@ -47,6 +50,11 @@ impl Mirror {
                 .streams
                 .into_iter()
                 .map(|s| ((s.tenant.clone(), s.namespace.clone(), s.name.clone()), s))
+                .collect(),
+            caches: s
+                .caches
+                .into_iter()
+                .map(|c| ((c.tenant.clone(), c.namespace.clone(), c.name.clone()), c))
                 .collect(),
             brokers: s.brokers.into_iter().map(|b| (b.node_id, b)).collect(),
         }
@@ -112,8 +120,24 @@ impl Mirror {
                 ChangeEvent::BrokerPut { broker } => {
                     self.brokers.insert(broker.node_id, broker.clone());
                 }
-                // Caches are served once the cache issue lands; the feed carries them already.
-                ChangeEvent::CachePut { .. } | ChangeEvent::CacheDeleted { .. } => {}
+                ChangeEvent::CachePut { cache } => {
+                    self.caches.insert(
+                        (
+                            cache.tenant.clone(),
+                            cache.namespace.clone(),
+                            cache.name.clone(),
+                        ),
+                        cache.clone(),
+                    );
+                }
+                ChangeEvent::CacheDeleted {
+                    tenant,
+                    namespace,
+                    name,
+                } => {
+                    self.caches
+                        .remove(&(tenant.clone(), namespace.clone(), name.clone()));
+                }
             }
         }
         self.revision = expect.max(self.revision);
@@ -127,12 +151,43 @@ impl Mirror {
             tenants: self.tenants.iter().cloned().collect(),
             namespaces: self.namespaces.iter().cloned().collect(),
             streams: self.streams.values().map(view_stream).collect(),
+            caches: self.caches.values().map(view_cache).collect(),
             broker_addrs: self
                 .brokers
                 .values()
                 .map(|b| (b.node_id, b.quic_addr.clone()))
                 .collect(),
         }
+    }
+}
+
+fn view_places(placement: &[api::ShardPlacement]) -> Vec<ViewPlace> {
+    placement
+        .iter()
+        .map(|p| match (p.state, p.owner) {
+            (ShardState::Assigned, Some(owner)) => ViewPlace::Assigned {
+                owner,
+                generation: p.generation,
+            },
+            (ShardState::Unavailable, Some(owner)) => ViewPlace::OwnerDown { owner },
+            _ => ViewPlace::Unassigned,
+        })
+        .collect()
+}
+
+fn view_cache(c: &api::Cache) -> ViewStream<CacheDef> {
+    ViewStream {
+        def: CacheDef {
+            tenant: c.tenant.clone(),
+            namespace: c.namespace.clone(),
+            cache: c.name.clone(),
+            shards: c.shards,
+            durable: c.durable,
+            default_ttl_ms: c.ttl_seconds.map(|t| t.saturating_mul(1000)),
+        },
+        incarnation: c.created_revision,
+        deleting: c.state == ResourceState::Deleting,
+        placement: view_places(&c.placement),
     }
 }
 
@@ -157,18 +212,7 @@ fn view_stream(s: &api::Stream) -> ViewStream {
         },
         incarnation: s.created_revision,
         deleting: s.state == ResourceState::Deleting,
-        placement: s
-            .placement
-            .iter()
-            .map(|p| match (p.state, p.owner) {
-                (ShardState::Assigned, Some(owner)) => ViewPlace::Assigned {
-                    owner,
-                    generation: p.generation,
-                },
-                (ShardState::Unavailable, Some(owner)) => ViewPlace::OwnerDown { owner },
-                _ => ViewPlace::Unassigned,
-            })
-            .collect(),
+        placement: view_places(&s.placement),
     }
 }
 

@@ -38,7 +38,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod caches;
 mod groups;
+pub use caches::{CacheOrigin, Ev, Opened, WatchReq};
 pub use groups::GroupOrigin;
 
 /// Where a publish came from, so its answer finds its way back.
@@ -125,6 +127,25 @@ pub enum MeshMsg {
     GroupReply { origin: GroupOrigin, frame: Frame },
     /// Connection core → every core: a connection that long-polled is gone.
     GroupConnClosed { core: u8, conn: ConnKey },
+    /// A cache request, to the owner of its shard.
+    CacheReq {
+        origin: CacheOrigin,
+        cache: u32,
+        shard: u32,
+        frame: felix_quic::wire::CacheFrame,
+    },
+    /// The answer, back to the connection's core.
+    CacheReply { origin: CacheOrigin, frame: Frame },
+    /// Register a watch and compute its start, at the owner.
+    WatchOpen(WatchReq),
+    WatchOpened {
+        watch: u64,
+        result: Result<Opened, (ErrorCode, String)>,
+    },
+    /// A change of a cache shard, to a core with a matching watch.
+    CacheChange { cache: u32, shard: u32, ev: Arc<Ev> },
+    /// Unregister a watch at the owner.
+    WatchClose { watch: u64, cache: u32, shard: u32 },
     /// Owner → itself: try the next held publish (queued behind the deliveries just sent, so
     /// local subscribers park before the next append if they are full).
     DrainHeld { stream: u32, shard: u32 },
@@ -227,6 +248,8 @@ struct Session {
     pub_streams: HashMap<u64, PubStream>,
     /// Sent a long poll (its close must reach the groups' owners).
     long_polls: bool,
+    /// Cache watches (their streams are in `sub_streams` too).
+    watches: Vec<u64>,
 }
 
 struct Sub {
@@ -281,6 +304,11 @@ struct CoreState {
     group_due_ms: u64,
     /// Group tasks running (disk reads for polls, file removals) that owe an answer.
     group_tasks: usize,
+    /// Cache shards this core owns.
+    caches: HashMap<ShardKey, caches::OwnedCache>,
+    /// Cache watches whose connections this core holds.
+    watches: IdMap<u64, caches::Watch>,
+    local_watches: HashMap<ShardKey, Vec<u64>>,
 }
 
 /// Run one core until shutdown. `sock` is this core's SO_REUSEPORT socket.
@@ -333,6 +361,9 @@ pub async fn run_core(
         group_epoch: Instant::now(),
         group_due_ms: u64::MAX,
         group_tasks: 0,
+        caches: HashMap::new(),
+        watches: IdMap::default(),
+        local_watches: HashMap::new(),
     }));
     state.borrow_mut().me = Rc::downgrade(&state);
     open_durable_shards(&state).await;
@@ -689,6 +720,7 @@ async fn flusher(state: Rc<RefCell<CoreState>>, sock: Rc<GlommioUdp>, wake_rx: W
                 st.refresh_catalog();
                 st.expire_held(now);
                 st.groups_tick();
+                st.caches_tick();
                 st.drain_inbox();
                 st.ep.on_timeouts(now);
                 // Round robin over the connections dirty at the start of this round (those
@@ -723,10 +755,14 @@ async fn flusher(state: Rc<RefCell<CoreState>>, sock: Rc<GlommioUdp>, wake_rx: W
         }
         let timeout = {
             let st = state.borrow();
-            match (st.ep.next_timeout(Instant::now()), st.group_timeout()) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            }
+            [
+                st.ep.next_timeout(Instant::now()),
+                st.group_timeout(),
+                st.cache_timeout(),
+            ]
+            .into_iter()
+            .flatten()
+            .min()
         };
         let cap = Duration::from_millis(
             if state.borrow().held_total > 0 || !matches!(drain, Drain::Serving) {
@@ -777,6 +813,7 @@ impl CoreState {
         let (v, new) = self.s.catalog.load();
         let old = std::mem::replace(&mut self.catalog, new.clone());
         self.catalog_version = v;
+        self.refresh_caches(&old);
         for (i, slot) in new.slots().iter().enumerate() {
             let idx = i as u32;
             let was = old.slots().get(i);
@@ -1103,6 +1140,21 @@ impl CoreState {
             } => self.on_group(origin, stream, frame),
             MeshMsg::GroupReply { origin, frame } => self.on_group_reply(origin, frame),
             MeshMsg::GroupConnClosed { core, conn } => self.on_group_conn_closed(core, conn),
+            MeshMsg::CacheReq {
+                origin,
+                cache,
+                shard,
+                frame,
+            } => self.on_cache_req(origin, cache, shard, frame),
+            MeshMsg::CacheReply { origin, frame } => self.on_cache_reply(origin, frame),
+            MeshMsg::WatchOpen(req) => self.on_watch_open(req),
+            MeshMsg::WatchOpened { watch, result } => self.on_watch_opened(watch, result),
+            MeshMsg::CacheChange { cache, shard, ev } => self.on_cache_change(cache, shard, ev),
+            MeshMsg::WatchClose {
+                watch,
+                cache,
+                shard,
+            } => self.on_watch_close(watch, cache, shard),
         }
         None
     }
@@ -1719,6 +1771,11 @@ impl CoreState {
             }
             let mut sent = false;
             for sid in refill {
+                if self.is_watch(sid) {
+                    sent |= !self.watch_idle(sid);
+                    self.pump_watch(sid);
+                    continue;
+                }
                 let before = self
                     .subs
                     .get(&sid)
@@ -1879,6 +1936,7 @@ impl CoreState {
             for sid in session.subs {
                 self.remove_sub(sid, None);
             }
+            self.watches_conn_closed(session.watches);
             self.group_conn_closed(key, session.long_polls);
         }
     }
@@ -2007,7 +2065,7 @@ impl CoreState {
                             .unwrap_or(false);
                         if owned {
                             self.remove_sub(subscription_id, Some((0, "unsubscribed".into())));
-                        } else {
+                        } else if !self.unwatch(key, subscription_id) {
                             self.send_err(
                                 key,
                                 stream,
@@ -2020,6 +2078,13 @@ impl CoreState {
                     Frame::Group(g) => {
                         let rid = g.request_id();
                         if let Err((code, msg)) = self.on_group_request(key, stream, g) {
+                            self.send_err(key, stream, rid, code, msg);
+                        }
+                    }
+                    Frame::Cache(c) => {
+                        let rid = c.request_id();
+                        if let Err((code, msg)) = self.on_cache_request(key, stream, c) {
+                            CoreCounters::inc(&counters.cache_refused);
                             self.send_err(key, stream, rid, code, msg);
                         }
                     }

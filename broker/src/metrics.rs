@@ -73,6 +73,13 @@ counters! {
     group_stale_answers: "consumer-group answers refused as stale_claim",
     group_writes: "consumer-group state files written (each covers every change queued before it)",
     group_write_failures: "consumer-group state files that could not be written (answers got unavailable)",
+    cache_requests: "cache and counter requests routed to their shard's owner (connection side)",
+    cache_refused: "cache requests refused before routing (validation, unknown cache, limits)",
+    cache_writes: "cache puts and deletes applied by shards this core owns",
+    cache_expired: "cache keys reclaimed after their expiry by shards this core owns",
+    cache_watches_opened: "cache watches opened on this core",
+    cache_watches_lagged: "cache watches ended watch_lagged (queue bound reached)",
+    cache_watch_events: "cache watch events written to watch streams on this core",
 }
 
 /// Upper bounds of latency histograms, microseconds.

@@ -74,6 +74,7 @@ async fn collect(sub: &mut Subscription, want: usize) -> Vec<(u64, Bytes)> {
                 panic!("durable history never lags here: lost {lost} from {from_offset}")
             }
             Ok(Some(Event::End { code, message, .. })) => panic!("ended ({code}): {message}"),
+            Ok(Some(Event::Watch(w))) => panic!("a watch item on a subscription: {w:?}"),
             Ok(None) => panic!("subscription closed"),
             Err(e) => panic!("subscription error: {e}"),
         }

@@ -752,6 +752,7 @@ fn short_waits_are_not_held_by_long_ones_and_one_shards_refusal_loses_nothing() 
 }
 
 #[test]
+#[allow(clippy::async_yields_async)] // the block hands back the waiting poll's JoinHandle
 fn sigterm_answers_waiting_long_polls_and_exits_clean() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let b = start(tempfile::tempdir().unwrap(), &[]);

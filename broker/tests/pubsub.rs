@@ -48,6 +48,7 @@ impl Seen {
                 lost,
             } => self.lags.push((*shard, *from_offset, *lost)),
             Event::End { code, message, .. } => panic!("subscription ended ({code}): {message}"),
+            Event::Watch(w) => panic!("a watch item on a subscription: {w:?}"),
         }
     }
     /// Delivered records plus announced losses of shard 0 cover `0..n` exactly once, in order.

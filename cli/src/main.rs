@@ -1,11 +1,13 @@
 //! felixctl: Felix from the command line.
 //!
-//! Over QUIC: `describe`, `publish`, `subscribe`, `group ...` (consumer groups, see `group`). Over the control plane's REST API (see
+//! Over QUIC: `describe`, `publish`, `subscribe`, `group ...` (consumer groups, see `group`),
+//! `kv ...` (cache keys, watches, counters, see `kv`). Over the control plane's REST API (see
 //! `admin`): `tenant|namespace|stream|cache create|get|ls|set|rm`, `node ls`, `shard ls`,
 //! `context`, `completions`. Exit codes: 0 ok, 1 refused or the connection failed, 2 usage.
 
 mod admin;
 mod group;
+mod kv;
 
 use clap::{Parser, Subcommand};
 use felix_client::{Client, ClientConfig, Event, SubscribeOptions};
@@ -108,6 +110,9 @@ enum Cmd {
     /// Consumer groups: create|describe|poll|ack|nack|extend|reject|seek|rm|dead-letters.
     #[command(subcommand)]
     Group(group::GroupCmd),
+    /// Cache keys, watches and counters: describe|put|get|rm|watch|counter.
+    #[command(subcommand)]
+    Kv(kv::KvCmd),
     #[command(flatten)]
     Admin(admin::AdminCmd),
 }
@@ -228,6 +233,15 @@ async fn run(cli: Cli) -> i32 {
                 yes: cli.yes,
             };
             group::run(g, &ctx).await
+        }
+        Cmd::Kv(k) => {
+            let ctx = kv::Ctx {
+                client: &client,
+                tenant: &cli.tenant,
+                namespace: &cli.namespace,
+                json: cli.json,
+            };
+            kv::run(k, &ctx).await
         }
         Cmd::Describe { stream } => {
             let name = StreamName::new(&cli.tenant, &cli.namespace, stream);
@@ -397,6 +411,7 @@ async fn subscribe(
                 eprintln!("felixctl: subscription to shard {shard} ended ({code}): {message}");
                 return if *code == 0 { 0 } else { 1 };
             }
+            Event::Watch(_) => {}
         }
     }
 }

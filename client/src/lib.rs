@@ -5,7 +5,8 @@
 //! bidirectional streams ([`Client::publisher`] opens another one); fire-and-forget
 //! publishes on their own unidirectional stream; `subscribe` to one shard or
 //! `subscribe_stream` to every shard of a stream (merged, per-shard order kept); clean
-//! `close`. Every call is bounded by a timeout from [`ClientConfig`].
+//! `close`. Every call is bounded by a timeout from [`ClientConfig`]. Consumer groups are in
+//! `group` ([`GroupConsumer`]); caches, watches and counters in `cache` ([`CacheWatch`]).
 //!
 //! Back-pressure: each subscription buffers at most `SubscribeOptions::buffer_events`
 //! events; when the application stops reading, the client stops reading that QUIC stream,
@@ -27,8 +28,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
+mod cache;
 mod group;
-pub use felix_quic::wire::{AnswerOp, ClaimId, DeadLetterAction, DeadLetterRef, GroupInfo};
+pub use cache::{
+    CacheEntry, CacheInfo, CacheWatch, CounterValue, Deleted, WatchItem, WatchOptions, Written,
+};
+use felix_quic::wire::CacheFrame;
+pub use felix_quic::wire::{
+    AnswerOp, ClaimId, DeadLetterAction, DeadLetterRef, EventKind, GroupInfo, WatchFilter,
+    WatchStart, WriteCond,
+};
 pub use group::{DeadLetterPage, GroupConsumer, GroupOptions, GroupRecord};
 
 /// Everything a client call can fail with.
@@ -152,6 +161,8 @@ pub enum Event {
         code: u16,
         message: String,
     },
+    /// An item of a cache watch (see [`CacheWatch`]).
+    Watch(WatchItem),
 }
 
 impl Event {
@@ -249,6 +260,7 @@ fn request_id_of(f: &Frame) -> Option<u64> {
         | Frame::PublishAck { request_id, .. }
         | Frame::SubscribeOk { request_id, .. } => Some(*request_id),
         Frame::Group(g) => Some(g.request_id()),
+        Frame::Cache(c) => Some(c.request_id()),
         _ => None,
     }
 }
@@ -285,6 +297,7 @@ impl ConnHandler {
                 code,
                 message,
             }),
+            Frame::Cache(c) => cache::watch_item(shard, c).map(Event::Watch),
             _ => None,
         }
     }
@@ -319,7 +332,10 @@ impl ConnHandler {
             self.early.entry(sid).or_default().push(frame);
             return;
         };
-        let end = matches!(frame, Frame::SubEnd { .. });
+        let end = matches!(
+            frame,
+            Frame::SubEnd { .. } | Frame::Cache(CacheFrame::CacheWatchEnd { .. })
+        );
         if let Some(ev) = Self::to_event(slot.shard, frame) {
             self.deliver(c, stream, &slot, ev);
         }
@@ -363,12 +379,18 @@ impl Handler for ConnHandler {
         let Some(id) = request_id_of(&frame) else {
             return;
         };
-        if let Frame::SubscribeOk {
-            subscription_id, ..
-        } = &frame
-        {
-            if let Some(slot) = self.pending_subs.remove(&id) {
-                let sid = *subscription_id;
+        let opened = match &frame {
+            Frame::SubscribeOk {
+                subscription_id, ..
+            } => Some(*subscription_id),
+            Frame::Cache(CacheFrame::CacheWatchOk { watch_id, .. }) => Some(*watch_id),
+            _ => None,
+        };
+        if let Some(sid) = opened {
+            if let Some(mut slot) = self.pending_subs.remove(&id) {
+                if let Frame::Cache(CacheFrame::CacheWatchOk { shard, .. }) = &frame {
+                    slot.shard = *shard;
+                }
                 self.subs.insert(sid, slot.clone());
                 let stream = self
                     .stream_sub

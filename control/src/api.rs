@@ -69,10 +69,11 @@ pub fn status_for(code: ErrorCode) -> u16 {
         InvalidFrame | InvalidName | InvalidRequest | Unsupported | UnsupportedVersion
         | UnknownShard => 400,
         NotFound | UnknownTenant | UnknownNamespace | UnknownStream => 404,
-        AlreadyExists | Conflict | StaleClaim => 409,
+        AlreadyExists | Conflict | StaleClaim | WatchLagged => 409,
+        ConditionFailed => 412,
         RevisionTooOld | StreamDeleted => 410,
         PayloadTooLarge | FrameTooLarge => 413,
-        TooManySubscriptions | InflightLimit | PublishTimeout => 429,
+        TooManySubscriptions | InflightLimit | PublishTimeout | CacheFull => 429,
         NotLeader | Unavailable | ShuttingDown => 503,
         Internal => 500,
     }

@@ -595,7 +595,7 @@ async fn fanout_scale(a: &Args) -> Result<(), felix_client::Error> {
                         }
                         Ok(Some(Event::Lag { lost: l, .. })) => lost += l,
                         Ok(Some(Event::End { .. })) | Ok(None) => break,
-                        Err(_) => {}
+                        Ok(Some(Event::Watch(_))) | Err(_) => {}
                     }
                 }
                 (got, lost)

@@ -117,7 +117,7 @@ impl DatagramIo for GlommioUdp {
         // after ~100 ms (QUIC retransmits what was not sent).
         while b.send(self.fd(), &mut gso).is_err() {
             waits += 1;
-            if waits % 1000 == 0 {
+            if waits.is_multiple_of(1000) {
                 b.give_up_run(gso);
             }
             glommio::timer::sleep(std::time::Duration::from_micros(100)).await;

@@ -116,7 +116,7 @@ async fn run<H: Handler>(
                 });
                 let _ = tokio::time::timeout(Duration::from_millis(1), sock.writable()).await;
                 waits += 1;
-                if waits % 100 == 0 {
+                if waits.is_multiple_of(100) {
                     b.give_up_run(gso);
                 }
             }

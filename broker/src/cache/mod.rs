@@ -504,6 +504,17 @@ impl Counters {
     pub fn get(&self, name: &[u8]) -> i64 {
         self.sums.get(name).copied().unwrap_or(0)
     }
+    /// Counters held.
+    pub fn len(&self) -> usize {
+        self.sums.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.sums.is_empty()
+    }
+    /// Whether `name` has a sum (an add of 0 creates one).
+    pub fn contains(&self, name: &[u8]) -> bool {
+        self.sums.contains_key(name)
+    }
     pub fn next_offset(&self) -> u64 {
         self.next_offset
     }

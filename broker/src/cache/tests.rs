@@ -316,7 +316,7 @@ proptest! {
                 Op::Watch { key: k, prefix } => {
                     let filter = match k {
                         Some(k) => Filter::Key(key(k)),
-                        None => Filter::Prefix(b(&["", "a", "b/", "c/1", "zz"][prefix as usize])),
+                        None => Filter::Prefix(b(["", "a", "b/", "c/1", "zz"][prefix as usize])),
                     };
                     let s = c.watch_start(&filter, now);
                     prop_assert_eq!(s.live_from, c.next_offset());

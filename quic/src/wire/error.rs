@@ -82,6 +82,9 @@ registry! {
     ShuttingDown = 22, "shutting_down", Retryable, "The broker is draining and accepts no new work.";
     StreamDeleted = 23, "stream_deleted", Fatal, "The stream was deleted; its subscriptions end and its records are gone.";
     StaleClaim = 24, "stale_claim", Fatal, "A group answer names a delivery that is no longer live (lapsed, answered, or out again under a newer attempt).";
+    WatchLagged = 25, "watch_lagged", Retryable, "A cache watch fell behind its queue bound and was ended; watch again from the offset it names.";
+    ConditionFailed = 26, "condition_failed", Fatal, "A conditional cache write found another version (or a value where none was required); nothing was written.";
+    CacheFull = 27, "cache_full", Retryable, "A cache shard is at its entry or byte cap; the write was refused, nothing was evicted.";
 }
 
 impl fmt::Display for ErrorCode {

@@ -11,10 +11,12 @@
 //! `[len u32 LE][payload]` entries, so the broker re-frames a publish as a delivery without
 //! touching payloads and one delivery frame is shared (as `Bytes`) by every subscriber.
 
+pub mod cache;
 pub mod error;
 pub mod group;
 pub mod hash;
 
+pub use cache::{CacheFrame, EventKind, WatchFilter, WatchStart, WriteCond};
 pub use error::{ErrorCode, Retry};
 pub use group::{
     AnswerOp, ClaimId, ClaimIdError, ClaimRef, DeadLetterAction, DeadLetterRef, GroupFrame,
@@ -425,6 +427,8 @@ pub enum Frame {
     },
     /// Consumer-group requests and answers (kinds 15..=28, see [`group`]).
     Group(GroupFrame),
+    /// Cache, watch and counter frames (kinds 29..=43, see [`cache`]).
+    Cache(CacheFrame),
     /// A kind this build does not know (from a newer peer); skipped by receivers.
     Unknown {
         kind: u8,
@@ -489,6 +493,7 @@ impl Frame {
             Frame::DescribeStream { .. } => kind::DESCRIBE_STREAM,
             Frame::StreamInfo { .. } => kind::STREAM_INFO,
             Frame::Group(g) => g.kind(),
+            Frame::Cache(c) => c.kind(),
             Frame::Unknown { kind, .. } => *kind,
         }
     }
@@ -656,6 +661,7 @@ impl Frame {
                 body.put_u8(*durable as u8);
             }
             Frame::Group(g) => g.encode_body(&mut body),
+            Frame::Cache(c) => c.encode_body(&mut body),
             Frame::Unknown {
                 flags: f, body: b, ..
             } => {
@@ -877,6 +883,7 @@ pub fn decode_body(kind_: u8, flags: u16, body: Bytes) -> Result<Frame, WireErro
             durable: r.bool("durable")?,
         },
         k @ group::kind::FIRST..=group::kind::LAST => Frame::Group(GroupFrame::decode(k, &mut r)?),
+        k @ cache::kind::FIRST..=cache::kind::LAST => Frame::Cache(CacheFrame::decode(k, &mut r)?),
         k => Frame::Unknown {
             kind: k,
             flags,

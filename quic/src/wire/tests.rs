@@ -349,6 +349,7 @@ fn arb_frame() -> impl Strategy<Value = Frame> {
             }
         }),
         arb_group_frame().prop_map(Frame::Group),
+        arb_cache_frame().prop_map(Frame::Cache),
         (
             100u8..=255,
             any::<u16>(),
@@ -594,4 +595,191 @@ fn a_hostile_claim_count_is_refused_without_allocating() {
         decode_frame(&b, MAX),
         Err(WireError::Truncated { .. })
     ));
+}
+
+fn arb_bytes(max: usize) -> impl Strategy<Value = Bytes> {
+    prop::collection::vec(any::<u8>(), 0..max).prop_map(Bytes::from)
+}
+
+fn arb_cond() -> impl Strategy<Value = super::WriteCond> {
+    use super::WriteCond;
+    prop_oneof![
+        Just(WriteCond::Always),
+        Just(WriteCond::Absent),
+        any::<u64>().prop_map(WriteCond::Version),
+    ]
+}
+
+fn arb_cache_frame() -> impl Strategy<Value = super::CacheFrame> {
+    use super::cache::{CacheFrame::*, EventKind, WatchFilter, WatchStart};
+    let rid = any::<u64>();
+    let filter = prop_oneof![
+        arb_bytes(20).prop_map(WatchFilter::Key),
+        (arb_bytes(20), any::<u32>())
+            .prop_map(|(prefix, shard)| WatchFilter::Prefix { prefix, shard }),
+    ];
+    let start = prop_oneof![
+        Just(WatchStart::Latest),
+        Just(WatchStart::Current),
+        any::<u64>().prop_map(WatchStart::Offset),
+    ];
+    let ek = prop_oneof![
+        Just(EventKind::Retained),
+        Just(EventKind::Put),
+        Just(EventKind::Delete),
+        Just(EventKind::Expire),
+    ];
+    prop_oneof![
+        (
+            rid,
+            arb_stream(),
+            arb_bytes(20),
+            arb_bytes(40),
+            any::<u64>(),
+            arb_cond()
+        )
+            .prop_map(|(request_id, cache, key, value, ttl_ms, cond)| CachePut {
+                request_id,
+                cache,
+                key,
+                value,
+                ttl_ms,
+                cond
+            }),
+        (rid, arb_stream(), arb_bytes(20)).prop_map(|(request_id, cache, key)| CacheGet {
+            request_id,
+            cache,
+            key
+        }),
+        (rid, arb_stream(), arb_bytes(20), arb_cond()).prop_map(
+            |(request_id, cache, key, cond)| CacheDelete {
+                request_id,
+                cache,
+                key,
+                cond
+            }
+        ),
+        (
+            rid,
+            any::<u32>(),
+            any::<bool>(),
+            any::<u64>(),
+            any::<u64>(),
+            any::<u64>(),
+            arb_bytes(40)
+        )
+            .prop_map(
+                |(request_id, shard, found, version, change_offset, expires_at_ms, value)| {
+                    CacheValue {
+                        request_id,
+                        shard,
+                        found,
+                        version,
+                        change_offset,
+                        expires_at_ms,
+                        value,
+                    }
+                }
+            ),
+        (rid, any::<u32>(), any::<u64>(), any::<u64>()).prop_map(
+            |(request_id, shard, version, expires_at_ms)| CacheWritten {
+                request_id,
+                shard,
+                version,
+                expires_at_ms
+            }
+        ),
+        (rid, arb_stream(), filter, start, any::<u32>(), any::<u64>()).prop_map(
+            |(request_id, cache, filter, start, queue_events_max, queue_bytes_max)| CacheWatch {
+                request_id,
+                cache,
+                filter,
+                start,
+                queue_events_max,
+                queue_bytes_max
+            }
+        ),
+        (rid, any::<u64>(), any::<u32>(), any::<u64>()).prop_map(
+            |(request_id, watch_id, shard, live_from)| CacheWatchOk {
+                request_id,
+                watch_id,
+                shard,
+                live_from
+            }
+        ),
+        (ek, any::<u64>(), arb_bytes(20), any::<u64>(), arb_bytes(40)).prop_map(
+            |(kind, offset, key, expires_at_ms, value)| CacheEvent {
+                kind,
+                offset,
+                key,
+                expires_at_ms,
+                value
+            }
+        ),
+        (any::<u64>(), any::<bool>(), any::<u64>()).prop_map(|(count, snapshot, live_from)| {
+            CacheStateDone {
+                count,
+                snapshot,
+                live_from,
+            }
+        }),
+        (any::<u16>(), any::<u64>(), "[a-z ]{0,20}").prop_map(|(code, resume_from, message)| {
+            CacheWatchEnd {
+                code,
+                resume_from,
+                message,
+            }
+        }),
+        (rid, arb_stream(), arb_bytes(20), any::<i64>()).prop_map(
+            |(request_id, cache, name, delta)| CounterAdd {
+                request_id,
+                cache,
+                name,
+                delta
+            }
+        ),
+        (rid, arb_stream(), arb_bytes(20)).prop_map(|(request_id, cache, name)| CounterGet {
+            request_id,
+            cache,
+            name
+        }),
+        (rid, any::<u32>(), any::<i64>(), any::<u64>()).prop_map(
+            |(request_id, shard, sum, offset)| CounterValue {
+                request_id,
+                shard,
+                sum,
+                offset
+            }
+        ),
+        (rid, arb_stream()).prop_map(|(request_id, cache)| DescribeCache { request_id, cache }),
+        (rid, any::<u32>(), any::<bool>(), any::<u64>()).prop_map(
+            |(request_id, shards, durable, default_ttl_ms)| CacheInfo {
+                request_id,
+                shards,
+                durable,
+                default_ttl_ms
+            }
+        ),
+    ]
+}
+
+#[test]
+fn shared_event_bytes_equal_the_frame_encoding() {
+    use super::cache::{encode_event, CacheFrame, EventKind};
+    let f = Frame::Cache(CacheFrame::CacheEvent {
+        kind: EventKind::Put,
+        offset: 7,
+        key: Bytes::from_static(b"k"),
+        expires_at_ms: 9,
+        value: Bytes::from_static(b"v"),
+    });
+    let b = encode_event(
+        EventKind::Put,
+        7,
+        Bytes::from_static(b"k"),
+        9,
+        Bytes::from_static(b"v"),
+    );
+    assert_eq!(b, f.encode());
+    assert_eq!(decode_frame(&b, MAX).unwrap(), f);
 }

@@ -1,0 +1,988 @@
+//! The cache driver of a core, around the pure state in [`crate::cache`]: in-memory caches
+//! (log-backed ones are not built yet and are refused with `unsupported`).
+//!
+//! - A request is validated by the connection's core, which hashes the key (or counter
+//!   name) to a shard and routes it to the shard's owner core; the owner applies it and
+//!   answers through the mesh ([`MeshMsg::CacheReply`]).
+//! - Every applied change gets the next offset of the shard. An in-memory shard starts its
+//!   offsets at `wall-clock ms << 20` when it is created, so versions never repeat across
+//!   restarts (a process would need a million writes per millisecond to catch up with the
+//!   next one's start; a wall clock stepped back by more than the process lived breaks this).
+//! - The owner keeps the last changes in a bounded replay ring (entries and bytes), which is
+//!   what a watch resuming by offset replays; below the ring (or from an earlier process)
+//!   the resume is answered with a marked snapshot of current values.
+//! - Watches: the owner registers the watch and computes its start (current values, or the
+//!   replay) in the same step, then sends each later matching change to the watching core;
+//!   the mesh keeps per-pair order, so the start and the changes meet with no gap and no
+//!   duplicate. The watching core queues events under the watch's bound
+//!   ([`crate::cache::WatchQueue`]) and moves them onto the watch's stream as flow control
+//!   allows; an overflow ends the watch with `watch_lagged` naming the offset to resume from
+//!   (after everything queued before it was delivered).
+//! - Expired keys are reclaimed by the owner's timer (Expire changes, seen by watches); reads
+//!   never return an expired value before that.
+
+use super::*;
+use crate::cache::{
+    CacheError, CacheLimits, CacheShard, ChangeKind, Cond, Counters, Filter, ResumePlan, WatchQueue,
+};
+use bytes::Bytes;
+use felix_quic::wire::cache::encode_event;
+use felix_quic::wire::{CacheFrame, EventKind, WatchFilter, WatchStart, WriteCond};
+
+/// Where a cache request came from.
+#[derive(Debug, Clone, Copy)]
+pub struct CacheOrigin {
+    pub core: u8,
+    pub conn: ConnKey,
+    pub quic_stream: u64,
+    pub request_id: u64,
+}
+
+/// One applied change as watchers get it.
+#[derive(Debug)]
+pub struct Ev {
+    pub offset: u64,
+    pub key: Bytes,
+    /// The encoded `CacheEvent` frame, shared by every watcher.
+    pub frame: Bytes,
+}
+
+/// A watch's start, computed by the owner.
+#[derive(Debug)]
+pub struct Opened {
+    pub shard: u32,
+    pub live_from: u64,
+    /// State phase: encoded retained events and the `CacheStateDone` frame after them.
+    pub state: Option<(Vec<Bytes>, Bytes)>,
+    /// Changes to replay before live ones (offset order, filtered).
+    pub replay: Vec<Arc<Ev>>,
+}
+
+/// Watch parameters the owner needs.
+#[derive(Debug, Clone)]
+pub struct WatchReq {
+    pub core: u8,
+    pub watch: u64,
+    pub cache: u32,
+    pub shard: u32,
+    pub filter: Filter,
+    pub start: WatchStart,
+    pub events_max: u32,
+    pub bytes_max: u64,
+}
+
+struct Reg {
+    core: u8,
+    watch: u64,
+    filter: Filter,
+}
+
+/// One cache shard this core owns.
+pub(super) struct OwnedCache {
+    shard: CacheShard,
+    counters: Counters,
+    ring: VecDeque<Arc<Ev>>,
+    ring_bytes: u64,
+    /// Lowest offset from which the ring still holds every change.
+    replayable_from: u64,
+    watches: Vec<Reg>,
+}
+
+/// A watch whose connection this core holds.
+pub(super) struct Watch {
+    conn: ConnKey,
+    quic_stream: u64,
+    cache: u32,
+    shard: u32,
+    filter: Filter,
+    request_id: u64,
+    /// Where the watch request came from (its answer goes there).
+    reply_stream: u64,
+    /// None until the owner answered; then the first offset taken live.
+    live_from: Option<u64>,
+    /// State-phase frames (sent before anything in `queue`).
+    state: VecDeque<Bytes>,
+    queue: WatchQueue,
+    frames: VecDeque<Bytes>,
+    /// Set once ended (lag): sent after what is queued, then the watch is gone.
+    end: Option<Frame>,
+}
+
+/// Bytes a watch may have waiting in quiche before the pump stops (flow control does the
+/// rest: the queue fills behind it).
+const WATCH_PUMP_BYTES: usize = 64 << 10;
+
+/// Expired keys reclaimed per shard per tick (the rest on the next tick).
+const EXPIRE_BATCH: usize = 4096;
+
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn cond(c: WriteCond) -> Cond {
+    match c {
+        WriteCond::Always => Cond::Always,
+        WriteCond::Version(v) => Cond::Version(v),
+        WriteCond::Absent => Cond::Absent,
+    }
+}
+
+fn cache_code(e: &CacheError) -> ErrorCode {
+    match e {
+        CacheError::KeySize { .. } | CacheError::TtlOutOfRange { .. } => ErrorCode::InvalidRequest,
+        CacheError::ValueTooLarge { .. } => ErrorCode::PayloadTooLarge,
+        CacheError::ConditionFailed { .. } => ErrorCode::ConditionFailed,
+        CacheError::NotFound => ErrorCode::NotFound,
+        CacheError::Full { .. } => ErrorCode::CacheFull,
+    }
+}
+
+fn event_frame(offset: u64, key: &Bytes, kind: &ChangeKind) -> Bytes {
+    match kind {
+        ChangeKind::Put {
+            value,
+            expires_at_ms,
+        } => encode_event(
+            EventKind::Put,
+            offset,
+            key.clone(),
+            expires_at_ms.unwrap_or(0),
+            value.clone(),
+        ),
+        ChangeKind::Delete => encode_event(EventKind::Delete, offset, key.clone(), 0, Bytes::new()),
+        ChangeKind::Expire => encode_event(EventKind::Expire, offset, key.clone(), 0, Bytes::new()),
+    }
+}
+
+fn filter_of(f: &WatchFilter) -> Filter {
+    match f {
+        WatchFilter::Key(k) => Filter::Key(k.clone()),
+        WatchFilter::Prefix { prefix, .. } => Filter::Prefix(prefix.clone()),
+    }
+}
+
+impl CoreState {
+    pub(super) fn cache_owner_core(&self, cache: u32, shard: u32) -> u8 {
+        let def = &self.catalog.cache_slot(cache).def;
+        core_for_shard(&def.name(), shard, self.s.cores as u32) as u8
+    }
+
+    fn cache_limits(&self) -> CacheLimits {
+        let c = &self.s.cfg;
+        CacheLimits {
+            key_bytes_max: c.cache_key_bytes_max as usize,
+            value_bytes_max: c.max_payload_bytes as usize,
+            entries_max: c.cache_entries_max as usize,
+            bytes_max: c.cache_bytes_max,
+        }
+    }
+
+    fn owned_cache(&mut self, key: ShardKey) -> &mut OwnedCache {
+        debug_assert_eq!(self.cache_owner_core(key.0, key.1), self.id);
+        let limits = self.cache_limits();
+        self.caches.entry(key).or_insert_with(|| {
+            let base = wall_ms() << 20;
+            OwnedCache {
+                shard: CacheShard::new(limits, base),
+                counters: Counters::new(base),
+                ring: VecDeque::new(),
+                ring_bytes: 0,
+                replayable_from: base,
+                watches: Vec::new(),
+            }
+        })
+    }
+
+    // ---------- connection side ----------
+
+    /// A cache frame from a client: answer it here (describe, unwatch) or route it to the
+    /// owner of the key's shard.
+    pub(super) fn on_cache_request(
+        &mut self,
+        key: ConnKey,
+        quic_stream: u64,
+        frame: CacheFrame,
+    ) -> Result<(), (ErrorCode, String)> {
+        let rid = frame.request_id();
+        let Some(name) = frame.cache().cloned() else {
+            return Err((
+                ErrorCode::InvalidRequest,
+                format!("frame kind {} is not a cache request", frame.kind()),
+            ));
+        };
+        let catalog = self.catalog.clone();
+        let (idx, def) = catalog.lookup_cache(&name)?;
+        let idx = idx as u32;
+        if let CacheFrame::DescribeCache { .. } = frame {
+            let reply = Frame::Cache(CacheFrame::CacheInfo {
+                request_id: rid,
+                shards: def.shards,
+                durable: def.durable,
+                default_ttl_ms: def.default_ttl_ms.unwrap_or(0),
+            });
+            if let Some(e) = self.ep.get(key) {
+                e.conn.send_frame(quic_stream, &reply);
+            }
+            return Ok(());
+        }
+        if def.durable {
+            return Err((
+                ErrorCode::Unsupported,
+                format!("cache {name} is durable; log-backed caches are not built in this broker yet (in-memory caches are)"),
+            ));
+        }
+        let routing: &[u8] = match &frame {
+            CacheFrame::CachePut { key, .. }
+            | CacheFrame::CacheGet { key, .. }
+            | CacheFrame::CacheDelete { key, .. } => key,
+            CacheFrame::CounterAdd { name, .. } | CacheFrame::CounterGet { name, .. } => name,
+            CacheFrame::CacheWatch {
+                filter: WatchFilter::Key(k),
+                ..
+            } => k,
+            _ => &[],
+        };
+        let shard = match &frame {
+            CacheFrame::CacheWatch {
+                filter: WatchFilter::Prefix { shard, .. },
+                ..
+            } => {
+                if *shard >= def.shards {
+                    return Err((
+                        ErrorCode::UnknownShard,
+                        format!("cache {name} has shards 0..{}, not {shard}", def.shards),
+                    ));
+                }
+                *shard
+            }
+            _ => {
+                let max = self.s.cfg.cache_key_bytes_max as usize;
+                if routing.is_empty() || routing.len() > max {
+                    return Err((
+                        ErrorCode::InvalidRequest,
+                        format!("key of {} bytes is outside 1..={max}", routing.len()),
+                    ));
+                }
+                felix_quic::wire::hash::shard_for_key(routing, def.shards)
+            }
+        };
+        catalog.cache_serve_check(idx, shard)?;
+        if let CacheFrame::CacheWatch {
+            filter,
+            start,
+            queue_events_max,
+            queue_bytes_max,
+            ..
+        } = frame
+        {
+            return self.open_watch(
+                key,
+                quic_stream,
+                rid,
+                idx,
+                shard,
+                filter,
+                start,
+                queue_events_max,
+                queue_bytes_max,
+            );
+        }
+        CoreCounters::inc(&self.s.counters.cache_requests);
+        let origin = CacheOrigin {
+            core: self.id,
+            conn: key,
+            quic_stream,
+            request_id: rid,
+        };
+        let owner = self.cache_owner_core(idx, shard);
+        self.route(
+            owner,
+            MeshMsg::CacheReq {
+                origin,
+                cache: idx,
+                shard,
+                frame,
+            },
+        );
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn open_watch(
+        &mut self,
+        key: ConnKey,
+        reply_stream: u64,
+        request_id: u64,
+        cache: u32,
+        shard: u32,
+        filter: WatchFilter,
+        start: WatchStart,
+        events_max: u32,
+        bytes_max: u64,
+    ) -> Result<(), (ErrorCode, String)> {
+        let cfg = self.s.cfg.clone();
+        if let WatchFilter::Prefix { prefix, .. } = &filter {
+            if prefix.len() > cfg.cache_key_bytes_max as usize {
+                return Err((
+                    ErrorCode::InvalidRequest,
+                    format!(
+                        "prefix of {} bytes is longer than cache_key_bytes_max ({})",
+                        prefix.len(),
+                        cfg.cache_key_bytes_max
+                    ),
+                ));
+            }
+        }
+        let session = self
+            .sessions
+            .get_mut(&key)
+            .expect("frames come from live sessions");
+        let held = session.subs.len() + session.watches.len();
+        if held >= cfg.max_subscriptions as usize {
+            return Err((
+                ErrorCode::TooManySubscriptions,
+                format!("connection holds {held} subscriptions and watches (max_subscriptions)"),
+            ));
+        }
+        let pick = |asked: u64, max: u64| if asked == 0 { max } else { asked.min(max) };
+        let events_max = pick(events_max as u64, cfg.cache_watch_max_events as u64) as u32;
+        let bytes_max = pick(bytes_max, cfg.cache_watch_max_bytes);
+        let e = self.ep.get(key).expect("session has a connection");
+        if !e.conn.can_open_uni() {
+            return Err((
+                ErrorCode::TooManySubscriptions,
+                "the client's unidirectional stream limit is exhausted".into(),
+            ));
+        }
+        let qs = e.conn.open_uni();
+        let wid = ((self.id as u64) << 48) | self.next_sub;
+        self.next_sub += 1;
+        e.conn.send_frame(
+            qs,
+            &Frame::SubStream {
+                subscription_id: wid,
+            },
+        );
+        session.watches.push(wid);
+        session.sub_streams.insert(qs, wid);
+        let f = filter_of(&filter);
+        self.watches.insert(
+            wid,
+            Watch {
+                conn: key,
+                quic_stream: qs,
+                cache,
+                shard,
+                filter: f.clone(),
+                request_id,
+                reply_stream,
+                live_from: None,
+                state: VecDeque::new(),
+                queue: WatchQueue::new(events_max as usize, bytes_max),
+                frames: VecDeque::new(),
+                end: None,
+            },
+        );
+        self.local_watches
+            .entry((cache, shard))
+            .or_default()
+            .push(wid);
+        CoreCounters::inc(&self.s.counters.cache_watches_opened);
+        let owner = self.cache_owner_core(cache, shard);
+        self.route(
+            owner,
+            MeshMsg::WatchOpen(WatchReq {
+                core: self.id,
+                watch: wid,
+                cache,
+                shard,
+                filter: f,
+                start,
+                events_max,
+                bytes_max,
+            }),
+        );
+        Ok(())
+    }
+
+    pub(super) fn on_cache_reply(&mut self, origin: CacheOrigin, frame: Frame) {
+        if let Some(e) = self.ep.get(origin.conn) {
+            e.conn.send_frame(origin.quic_stream, &frame);
+            self.ep.mark_dirty(origin.conn);
+        }
+    }
+
+    pub(super) fn on_watch_opened(
+        &mut self,
+        wid: u64,
+        result: Result<Opened, (ErrorCode, String)>,
+    ) {
+        let Some(w) = self.watches.get_mut(&wid) else {
+            return; // closed meanwhile; its WatchClose follows the open at the owner
+        };
+        let opened = match result {
+            Ok(o) => o,
+            Err((code, msg)) => {
+                let (conn, rid, rs) = (w.conn, w.request_id, w.reply_stream);
+                self.remove_watch(wid, None, false);
+                self.send_err(conn, rs, rid, code, msg);
+                self.ep.mark_dirty(conn);
+                return;
+            }
+        };
+        w.live_from = Some(opened.live_from);
+        if let Some((retained, done)) = opened.state {
+            w.state.extend(retained);
+            w.state.push_back(done);
+        }
+        let mut lagged = None;
+        for ev in opened.replay {
+            if w.queue.offer(ev.offset, ev.frame.len() as u64) {
+                w.frames.push_back(ev.frame.clone());
+            } else {
+                lagged = w.queue.ended_at();
+                break;
+            }
+        }
+        let ok = Frame::Cache(CacheFrame::CacheWatchOk {
+            request_id: w.request_id,
+            watch_id: wid,
+            shard: opened.shard,
+            live_from: opened.live_from,
+        });
+        let (conn, rs) = (w.conn, w.reply_stream);
+        self.send_to_conn(conn, rs, &ok);
+        if let Some(at) = lagged {
+            self.lag_end(wid, at);
+        }
+        self.pump_watch(wid);
+    }
+
+    fn send_to_conn(&mut self, conn: ConnKey, stream: u64, f: &Frame) {
+        if let Some(e) = self.ep.get(conn) {
+            e.conn.send_frame(stream, f);
+            self.ep.mark_dirty(conn);
+        }
+    }
+
+    /// A change of an owned shard reached this core: offer it to the matching watches.
+    pub(super) fn on_cache_change(&mut self, cache: u32, shard: u32, ev: Arc<Ev>) {
+        let Some(ids) = self.local_watches.get(&(cache, shard)) else {
+            return;
+        };
+        for wid in ids.clone() {
+            let Some(w) = self.watches.get_mut(&wid) else {
+                continue;
+            };
+            let live = w.live_from.is_some_and(|lf| ev.offset >= lf);
+            if !live || w.end.is_some() || !w.filter.matches(&ev.key) {
+                continue;
+            }
+            if w.queue.offer(ev.offset, ev.frame.len() as u64) {
+                w.frames.push_back(ev.frame.clone());
+                self.pump_watch(wid);
+            } else {
+                let at = w.queue.ended_at().expect("a refused offer ends the queue");
+                self.lag_end(wid, at);
+                self.pump_watch(wid);
+            }
+        }
+    }
+
+    /// The watch overflowed at `at`: stop taking changes (unregister at the owner) and end
+    /// it once what it queued before is delivered.
+    fn lag_end(&mut self, wid: u64, at: u64) {
+        let Some(w) = self.watches.get_mut(&wid) else {
+            return;
+        };
+        if w.end.is_some() {
+            return;
+        }
+        CoreCounters::inc(&self.s.counters.cache_watches_lagged);
+        w.end = Some(Frame::Cache(CacheFrame::CacheWatchEnd {
+            code: ErrorCode::WatchLagged.number(),
+            resume_from: at,
+            message: format!(
+                "watch fell behind its queue bound; nothing from offset {at} on was delivered: watch again from {at}"
+            ),
+        }));
+        let key = (w.cache, w.shard);
+        self.unindex_watch(wid, key);
+    }
+
+    fn unindex_watch(&mut self, wid: u64, key: ShardKey) {
+        if let Some(v) = self.local_watches.get_mut(&key) {
+            v.retain(|x| *x != wid);
+            if v.is_empty() {
+                self.local_watches.remove(&key);
+            }
+        }
+        let owner = self.cache_owner_core(key.0, key.1);
+        self.route(
+            owner,
+            MeshMsg::WatchClose {
+                watch: wid,
+                cache: key.0,
+                shard: key.1,
+            },
+        );
+    }
+
+    /// Move queued events onto the watch's stream while quiche has little of it waiting.
+    pub(super) fn pump_watch(&mut self, wid: u64) {
+        let Some(w) = self.watches.get_mut(&wid) else {
+            return;
+        };
+        let Some(e) = self.ep.get(w.conn) else {
+            return;
+        };
+        let mut sent = 0u64;
+        while e.conn.queued_bytes(w.quic_stream) < WATCH_PUMP_BYTES {
+            let next = match w.state.pop_front() {
+                Some(b) => Some(b),
+                None => {
+                    let f = w.frames.pop_front();
+                    if f.is_some() {
+                        w.queue.pop();
+                        sent += 1;
+                    }
+                    f
+                }
+            };
+            match next {
+                Some(b) => e.conn.send_bytes(w.quic_stream, b),
+                None => break,
+            }
+        }
+        let conn = w.conn;
+        let done = w.end.is_some() && w.state.is_empty() && w.frames.is_empty();
+        CoreCounters::add(&self.s.counters.cache_watch_events, sent);
+        self.ep.mark_dirty(conn);
+        if done {
+            let end = w.end.take();
+            self.remove_watch(wid, end, true);
+        }
+    }
+
+    /// Forget a watch here; `end` is sent as its last frame (then the stream is finished).
+    /// `unindexed`: already unregistered (lag end).
+    pub(super) fn remove_watch(&mut self, wid: u64, end: Option<Frame>, unindexed: bool) {
+        let Some(w) = self.watches.remove(&wid) else {
+            return;
+        };
+        if !unindexed {
+            self.unindex_watch(wid, (w.cache, w.shard));
+        }
+        if let Some(session) = self.sessions.get_mut(&w.conn) {
+            session.watches.retain(|x| *x != wid);
+            session.sub_streams.remove(&w.quic_stream);
+        }
+        if let Some(e) = self.ep.get(w.conn) {
+            if let Some(f) = end {
+                e.conn.send_frame(w.quic_stream, &f);
+            }
+            e.conn.finish(w.quic_stream);
+            self.ep.mark_dirty(w.conn);
+        }
+    }
+
+    pub(super) fn is_watch(&self, id: u64) -> bool {
+        self.watches.contains_key(&id)
+    }
+
+    /// Nothing queued for the watch (it is gone, or everything was handed to quiche).
+    pub(super) fn watch_idle(&self, id: u64) -> bool {
+        self.watches
+            .get(&id)
+            .is_none_or(|w| w.state.is_empty() && w.frames.is_empty() && w.end.is_none())
+    }
+
+    /// `Unsubscribe` naming a watch of this connection.
+    pub(super) fn unwatch(&mut self, key: ConnKey, wid: u64) -> bool {
+        if self.watches.get(&wid).is_none_or(|w| w.conn != key) {
+            return false;
+        }
+        let end = Frame::Cache(CacheFrame::CacheWatchEnd {
+            code: 0,
+            resume_from: 0,
+            message: "unwatched".into(),
+        });
+        let unindexed = self.watches[&wid].end.is_some();
+        self.remove_watch(wid, Some(end), unindexed);
+        true
+    }
+
+    /// End every local watch on `key`'s shard (cache deleted or moved).
+    pub(super) fn end_local_watches(&mut self, key: ShardKey, (code, msg): (ErrorCode, String)) {
+        let ids = self.local_watches.get(&key).cloned().unwrap_or_default();
+        for wid in ids {
+            let resume_from = self.watches[&wid].live_from.unwrap_or(0);
+            let end = Frame::Cache(CacheFrame::CacheWatchEnd {
+                code: code.number(),
+                resume_from,
+                message: msg.clone(),
+            });
+            self.remove_watch(wid, Some(end), false);
+        }
+    }
+
+    pub(super) fn watches_conn_closed(&mut self, watches: Vec<u64>) {
+        for wid in watches {
+            let unindexed = self.watches.get(&wid).is_some_and(|w| w.end.is_some());
+            self.remove_watch(wid, None, unindexed);
+        }
+    }
+
+    /// Catalog moved on: end watches of caches deleted or shards moved, drop owned state of
+    /// shards no longer served here (an in-memory shard's contents go with it).
+    pub(super) fn refresh_caches(&mut self, old: &Catalog) {
+        let new = self.catalog.clone();
+        for (i, slot) in new.cache_slots().iter().enumerate() {
+            let idx = i as u32;
+            let was = old.cache_slots().get(i);
+            for shard in 0..slot.def.shards {
+                let served_before = was.is_some_and(|w| {
+                    !w.deleted
+                        && !old.fenced
+                        && matches!(w.places.get(shard as usize), Some(Place::Mine { .. }))
+                });
+                let serves = new.cache_serve_check(idx, shard);
+                let same = was.and_then(|w| w.places.get(shard as usize))
+                    == slot.places.get(shard as usize);
+                if served_before && (serves.is_err() || !same) {
+                    let why = serves.err().unwrap_or((
+                        ErrorCode::NotLeader,
+                        format!(
+                            "shard {shard} of cache {} was placed again (new generation); watch again",
+                            slot.def.name()
+                        ),
+                    ));
+                    self.end_local_watches((idx, shard), why);
+                    self.caches.remove(&(idx, shard));
+                }
+            }
+        }
+    }
+
+    // ---------- owner side ----------
+
+    pub(super) fn on_cache_req(
+        &mut self,
+        origin: CacheOrigin,
+        cache: u32,
+        shard: u32,
+        frame: CacheFrame,
+    ) {
+        let reply = match self.catalog.cache_serve_check(cache, shard) {
+            Err((code, msg)) => Frame::error(origin.request_id, code, msg),
+            Ok(()) => self.apply_cache_op(origin.request_id, cache, shard, frame),
+        };
+        self.route(
+            origin.core,
+            MeshMsg::CacheReply {
+                origin,
+                frame: reply,
+            },
+        );
+    }
+
+    fn apply_cache_op(&mut self, rid: u64, cache: u32, shard: u32, frame: CacheFrame) -> Frame {
+        let now = wall_ms();
+        let default_ttl = self.catalog.cache_slot(cache).def.default_ttl_ms;
+        let counters_max = self.s.cfg.cache_entries_max as usize;
+        let key = (cache, shard);
+        let oc = self.owned_cache(key);
+        let result = match frame {
+            CacheFrame::CachePut {
+                key: k,
+                value,
+                ttl_ms,
+                cond: c,
+                ..
+            } => {
+                let ttl = if ttl_ms == 0 {
+                    default_ttl
+                } else {
+                    Some(ttl_ms)
+                };
+                oc.shard.put(k, value, ttl, cond(c), now).map(|ch| {
+                    let expires = match &ch.kind {
+                        ChangeKind::Put { expires_at_ms, .. } => expires_at_ms.unwrap_or(0),
+                        _ => 0,
+                    };
+                    let f = Frame::Cache(CacheFrame::CacheWritten {
+                        request_id: rid,
+                        shard,
+                        version: ch.offset,
+                        expires_at_ms: expires,
+                    });
+                    (f, Some(ch))
+                })
+            }
+            CacheFrame::CacheGet { key: k, .. } => {
+                let f = match oc.shard.get(&k, now) {
+                    Some(e) => CacheFrame::CacheValue {
+                        request_id: rid,
+                        shard,
+                        found: true,
+                        version: e.version,
+                        change_offset: 0,
+                        expires_at_ms: e.expires_at_ms.unwrap_or(0),
+                        value: e.value.clone(),
+                    },
+                    None => CacheFrame::CacheValue {
+                        request_id: rid,
+                        shard,
+                        found: false,
+                        version: 0,
+                        change_offset: 0,
+                        expires_at_ms: 0,
+                        value: Bytes::new(),
+                    },
+                };
+                Ok((Frame::Cache(f), None))
+            }
+            CacheFrame::CacheDelete {
+                key: k, cond: c, ..
+            } => oc.shard.delete(k, cond(c), now).map(|(ch, old)| {
+                let f = Frame::Cache(CacheFrame::CacheValue {
+                    request_id: rid,
+                    shard,
+                    found: true,
+                    version: old.version,
+                    change_offset: ch.offset,
+                    expires_at_ms: old.expires_at_ms.unwrap_or(0),
+                    value: old.value,
+                });
+                (f, Some(ch))
+            }),
+            CacheFrame::CounterAdd { name, delta, .. } => {
+                if !oc.counters.contains(&name) && oc.counters.len() >= counters_max {
+                    return Frame::error(
+                        rid,
+                        ErrorCode::CacheFull,
+                        format!(
+                            "shard holds {} counters (cache_entries_max)",
+                            oc.counters.len()
+                        ),
+                    );
+                }
+                return match oc.counters.add(name, delta) {
+                    Ok((offset, sum)) => Frame::Cache(CacheFrame::CounterValue {
+                        request_id: rid,
+                        shard,
+                        sum,
+                        offset,
+                    }),
+                    Err(e) => Frame::error(rid, ErrorCode::InvalidRequest, e.to_string()),
+                };
+            }
+            CacheFrame::CounterGet { name, .. } => {
+                return Frame::Cache(CacheFrame::CounterValue {
+                    request_id: rid,
+                    shard,
+                    sum: oc.counters.get(&name),
+                    offset: oc.counters.next_offset(),
+                });
+            }
+            other => {
+                return Frame::error(
+                    rid,
+                    ErrorCode::InvalidRequest,
+                    format!("frame kind {} is not a cache operation", other.kind()),
+                )
+            }
+        };
+        match result {
+            Ok((f, change)) => {
+                if let Some(ch) = change {
+                    CoreCounters::inc(&self.s.counters.cache_writes);
+                    self.emit(key, ch.offset, ch.key, &ch.kind);
+                }
+                f
+            }
+            Err(e) => Frame::error(rid, cache_code(&e), e.to_string()),
+        }
+    }
+
+    /// Record a change in the replay ring and send it to every core with a matching watch.
+    fn emit(&mut self, key: ShardKey, offset: u64, k: Bytes, kind: &ChangeKind) {
+        let frame = event_frame(offset, &k, kind);
+        let ev = Arc::new(Ev {
+            offset,
+            key: k,
+            frame,
+        });
+        let (entries_max, bytes_max) = (
+            self.s.cfg.cache_replay_entries_max as usize,
+            self.s.cfg.cache_replay_bytes_max,
+        );
+        let cores = self.s.cores as usize;
+        let oc = self.caches.get_mut(&key).expect("emit on an owned shard");
+        if let Some(last) = oc.ring.back() {
+            assert_eq!(last.offset + 1, offset, "cache changes are contiguous");
+        }
+        oc.ring_bytes += ev.frame.len() as u64;
+        oc.ring.push_back(ev.clone());
+        while oc.ring.len() > entries_max || oc.ring_bytes > bytes_max {
+            let old = oc
+                .ring
+                .pop_front()
+                .expect("ring over its caps is not empty");
+            oc.ring_bytes -= old.frame.len() as u64;
+            oc.replayable_from = old.offset + 1;
+        }
+        let mut to = vec![false; cores];
+        for r in &oc.watches {
+            if r.filter.matches(&ev.key) {
+                to[r.core as usize] = true;
+            }
+        }
+        for (core, yes) in to.into_iter().enumerate() {
+            if yes {
+                self.route(
+                    core as u8,
+                    MeshMsg::CacheChange {
+                        cache: key.0,
+                        shard: key.1,
+                        ev: ev.clone(),
+                    },
+                );
+            }
+        }
+    }
+
+    pub(super) fn on_watch_open(&mut self, req: WatchReq) {
+        let result = self.start_watch(&req);
+        self.route(
+            req.core,
+            MeshMsg::WatchOpened {
+                watch: req.watch,
+                result,
+            },
+        );
+    }
+
+    fn start_watch(&mut self, req: &WatchReq) -> Result<Opened, (ErrorCode, String)> {
+        self.catalog.cache_serve_check(req.cache, req.shard)?;
+        let now = wall_ms();
+        let oc = self.owned_cache((req.cache, req.shard));
+        let next = oc.shard.next_offset();
+        let (state, replay) = match req.start {
+            WatchStart::Latest => (None, Vec::new()),
+            WatchStart::Current => (Some(false), Vec::new()),
+            WatchStart::Offset(from) => {
+                match crate::cache::plan_resume(from, oc.replayable_from, next) {
+                    ResumePlan::BeyondTail { next_offset } => {
+                        return Err((
+                            ErrorCode::InvalidRequest,
+                            format!(
+                                "offset {from} is beyond the tail of the shard ({next_offset})"
+                            ),
+                        ))
+                    }
+                    ResumePlan::Snapshot => (Some(true), Vec::new()),
+                    ResumePlan::Replay { from } => (
+                        None,
+                        oc.ring
+                            .iter()
+                            .filter(|e| e.offset >= from && req.filter.matches(&e.key))
+                            .cloned()
+                            .collect(),
+                    ),
+                }
+            }
+        };
+        let state = match state {
+            None => None,
+            Some(snapshot) => {
+                let ws = oc.shard.watch_start(&req.filter, now);
+                let frames: Vec<Bytes> = ws
+                    .retained
+                    .into_iter()
+                    .map(|(k, e)| {
+                        encode_event(
+                            EventKind::Retained,
+                            e.version,
+                            k,
+                            e.expires_at_ms.unwrap_or(0),
+                            e.value,
+                        )
+                    })
+                    .collect();
+                let bytes: u64 = frames.iter().map(|f| f.len() as u64).sum();
+                if frames.len() > req.events_max as usize || bytes > req.bytes_max {
+                    return Err((
+                        ErrorCode::InvalidRequest,
+                        format!(
+                            "the current state ({} keys, {bytes} bytes) exceeds the watch's queue bound ({} events, {} bytes); narrow the filter or raise the bound",
+                            frames.len(),
+                            req.events_max,
+                            req.bytes_max
+                        ),
+                    ));
+                }
+                let done = Frame::Cache(CacheFrame::CacheStateDone {
+                    count: frames.len() as u64,
+                    snapshot,
+                    live_from: ws.live_from,
+                })
+                .encode();
+                Some((frames, done))
+            }
+        };
+        oc.watches.push(Reg {
+            core: req.core,
+            watch: req.watch,
+            filter: req.filter.clone(),
+        });
+        Ok(Opened {
+            shard: req.shard,
+            live_from: next,
+            state,
+            replay,
+        })
+    }
+
+    pub(super) fn on_watch_close(&mut self, watch: u64, cache: u32, shard: u32) {
+        if let Some(oc) = self.caches.get_mut(&(cache, shard)) {
+            oc.watches.retain(|r| r.watch != watch);
+        }
+    }
+
+    /// When the owner must next reclaim expired keys, if any key expires.
+    pub(super) fn cache_timeout(&self) -> Option<Duration> {
+        let t = self
+            .caches
+            .values()
+            .filter_map(|c| c.shard.next_expiry_ms())
+            .min()?;
+        Some(Duration::from_millis(t.saturating_sub(wall_ms())))
+    }
+
+    /// Reclaim expired keys of the owned shards (each an Expire change watches see).
+    pub(super) fn caches_tick(&mut self) {
+        let now = wall_ms();
+        let due: Vec<ShardKey> = self
+            .caches
+            .iter()
+            .filter(|(_, c)| c.shard.next_expiry_ms().is_some_and(|t| t <= now))
+            .map(|(k, _)| *k)
+            .collect();
+        for key in due {
+            let changes = self
+                .caches
+                .get_mut(&key)
+                .expect("due shard is owned")
+                .shard
+                .expire(now, EXPIRE_BATCH);
+            CoreCounters::add(&self.s.counters.cache_expired, changes.len() as u64);
+            for ch in changes {
+                self.emit(key, ch.offset, ch.key, &ch.kind);
+            }
+        }
+    }
+}
