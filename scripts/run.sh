@@ -3,8 +3,8 @@
 # ./felix-data/control, REST on 127.0.0.1:7410) and felix-broker registered to it (QUIC on
 # 127.0.0.1:7400, /metrics /livez /readyz on 127.0.0.1:7401, durable logs under
 # ./felix-data/durable, dev TLS certificate generated on first start under ./felix-data/tls).
-# The default tenant and namespace and the stream default/default/events (4 shards) are
-# created if missing. Ctrl-C stops both.
+# The default tenant and namespace, the stream default/default/events (4 shards) and the
+# in-memory cache default/default/kv (4 shards) are created if missing. Ctrl-C stops both.
 #
 #   ./scripts/run.sh                 # control plane + broker
 #   ./scripts/run.sh --standalone    # broker alone, built-in catalog (no control plane)
@@ -47,6 +47,7 @@ ensure() {
 ensure tenant create default
 ensure namespace create default
 ensure stream create events --shards 4
+ensure cache create kv --shards 4
 
 export FELIX_CONTROLPLANE_URL="$URL"
 "$BIN/felix-broker" --data-dir "$DATA" --durable-storage-dir "$DATA/durable" "$@" &

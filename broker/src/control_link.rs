@@ -183,7 +183,11 @@ fn view_cache(c: &api::Cache) -> ViewStream<CacheDef> {
             cache: c.name.clone(),
             shards: c.shards,
             durable: c.durable,
-            default_ttl_ms: c.ttl_seconds.map(|t| t.saturating_mul(1000)),
+            // Clamped to what the broker accepts, so an update from an older control plane
+            // cannot leave a served cache whose default TTL refuses every put.
+            default_ttl_ms: c
+                .ttl_seconds
+                .map(|t| t.saturating_mul(1000).min(crate::cache::TTL_LIMIT_MS)),
         },
         incarnation: c.created_revision,
         deleting: c.state == ResourceState::Deleting,

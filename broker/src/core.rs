@@ -2281,13 +2281,11 @@ impl CoreState {
             .sessions
             .get_mut(&key)
             .expect("frames come from live sessions");
-        if session.subs.len() >= cfg.max_subscriptions as usize {
+        let held = session.subs.len() + session.watches.len();
+        if held >= cfg.max_subscriptions as usize {
             return Err((
                 ErrorCode::TooManySubscriptions,
-                format!(
-                    "connection holds {} subscriptions (max_subscriptions)",
-                    session.subs.len()
-                ),
+                format!("connection holds {held} subscriptions and watches (max_subscriptions)"),
             ));
         }
         // The configured bound is both the default and the maximum a subscriber may ask for.

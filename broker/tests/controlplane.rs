@@ -277,6 +277,89 @@ async fn felixctl_stream_then_publish_subscribe_delete_and_recreate() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn caches_from_the_control_plane_are_served_and_deleting_one_ends_its_watches() {
+    use felix_client::{WatchFilter, WatchItem, WatchOptions, WatchStart};
+    let cp = start_control_plane(5_000);
+    let tmp = tempfile::tempdir().unwrap();
+    let b = start_broker(&cp, &tmp.path().join("durable"));
+    let c = b.client().await;
+    let sessions = StreamName::new("acme", "prod", "sessions");
+    let ctl = |args: &[&str]| {
+        let mut a = vec!["--tenant", "acme", "--namespace", "prod"];
+        a.extend_from_slice(args);
+        felixctl(&cp, tmp.path(), &a)
+    };
+    ok(felixctl(&cp, tmp.path(), &["tenant", "create", "acme"]));
+    ok(felixctl(
+        &cp,
+        tmp.path(),
+        &["--tenant", "acme", "namespace", "create", "prod"],
+    ));
+    ok(ctl(&[
+        "cache",
+        "create",
+        "sessions",
+        "--shards",
+        "2",
+        "--ttl-seconds",
+        "60",
+    ]));
+    ok(ctl(&["cache", "create", "logged", "--durable"]));
+    let info = eventually("cache visible on the broker", || async {
+        c.describe_cache(&sessions).await.map_err(|e| e.to_string())
+    })
+    .await;
+    assert_eq!(
+        (info.shards, info.durable, info.default_ttl_ms),
+        (2, false, Some(60_000))
+    );
+    let w = c.cache_put(&sessions, "u1", "alice", None).await.unwrap();
+    assert!(
+        w.expires_at_ms.is_some(),
+        "the cache's ttl_seconds is the default TTL"
+    );
+    assert_eq!(
+        c.cache_get(&sessions, "u1").await.unwrap().unwrap().value,
+        bytes::Bytes::from("alice")
+    );
+    let logged = StreamName::new("acme", "prod", "logged");
+    let e = eventually("durable cache visible", || async {
+        match c.cache_get(&logged, "k").await {
+            Err(e) if e.code() == Some(ErrorCode::Unsupported) => Ok(e),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert!(e.to_string().contains("log-backed"), "{e}");
+    let mut watch = c
+        .cache_watch(
+            &sessions,
+            WatchFilter::Key("u1".into()),
+            WatchStart::Current,
+            WatchOptions::default(),
+        )
+        .await
+        .unwrap();
+    match watch.next_timeout(Duration::from_secs(10)).await.unwrap() {
+        Some(WatchItem::Event { value, .. }) => assert_eq!(value, bytes::Bytes::from("alice")),
+        other => panic!("unexpected {other:?}"),
+    }
+    ok(ctl(&["cache", "rm", "sessions", "--yes"]));
+    let end = loop {
+        match watch.next_timeout(Duration::from_secs(10)).await.unwrap() {
+            Some(WatchItem::End { code, message, .. }) => break (code, message),
+            Some(_) => continue,
+            None => panic!("watch closed without an end"),
+        }
+    };
+    assert_eq!(end.0, ErrorCode::NotFound.number(), "{}", end.1);
+    let e = c.cache_get(&sessions, "u1").await.unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::NotFound), "{e}");
+    drop(watch);
+    c.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shards_placed_on_another_broker_answer_not_leader_naming_it() {
     // A long dead-after, so the second (REST-only) broker stays live for the whole test.
     let cp = start_control_plane(120_000);

@@ -123,6 +123,35 @@ fn every_mode_runs_and_accounts_for_every_record() {
     assert!(fs["broker_rss_per_sub_bytes"].is_number(), "{fs}");
     assert!(fs["latency_sampled"]["samples"].as_u64().unwrap() > 0);
 
+    // Cache: put/get latency, then 30 watchers on one key over 3 connections.
+    let kv = loadgen(
+        &b,
+        &[
+            "--mode",
+            "cache",
+            "--count",
+            "100",
+            "--subscribers",
+            "30",
+            "--connections",
+            "3",
+            "--rate",
+            "100",
+            "--secs",
+            "1",
+            "--payload",
+            "64",
+        ],
+    );
+    assert_eq!(kv["mode"], "cache");
+    assert_eq!(kv["puts"], 100, "{kv}");
+    assert_eq!(kv["put_latency"]["samples"], 100, "{kv}");
+    assert_eq!(kv["get_latency"]["samples"], 100, "{kv}");
+    assert_eq!(kv["changes"], 100, "{kv}");
+    assert_eq!(kv["delivered"], 100 * 30, "{kv}");
+    assert_eq!(kv["lossless"], true, "{kv}");
+    assert_eq!(kv["change_to_watcher_latency"]["samples"], 100 * 30, "{kv}");
+
     assert_eq!(ing["mode"], "ingest");
     assert_eq!(ing["count"], 200);
     assert!(ing["acks_per_s"].as_f64().unwrap() > 0.0);

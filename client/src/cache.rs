@@ -156,6 +156,8 @@ pub struct CacheWatch {
     /// `(shard, live_from)` of each shard watched, as the broker answered.
     pub live_from: Vec<(u32, u64)>,
     open: usize,
+    /// Shards whose end was returned (a second end, e.g. from a connection close, is not).
+    ended: std::collections::HashSet<u32>,
     /// Per shard: the offset after the last change received (where a resume would start).
     next: HashMap<u32, u64>,
 }
@@ -164,26 +166,31 @@ impl CacheWatch {
     /// The next item; `None` once every shard's watch ended (its `End` was returned) or the
     /// connection is gone.
     pub async fn next(&mut self) -> Option<WatchItem> {
-        if self.open == 0 {
-            return None;
+        while self.open > 0 {
+            let ev = self.sub.next().await?;
+            if let Some(it) = self.item(ev) {
+                return Some(it);
+            }
         }
-        let ev = self.sub.next().await?;
-        Some(self.item(ev))
+        None
     }
 
     /// The next item if one arrives within `timeout`.
     pub async fn next_timeout(&mut self, timeout: Duration) -> Result<Option<WatchItem>, Error> {
-        if self.open == 0 {
-            return Ok(None);
+        let deadline = tokio::time::Instant::now() + timeout;
+        while self.open > 0 {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let Some(ev) = self.sub.next_timeout(left).await? else {
+                return Ok(None);
+            };
+            if let Some(it) = self.item(ev) {
+                return Ok(Some(it));
+            }
         }
-        Ok(self
-            .sub
-            .next_timeout(timeout)
-            .await?
-            .map(|ev| self.item(ev)))
+        Ok(None)
     }
 
-    fn item(&mut self, ev: Event) -> WatchItem {
+    fn item(&mut self, ev: Event) -> Option<WatchItem> {
         let it = match ev {
             Event::Watch(it) => it,
             Event::End {
@@ -218,10 +225,15 @@ impl CacheWatch {
                 let n = self.next.entry(*shard).or_insert(*live_from);
                 *n = (*n).max(*live_from);
             }
-            WatchItem::End { .. } => self.open = self.open.saturating_sub(1),
+            WatchItem::End { shard, .. } => {
+                if !self.ended.insert(*shard) {
+                    return None;
+                }
+                self.open = self.open.saturating_sub(1);
+            }
             _ => {}
         }
-        it
+        Some(it)
     }
 
     /// Per shard, the offset to resume from to miss nothing after what was received.
@@ -234,6 +246,17 @@ impl CacheWatch {
 
 fn opt_ms(v: u64) -> Option<u64> {
     (v != 0).then_some(v)
+}
+
+/// Keys travel with a u16 length; a longer one is refused here, never truncated.
+fn key_fits(k: &[u8]) -> Result<(), Error> {
+    if k.len() > u16::MAX as usize {
+        return Err(Error::InvalidArgument(format!(
+            "a key of {} bytes is longer than the wire allows (65535)",
+            k.len()
+        )));
+    }
+    Ok(())
 }
 
 impl Client {
@@ -289,6 +312,7 @@ impl Client {
             ));
         }
         let (key, value) = (key.into(), value.into());
+        key_fits(&key)?;
         match self
             .request(|request_id| {
                 Frame::Cache(CacheFrame::CachePut {
@@ -323,6 +347,7 @@ impl Client {
         key: impl Into<Bytes>,
     ) -> Result<Option<CacheEntry>, Error> {
         let key = key.into();
+        key_fits(&key)?;
         let f = self
             .request(|request_id| {
                 Frame::Cache(CacheFrame::CacheGet {
@@ -356,6 +381,7 @@ impl Client {
         cond: WriteCond,
     ) -> Result<Deleted, Error> {
         let key = key.into();
+        key_fits(&key)?;
         let f = self
             .request(|request_id| {
                 Frame::Cache(CacheFrame::CacheDelete {
@@ -381,6 +407,7 @@ impl Client {
         delta: i64,
     ) -> Result<CounterValue, Error> {
         let name = name.into();
+        key_fits(&name)?;
         let f = self
             .request(|request_id| {
                 Frame::Cache(CacheFrame::CounterAdd {
@@ -401,6 +428,7 @@ impl Client {
         name: impl Into<Bytes>,
     ) -> Result<CounterValue, Error> {
         let name = name.into();
+        key_fits(&name)?;
         let f = self
             .request(|request_id| {
                 Frame::Cache(CacheFrame::CounterGet {
@@ -501,6 +529,10 @@ impl Client {
                 "buffer_items must be positive".into(),
             ));
         }
+        for (f, _) in &specs {
+            let (WatchFilter::Key(k) | WatchFilter::Prefix { prefix: k, .. }) = f;
+            key_fits(k)?;
+        }
         let (tx, rx) = mpsc::channel(opts.buffer_items);
         let paused = Arc::new(AtomicBool::new(false));
         let mut w = CacheWatch {
@@ -514,6 +546,7 @@ impl Client {
             },
             live_from: Vec::new(),
             open: 0,
+            ended: Default::default(),
             next: HashMap::new(),
         };
         for (filter, start) in specs {
@@ -556,6 +589,12 @@ impl Client {
                     w.sub.start_offsets.push((shard, live_from));
                     w.live_from.push((shard, live_from));
                     w.open += 1;
+                    // Before any change arrives, a resume starts where this watch did.
+                    let from = match start {
+                        WatchStart::Offset(o) => o,
+                        _ => live_from,
+                    };
+                    w.next.insert(shard, from);
                 }
                 other => return Err(unexpected(other)),
             }

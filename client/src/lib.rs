@@ -265,6 +265,14 @@ fn request_id_of(f: &Frame) -> Option<u64> {
     }
 }
 
+/// The last frame of a subscription or watch stream.
+fn is_end(f: &Frame) -> bool {
+    matches!(
+        f,
+        Frame::SubEnd { .. } | Frame::Cache(CacheFrame::CacheWatchEnd { .. })
+    )
+}
+
 fn broker_error(code: u16, message: String) -> Error {
     match ErrorCode::from_number(code) {
         Some(code) => Error::Broker { code, message },
@@ -332,10 +340,7 @@ impl ConnHandler {
             self.early.entry(sid).or_default().push(frame);
             return;
         };
-        let end = matches!(
-            frame,
-            Frame::SubEnd { .. } | Frame::Cache(CacheFrame::CacheWatchEnd { .. })
-        );
+        let end = is_end(&frame);
         if let Some(ev) = Self::to_event(slot.shard, frame) {
             self.deliver(c, stream, &slot, ev);
         }
@@ -397,9 +402,17 @@ impl Handler for ConnHandler {
                     .iter()
                     .find(|(_, s)| **s == sid)
                     .map(|(st, _)| *st);
+                let mut ended = false;
                 for f in self.early.remove(&sid).unwrap_or_default() {
+                    ended |= is_end(&f);
                     if let (Some(ev), Some(st)) = (Self::to_event(slot.shard, f), stream) {
                         self.deliver(c, st, &slot, ev);
+                    }
+                }
+                if let (true, Some(st)) = (ended, stream) {
+                    if !self.blocked.contains_key(&st) {
+                        self.subs.remove(&sid);
+                        self.stream_sub.remove(&st);
                     }
                 }
             }
@@ -459,6 +472,10 @@ impl Handler for ConnHandler {
                 request_id,
             } => {
                 self.subs.remove(&subscription_id);
+                // Frames still in flight on its stream (its end included) are dropped, not
+                // kept as "early" frames of a subscription that never comes.
+                self.stream_sub.retain(|_, s| *s != subscription_id);
+                self.early.remove(&subscription_id);
                 c.send_frame(
                     0,
                     &Frame::Unsubscribe {
@@ -488,9 +505,11 @@ impl Handler for ConnHandler {
                 continue;
             };
             let q = self.blocked.get_mut(&stream).unwrap();
+            let mut ended = false;
             while let Some(ev) = q.pop_front() {
+                let end = matches!(ev, Event::End { .. } | Event::Watch(WatchItem::End { .. }));
                 match slot.events.try_send(ev) {
-                    Ok(()) => {}
+                    Ok(()) => ended |= end,
                     Err(mpsc::error::TrySendError::Full(ev)) => {
                         q.push_front(ev);
                         break;
@@ -501,6 +520,12 @@ impl Handler for ConnHandler {
             if !q.is_empty() {
                 // Still full: ask the application side to wake us again after its next read.
                 slot.paused.store(true, Ordering::Release);
+            } else if ended {
+                // Its last event is out: forget the slot (a later connection close must not
+                // end it twice).
+                self.blocked.remove(&stream);
+                self.subs.remove(&sid);
+                self.stream_sub.remove(&stream);
             } else {
                 self.blocked.remove(&stream);
                 slot.paused.store(false, Ordering::Release);
@@ -668,6 +693,10 @@ impl Subscription {
     fn after_recv(&mut self, ev: &Option<Event>) {
         if let Some(Event::Lag { lost, .. }) = ev {
             self.lost += lost;
+        }
+        // An ended shard is not unsubscribed again on drop.
+        if let Some(Event::End { shard, .. } | Event::Watch(WatchItem::End { shard, .. })) = ev {
+            self.ids.retain(|(s, _)| s != shard);
         }
         if self.paused.swap(false, Ordering::AcqRel) {
             let _ = self.inner.send(Cmd::Resume);

@@ -840,6 +840,7 @@ impl Catalog {
     fn create_cache(&mut self, tenant: &str, namespace: &str, req: &CreateCache) -> Outcome {
         self.namespace(tenant, namespace)?;
         check_name("cache", &req.name)?;
+        check_ttl(req.ttl_seconds)?;
         let shards = self.shards(req.shards)?;
         let k = key(tenant, namespace, &req.name);
         Self::obj_exists(&self.caches, &k, "cache", |c| c.state)?;
@@ -879,6 +880,7 @@ impl Catalog {
         }
         Self::fixed("shards", cur.shards, req.shards)?;
         Self::fixed("durable", cur.durable, req.durable)?;
+        check_ttl(req.ttl_seconds)?;
         let mut c = cur.clone();
         if let Some(t) = req.ttl_seconds {
             c.ttl_seconds = nz(Some(t));
@@ -1009,3 +1011,15 @@ pub fn check_addr(a: &str) -> Result<(), ApiError> {
 
 #[cfg(test)]
 mod tests;
+
+/// Longest default TTL of a cache, seconds (about 10 years: what a broker accepts).
+pub const TTL_SECONDS_MAX: u64 = 10 * 365 * 24 * 60 * 60;
+
+fn check_ttl(ttl_seconds: Option<u64>) -> Result<(), ApiError> {
+    match ttl_seconds {
+        Some(t) if t > TTL_SECONDS_MAX => Err(ApiError::invalid(format!(
+            "ttl_seconds must be at most {TTL_SECONDS_MAX} (about 10 years), got {t}"
+        ))),
+        _ => Ok(()),
+    }
+}

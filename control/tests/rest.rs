@@ -428,6 +428,23 @@ async fn suite(s: &Server) {
     .await;
     assert_eq!(st, 200);
     assert!(cv["ttl_seconds"].is_null());
+    // A default TTL past what brokers accept (about 10 years) is refused, on create and update.
+    let (st, e) = call(
+        &c,
+        "PATCH",
+        &format!("{caches}/sessions"),
+        Some(json!({"ttl_seconds": 315_360_001u64})),
+    )
+    .await;
+    assert_eq!((st, code(&e)), (400, "invalid_request"));
+    let (st, e) = call(
+        &c,
+        "POST",
+        &caches,
+        Some(json!({"name": "forever", "ttl_seconds": u64::MAX})),
+    )
+    .await;
+    assert_eq!((st, code(&e)), (400, "invalid_request"));
     let (st, e) = call(&c, "GET", &format!("{caches}/nope"), None).await;
     assert_eq!((st, code(&e)), (404, "not_found"));
     // No live broker: a delete completes on the next sweep.

@@ -23,6 +23,12 @@
 //!   every record, publish→deliver latency percentiles (sampled: the first record of each
 //!   delivery) and, with `--broker-pid`, the broker's resident memory per subscriber
 //!   (VmRSS after subscribing minus before, over S).
+//! * `cache`: against cache `--cache`: `--count` puts of `--payload`-byte values, one in
+//!   flight (put latency), the same number of gets (get latency), then watch fanout:
+//!   `--subscribers W` watches on one key over `--connections` connections and one writer
+//!   putting that key at `--rate` puts/s (acked, one in flight) for `--secs` seconds. Reports
+//!   put/get latency percentiles, delivered watch events/s, watches ended lagged, whether
+//!   every watcher got every change, and change→watcher latency percentiles (every event).
 //! * `demo-slow-consumer`: for each policy, one fast and one stalled subscriber; prints what
 //!   each received, the lag notices, and whether the publisher waited.
 //!
@@ -44,6 +50,7 @@ enum Mode {
     Ingest,
     Group,
     FanoutScale,
+    Cache,
     DemoSlowConsumer,
 }
 
@@ -102,6 +109,9 @@ struct Args {
     /// The broker's pid, to report its resident memory per subscriber (fanout-scale).
     #[arg(long)]
     broker_pid: Option<u32>,
+    /// Cache name (cache).
+    #[arg(long, default_value = "kv")]
+    cache: String,
 }
 
 fn parse_policy(s: &str) -> Result<QueuePolicy, String> {
@@ -167,6 +177,7 @@ async fn run(a: Args) {
         Mode::Ingest => ingest(&a).await,
         Mode::Group => group(&a).await,
         Mode::FanoutScale => fanout_scale(&a).await,
+        Mode::Cache => cache(&a).await,
         Mode::DemoSlowConsumer => demo(&a).await,
     };
     if let Err(e) = r {
@@ -667,6 +678,167 @@ async fn fanout_scale(a: &Args) -> Result<(), felix_client::Error> {
         })
     );
     let _ = publisher.close().await;
+    for c in clients {
+        let _ = c.close().await;
+    }
+    Ok(())
+}
+
+fn pct(h: &hdrhistogram::Histogram<u64>) -> serde_json::Value {
+    serde_json::json!({"p50": h.value_at_quantile(0.5), "p90": h.value_at_quantile(0.9),
+        "p99": h.value_at_quantile(0.99), "max": h.max(), "samples": h.len()})
+}
+
+async fn cache(a: &Args) -> Result<(), felix_client::Error> {
+    use felix_client::{EventKind, WatchFilter, WatchItem, WatchOptions, WatchStart};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
+    let watchers_n = a.subscribers;
+    let count = a.count.unwrap_or(10_000).min(COUNT_MAX);
+    if watchers_n == 0 || watchers_n > 10_000 || a.rate == 0 || a.rate > 100_000 || a.secs == 0 {
+        return Err(felix_client::Error::InvalidArgument(
+            "need 1..=10000 watchers (--subscribers), rate 1..=100000, secs >= 1".into(),
+        ));
+    }
+    let cache = StreamName::new("default", "default", &a.cache);
+    let load = load1();
+    let writer = Client::connect(cfg(a)).await?;
+    let deadline = Instant::now() + Duration::from_secs(a.max_secs);
+    let new_hist = || hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000, 2).unwrap();
+    let value = Bytes::from(vec![b'v'; a.payload]);
+    let (mut put_h, mut get_h) = (new_hist(), new_hist());
+    let mut puts = 0u64;
+    for i in 0..count {
+        if Instant::now() > deadline {
+            break;
+        }
+        let t = Instant::now();
+        writer
+            .cache_put(&cache, format!("bench/k{}", i % 1000), value.clone(), None)
+            .await?;
+        put_h.record(t.elapsed().as_micros().max(1) as u64).unwrap();
+        puts += 1;
+    }
+    for i in 0..puts {
+        let t = Instant::now();
+        writer
+            .cache_get(&cache, format!("bench/k{}", i % 1000))
+            .await?;
+        get_h.record(t.elapsed().as_micros().max(1) as u64).unwrap();
+    }
+    // Watch fanout on one key.
+    let conns_n = a
+        .connections
+        .unwrap_or(watchers_n.div_ceil(100))
+        .clamp(1, watchers_n);
+    let mut clients = Vec::new();
+    for _ in 0..conns_n {
+        clients.push(Client::connect(cfg(a)).await?);
+    }
+    let key = Bytes::from_static(b"bench/watched");
+    let mut watches = Vec::with_capacity(watchers_n);
+    for i in 0..watchers_n {
+        watches.push(
+            clients[i % conns_n]
+                .cache_watch(
+                    &cache,
+                    WatchFilter::Key(key.clone()),
+                    WatchStart::Latest,
+                    WatchOptions::default(),
+                )
+                .await?,
+        );
+    }
+    let epoch = Instant::now();
+    let sent = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    let hists: Vec<_> = (0..conns_n)
+        .map(|_| Arc::new(Mutex::new(new_hist())))
+        .collect();
+    let drain_end = Duration::from_secs(a.secs + 10).min(Duration::from_secs(a.max_secs));
+    let readers: Vec<_> = watches
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut w)| {
+            let (sent, done, h) = (sent.clone(), done.clone(), hists[i % conns_n].clone());
+            tokio::spawn(async move {
+                let (mut got, mut lagged) = (0u64, false);
+                loop {
+                    if done.load(Ordering::Acquire) && got >= sent.load(Ordering::Acquire) {
+                        break;
+                    }
+                    let left = drain_end.saturating_sub(epoch.elapsed());
+                    if left.is_zero() {
+                        break;
+                    }
+                    match w.next_timeout(left.min(Duration::from_millis(200))).await {
+                        Ok(Some(WatchItem::Event {
+                            kind: EventKind::Put,
+                            value,
+                            ..
+                        })) => {
+                            let t = u64::from_le_bytes(value[..8].try_into().unwrap());
+                            let now = epoch.elapsed().as_micros() as u64;
+                            let _ = h.lock().unwrap().record(now.saturating_sub(t).max(1));
+                            got += 1;
+                        }
+                        Ok(Some(WatchItem::End { .. })) | Ok(None) => {
+                            lagged = true;
+                            break;
+                        }
+                        Ok(Some(_)) | Err(_) => {}
+                    }
+                }
+                (got, lagged)
+            })
+        })
+        .collect();
+    let start = Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_millis(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let total = a.rate * a.secs;
+    let pad = vec![b'x'; a.payload.saturating_sub(8)];
+    let mut n = 0u64;
+    while n < total && Instant::now() < deadline {
+        tick.tick().await;
+        let due = ((start.elapsed().as_secs_f64() * a.rate as f64) as u64 + 1).min(total);
+        while n < due {
+            let mut v = Vec::with_capacity(8 + pad.len());
+            v.extend_from_slice(&(epoch.elapsed().as_micros() as u64).to_le_bytes());
+            v.extend_from_slice(&pad);
+            writer.cache_put(&cache, key.clone(), v, None).await?;
+            n += 1;
+            sent.store(n, Ordering::Release);
+        }
+    }
+    let write_secs = start.elapsed().as_secs_f64();
+    done.store(true, Ordering::Release);
+    let (mut delivered, mut lagged, mut complete) = (0u64, 0usize, 0usize);
+    for r in readers {
+        let (g, l) = r.await.unwrap();
+        delivered += g;
+        lagged += usize::from(l);
+        complete += usize::from(g == n);
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let mut hist = new_hist();
+    for h in &hists {
+        hist.add(&*h.lock().unwrap()).unwrap();
+    }
+    println!(
+        "{}",
+        serde_json::json!({
+            "tool": "felix-loadgen", "mode": "cache", "payload": a.payload, "unit": "us",
+            "puts": puts, "put_latency": pct(&put_h), "get_latency": pct(&get_h),
+            "watchers": watchers_n, "connections": conns_n, "rate_target": a.rate,
+            "write_rate": n as f64 / write_secs, "changes": n, "delivered": delivered,
+            "delivered_per_s": delivered as f64 / elapsed, "expected": n * watchers_n as u64,
+            "watches_ended": lagged, "watchers_complete": complete,
+            "lossless": complete == watchers_n, "load1": load,
+            "change_to_watcher_latency": pct(&hist),
+        })
+    );
+    let _ = writer.close().await;
     for c in clients {
         let _ = c.close().await;
     }

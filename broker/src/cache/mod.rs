@@ -402,7 +402,9 @@ pub fn plan_resume(from: u64, replayable_from: u64, next_offset: u64) -> ResumeP
 
 /// A watcher's bounded queue of events not yet sent. When an event would pass either cap
 /// the watch ends, naming the offset to re-watch from (the first event it could not take):
-/// a slow watcher never holds the writer and never silently skips a change.
+/// a slow watcher never holds the writer and never silently skips a change. An empty queue
+/// always takes one event, whatever its size, so a bound below one event cannot make a
+/// watch that can never progress (each resume would lag at the same offset).
 #[derive(Debug)]
 pub struct WatchQueue {
     entries_max: usize,
@@ -432,7 +434,8 @@ impl WatchQueue {
         if let Some(&(last, _)) = self.queue.back() {
             assert!(offset > last, "watch events in offset order");
         }
-        if self.queue.len() >= self.entries_max || self.bytes + bytes > self.bytes_max {
+        let full = self.queue.len() >= self.entries_max || self.bytes + bytes > self.bytes_max;
+        if full && !self.queue.is_empty() {
             self.ended_at = Some(offset);
             return false;
         }

@@ -177,6 +177,16 @@ fn a_full_watch_queue_ends_naming_the_first_offset_it_could_not_take() {
     assert!(q.offer(1, 10));
     assert!(!q.offer(2, 10), "bytes cap");
     assert_eq!(q.ended_at(), Some(2));
+    // An empty queue takes one event over the byte cap, so a watch always progresses.
+    let mut q = WatchQueue::new(1, 5);
+    assert!(q.offer(3, 50));
+    assert!(!q.offer(4, 1));
+    assert_eq!(q.pop(), Some(3));
+    let mut q = WatchQueue::new(1, 5);
+    assert!(
+        q.offer(4, 50),
+        "the resume takes the event the last watch lagged at"
+    );
 }
 
 #[test]

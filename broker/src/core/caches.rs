@@ -52,6 +52,9 @@ pub struct Ev {
 pub struct Opened {
     pub shard: u32,
     pub live_from: u64,
+    /// Where a resume would start before any change is delivered (the replay's start, else
+    /// `live_from`).
+    pub resume_from: u64,
     /// State phase: encoded retained events and the `CacheStateDone` frame after them.
     pub state: Option<(Vec<Bytes>, Bytes)>,
     /// Changes to replay before live ones (offset order, filtered).
@@ -91,7 +94,9 @@ pub(super) struct OwnedCache {
 /// A watch whose connection this core holds.
 pub(super) struct Watch {
     conn: ConnKey,
-    quic_stream: u64,
+    /// The watch's stream, opened once the owner accepted the watch (a refused watch never
+    /// opens one).
+    quic_stream: Option<u64>,
     cache: u32,
     shard: u32,
     filter: Filter,
@@ -106,6 +111,9 @@ pub(super) struct Watch {
     frames: VecDeque<Bytes>,
     /// Set once ended (lag): sent after what is queued, then the watch is gone.
     end: Option<Frame>,
+    /// The offset after the last change handed to the connection: nothing from it on has
+    /// been delivered (what an end names when it drops the queue).
+    resume_at: u64,
 }
 
 /// Bytes a watch may have waiting in quiche before the pump stops (flow control does the
@@ -350,30 +358,15 @@ impl CoreState {
         let pick = |asked: u64, max: u64| if asked == 0 { max } else { asked.min(max) };
         let events_max = pick(events_max as u64, cfg.cache_watch_max_events as u64) as u32;
         let bytes_max = pick(bytes_max, cfg.cache_watch_max_bytes);
-        let e = self.ep.get(key).expect("session has a connection");
-        if !e.conn.can_open_uni() {
-            return Err((
-                ErrorCode::TooManySubscriptions,
-                "the client's unidirectional stream limit is exhausted".into(),
-            ));
-        }
-        let qs = e.conn.open_uni();
         let wid = ((self.id as u64) << 48) | self.next_sub;
         self.next_sub += 1;
-        e.conn.send_frame(
-            qs,
-            &Frame::SubStream {
-                subscription_id: wid,
-            },
-        );
         session.watches.push(wid);
-        session.sub_streams.insert(qs, wid);
         let f = filter_of(&filter);
         self.watches.insert(
             wid,
             Watch {
                 conn: key,
-                quic_stream: qs,
+                quic_stream: None,
                 cache,
                 shard,
                 filter: f.clone(),
@@ -384,13 +377,13 @@ impl CoreState {
                 queue: WatchQueue::new(events_max as usize, bytes_max),
                 frames: VecDeque::new(),
                 end: None,
+                resume_at: 0,
             },
         );
         self.local_watches
             .entry((cache, shard))
             .or_default()
             .push(wid);
-        CoreCounters::inc(&self.s.counters.cache_watches_opened);
         let owner = self.cache_owner_core(cache, shard);
         self.route(
             owner,
@@ -423,16 +416,41 @@ impl CoreState {
         let Some(w) = self.watches.get_mut(&wid) else {
             return; // closed meanwhile; its WatchClose follows the open at the owner
         };
+        let (conn, rid, rs) = (w.conn, w.request_id, w.reply_stream);
+        let refuse = |st: &mut Self, code, msg| {
+            st.remove_watch(wid, None, false);
+            st.send_err(conn, rs, rid, code, msg);
+            st.ep.mark_dirty(conn);
+        };
         let opened = match result {
             Ok(o) => o,
-            Err((code, msg)) => {
-                let (conn, rid, rs) = (w.conn, w.request_id, w.reply_stream);
-                self.remove_watch(wid, None, false);
-                self.send_err(conn, rs, rid, code, msg);
-                self.ep.mark_dirty(conn);
-                return;
-            }
+            Err((code, msg)) => return refuse(self, code, msg),
         };
+        // The stream opens only now, so a refused watch leaves nothing on the connection.
+        let Some(e) = self.ep.get(conn) else {
+            return self.remove_watch(wid, None, false);
+        };
+        if !e.conn.can_open_uni() {
+            return refuse(
+                self,
+                ErrorCode::TooManySubscriptions,
+                "the client's unidirectional stream limit is exhausted".into(),
+            );
+        }
+        let qs = e.conn.open_uni();
+        e.conn.send_frame(
+            qs,
+            &Frame::SubStream {
+                subscription_id: wid,
+            },
+        );
+        if let Some(session) = self.sessions.get_mut(&conn) {
+            session.sub_streams.insert(qs, wid);
+        }
+        CoreCounters::inc(&self.s.counters.cache_watches_opened);
+        let w = self.watches.get_mut(&wid).expect("looked up above");
+        w.quic_stream = Some(qs);
+        w.resume_at = opened.resume_from;
         w.live_from = Some(opened.live_from);
         if let Some((retained, done)) = opened.state {
             w.state.extend(retained);
@@ -453,7 +471,6 @@ impl CoreState {
             shard: opened.shard,
             live_from: opened.live_from,
         });
-        let (conn, rs) = (w.conn, w.reply_stream);
         self.send_to_conn(conn, rs, &ok);
         if let Some(at) = lagged {
             self.lag_end(wid, at);
@@ -536,24 +553,30 @@ impl CoreState {
         let Some(w) = self.watches.get_mut(&wid) else {
             return;
         };
+        let Some(qs) = w.quic_stream else {
+            return; // not accepted by the owner yet
+        };
         let Some(e) = self.ep.get(w.conn) else {
             return;
         };
         let mut sent = 0u64;
-        while e.conn.queued_bytes(w.quic_stream) < WATCH_PUMP_BYTES {
+        while e.conn.queued_bytes(qs) < WATCH_PUMP_BYTES {
             let next = match w.state.pop_front() {
                 Some(b) => Some(b),
                 None => {
                     let f = w.frames.pop_front();
                     if f.is_some() {
-                        w.queue.pop();
-                        sent += 1;
+                        let off = w.queue.pop().expect("frames and queue move together");
+                        w.resume_at = off + 1;
                     }
                     f
                 }
             };
             match next {
-                Some(b) => e.conn.send_bytes(w.quic_stream, b),
+                Some(b) => {
+                    sent += 1;
+                    e.conn.send_bytes(qs, b)
+                }
                 None => break,
             }
         }
@@ -578,13 +601,15 @@ impl CoreState {
         }
         if let Some(session) = self.sessions.get_mut(&w.conn) {
             session.watches.retain(|x| *x != wid);
-            session.sub_streams.remove(&w.quic_stream);
-        }
-        if let Some(e) = self.ep.get(w.conn) {
-            if let Some(f) = end {
-                e.conn.send_frame(w.quic_stream, &f);
+            if let Some(qs) = w.quic_stream {
+                session.sub_streams.remove(&qs);
             }
-            e.conn.finish(w.quic_stream);
+        }
+        if let (Some(e), Some(qs)) = (self.ep.get(w.conn), w.quic_stream) {
+            if let Some(f) = end {
+                e.conn.send_frame(qs, &f);
+            }
+            e.conn.finish(qs);
             self.ep.mark_dirty(w.conn);
         }
     }
@@ -602,12 +627,12 @@ impl CoreState {
 
     /// `Unsubscribe` naming a watch of this connection.
     pub(super) fn unwatch(&mut self, key: ConnKey, wid: u64) -> bool {
-        if self.watches.get(&wid).is_none_or(|w| w.conn != key) {
+        let Some(w) = self.watches.get(&wid).filter(|w| w.conn == key) else {
             return false;
-        }
+        };
         let end = Frame::Cache(CacheFrame::CacheWatchEnd {
             code: 0,
-            resume_from: 0,
+            resume_from: w.resume_at,
             message: "unwatched".into(),
         });
         let unindexed = self.watches[&wid].end.is_some();
@@ -615,11 +640,12 @@ impl CoreState {
         true
     }
 
-    /// End every local watch on `key`'s shard (cache deleted or moved).
+    /// End every local watch on `key`'s shard (cache deleted or moved). What they had
+    /// queued is dropped; each end names the offset after the last change delivered.
     pub(super) fn end_local_watches(&mut self, key: ShardKey, (code, msg): (ErrorCode, String)) {
         let ids = self.local_watches.get(&key).cloned().unwrap_or_default();
         for wid in ids {
-            let resume_from = self.watches[&wid].live_from.unwrap_or(0);
+            let resume_from = self.watches[&wid].resume_at;
             let end = Frame::Cache(CacheFrame::CacheWatchEnd {
                 code: code.number(),
                 resume_from,
@@ -896,6 +922,10 @@ impl CoreState {
                 }
             }
         };
+        let resume_from = match req.start {
+            WatchStart::Offset(from) if state.is_none() => from,
+            _ => next,
+        };
         let state = match state {
             None => None,
             Some(snapshot) => {
@@ -942,6 +972,7 @@ impl CoreState {
         Ok(Opened {
             shard: req.shard,
             live_from: next,
+            resume_from,
             state,
             replay,
         })

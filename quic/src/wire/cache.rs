@@ -204,7 +204,8 @@ pub enum CacheFrame {
         request_id: u64,
         shard: u32,
         sum: i64,
-        /// The offset of the delta (add) or of the last delta applied (get).
+        /// add: the delta's offset; get: the counter log's next offset (every delta below it
+        /// is in the sum).
         offset: u64,
     },
     DescribeCache {
