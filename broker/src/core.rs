@@ -38,6 +38,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod cache_logs;
 mod caches;
 mod groups;
 pub use caches::{CacheOrigin, Ev, Opened, WatchReq};
@@ -146,6 +147,13 @@ pub enum MeshMsg {
     CacheChange { cache: u32, shard: u32, ev: Arc<Ev> },
     /// Unregister a watch at the owner.
     WatchClose { watch: u64, cache: u32, shard: u32 },
+    /// The owner dropped a shard (its storage failed): end the local watches on it.
+    WatchesEnded {
+        cache: u32,
+        shard: u32,
+        code: ErrorCode,
+        message: String,
+    },
     /// Owner → itself: try the next held publish (queued behind the deliveries just sent, so
     /// local subscribers park before the next append if they are full).
     DrainHeld { stream: u32, shard: u32 },
@@ -309,6 +317,10 @@ struct CoreState {
     /// Cache watches whose connections this core holds.
     watches: IdMap<u64, caches::Watch>,
     local_watches: HashMap<ShardKey, Vec<u64>>,
+    /// Log-backed cache shards whose logs are opening, with the messages waiting for them.
+    cache_opening: HashMap<ShardKey, Vec<MeshMsg>>,
+    /// Log-backed cache shards that could not open or failed (answer unavailable).
+    cache_failed: HashMap<ShardKey, String>,
 }
 
 /// Run one core until shutdown. `sock` is this core's SO_REUSEPORT socket.
@@ -364,6 +376,8 @@ pub async fn run_core(
         caches: HashMap::new(),
         watches: IdMap::default(),
         local_watches: HashMap::new(),
+        cache_opening: HashMap::new(),
+        cache_failed: HashMap::new(),
     }));
     state.borrow_mut().me = Rc::downgrade(&state);
     open_durable_shards(&state).await;
@@ -690,7 +704,10 @@ async fn flusher(state: Rc<RefCell<CoreState>>, sock: Rc<GlommioUdp>, wake_rx: W
                 let logs: Vec<Log> = {
                     let mut st = state.borrow_mut();
                     st.closing_logs = true;
-                    st.durable.values().filter_map(|d| d.log.clone()).collect()
+                    let mut logs: Vec<Log> =
+                        st.durable.values().filter_map(|d| d.log.clone()).collect();
+                    logs.extend(st.cache_logs());
+                    logs
                 };
                 for log in logs {
                     if let Err(e) = log.close().await {
@@ -798,6 +815,8 @@ impl CoreState {
             && self.inbox.is_empty()
             && self.mesh_overflow.iter().all(|q| q.is_empty())
             && self.groups_idle()
+            && self.caches.values().all(|c| !c.has_pending())
+            && self.cache_opening.is_empty()
     }
 
     // ---------- catalog ----------
@@ -1077,6 +1096,7 @@ impl CoreState {
         // first. The cell only moves forward, so after this we know every slot it knows.
         self.refresh_catalog();
         let msg = self.defer_while_opening(msg)?;
+        let msg = self.cache_gate(msg)?;
         match msg {
             MeshMsg::Packet { mut buf, from } => {
                 CoreCounters::inc(&self.s.counters.packets_forwarded_in);
@@ -1155,6 +1175,12 @@ impl CoreState {
                 cache,
                 shard,
             } => self.on_watch_close(watch, cache, shard),
+            MeshMsg::WatchesEnded {
+                cache,
+                shard,
+                code,
+                message,
+            } => self.end_local_watches((cache, shard), (code, message)),
         }
         None
     }

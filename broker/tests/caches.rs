@@ -863,3 +863,129 @@ fn felixctl_kv_commands() {
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("not_found"));
 }
+
+#[test]
+fn log_backed_cache_keeps_acknowledged_writes_across_sigkill_and_restart() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let durable = dir.path().join("durable");
+    let args = ["--durable-storage-dir", durable.to_str().unwrap()];
+    let b = start(dir, &args);
+    let logged = name("logged");
+    let mut rng = Rng(seed());
+    // key -> (version, value) as acknowledged; None = deleted.
+    let (want, sum, long_ttl, dir) = rt.block_on(async {
+        let c = b.client().await;
+        let mut want: BTreeMap<String, Option<(u64, Bytes)>> = BTreeMap::new();
+        for i in 0..300u64 {
+            let k = format!("k{}", rng.below(40));
+            if rng.below(5) == 0 {
+                if let Some(d) = c.cache_delete(&logged, k.clone()).await.unwrap() {
+                    assert_eq!(
+                        want.get(&k).cloned().flatten().map(|e| e.0),
+                        Some(d.removed.version)
+                    );
+                    want.insert(k, None);
+                }
+            } else {
+                let v = Bytes::from(format!("v{i}"));
+                let w = c
+                    .cache_put(&logged, k.clone(), v.clone(), None)
+                    .await
+                    .unwrap();
+                want.insert(k, Some((w.version, v)));
+            }
+        }
+        let mut sum = 0i64;
+        for d in [5i64, -2, 40, -1] {
+            sum = c.counter_add(&logged, "n", d).await.unwrap().sum;
+        }
+        let long = c
+            .cache_put(&logged, "long", "stays", Some(3_600_000))
+            .await
+            .unwrap();
+        c.cache_put(&logged, "brief", "goes", Some(300))
+            .await
+            .unwrap();
+        c.close().await.unwrap();
+        // SIGKILL: no shutdown path runs; periodic fsync still kept every acknowledged write
+        // in the file (a process crash is not a machine crash).
+        (want, sum, long, b.kill())
+    });
+    std::thread::sleep(Duration::from_millis(400)); // "brief" expires while the broker is down
+    let b = start(dir, &args);
+    rt.block_on(async {
+        let c = b.client().await;
+        let mut last = 0;
+        for (k, v) in &want {
+            let got = c.cache_get(&logged, k.clone()).await.unwrap();
+            match v {
+                Some((version, value)) => {
+                    let e = got.unwrap_or_else(|| panic!("{k} lost"));
+                    assert_eq!((&e.value, e.version), (value, *version), "{k}");
+                    last = last.max(*version);
+                }
+                None => assert_eq!(got, None, "{k} was deleted"),
+            }
+        }
+        assert_eq!(c.counter_get(&logged, "n").await.unwrap().sum, sum);
+        let e = c
+            .cache_get(&logged, "long")
+            .await
+            .unwrap()
+            .expect("long TTL survives");
+        assert_eq!(
+            e.expires_at_ms, long_ttl.expires_at_ms,
+            "the expiry is absolute"
+        );
+        assert_eq!(
+            c.cache_get(&logged, "brief").await.unwrap(),
+            None,
+            "expired while down"
+        );
+        // Offsets continue the log: a new write's version is above every earlier one.
+        let v = c
+            .cache_put(&logged, "fresh", "x", None)
+            .await
+            .unwrap()
+            .version;
+        assert!(v > last && v > long_ttl.version);
+        // A current-state watch after the restart: the rebuilt state with its versions.
+        let mut w = c
+            .cache_watch(
+                &logged,
+                WatchFilter::Prefix {
+                    prefix: "k".into(),
+                    shard: 0,
+                },
+                WatchStart::Current,
+                WatchOptions::default(),
+            )
+            .await
+            .unwrap();
+        let items = drain(&mut w, Duration::from_millis(300)).await;
+        let retained: BTreeMap<String, (u64, Bytes)> = items
+            .iter()
+            .filter_map(|i| match i {
+                WatchItem::Event {
+                    kind: EventKind::Retained,
+                    key,
+                    value,
+                    offset,
+                    ..
+                } => Some((
+                    String::from_utf8(key.to_vec()).unwrap(),
+                    (*offset, value.clone()),
+                )),
+                _ => None,
+            })
+            .collect();
+        let live: BTreeMap<String, (u64, Bytes)> = want
+            .iter()
+            .filter_map(|(k, v)| v.clone().map(|v| (k.clone(), v)))
+            .collect();
+        assert_eq!(retained, live, "one shard holds every key of this cache");
+        drop(w);
+        c.close().await.unwrap();
+    });
+}

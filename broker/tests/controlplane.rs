@@ -322,15 +322,34 @@ async fn caches_from_the_control_plane_are_served_and_deleting_one_ends_its_watc
         c.cache_get(&sessions, "u1").await.unwrap().unwrap().value,
         bytes::Bytes::from("alice")
     );
+    // A log-backed cache: served from its logs under the durable dir; deleting it removes them.
     let logged = StreamName::new("acme", "prod", "logged");
-    let e = eventually("durable cache visible", || async {
-        match c.cache_get(&logged, "k").await {
-            Err(e) if e.code() == Some(ErrorCode::Unsupported) => Ok(e),
-            other => Err(format!("{other:?}")),
+    eventually("durable cache visible", || async {
+        c.cache_put(&logged, "k", "v", None)
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    let cache_dirs = || -> Vec<String> {
+        std::fs::read_dir(tmp.path().join("durable/@caches/acme/prod"))
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.file_name().to_string_lossy().to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert_eq!(cache_dirs().len(), 1, "{:?}", cache_dirs());
+    assert!(cache_dirs()[0].starts_with("logged@"), "{:?}", cache_dirs());
+    ok(ctl(&["cache", "rm", "logged", "--yes"]));
+    eventually("the deleted cache's logs removed", || async {
+        if cache_dirs().is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{:?}", cache_dirs()))
         }
     })
     .await;
-    assert!(e.to_string().contains("log-backed"), "{e}");
     let mut watch = c
         .cache_watch(
             &sessions,

@@ -221,6 +221,22 @@ impl CacheShard {
         cond: Cond,
         now_ms: u64,
     ) -> Result<Change, CacheError> {
+        let change = self.prepare_put(key, value, ttl_ms, cond, now_ms)?;
+        self.apply(&change);
+        Ok(change)
+    }
+
+    /// The change a put would make, checked but not applied: a log-backed driver appends it
+    /// first and [`CacheShard::apply`]s it once the append was accepted, so state never runs
+    /// ahead of the log.
+    pub fn prepare_put(
+        &self,
+        key: Bytes,
+        value: Bytes,
+        ttl_ms: Option<u64>,
+        cond: Cond,
+        now_ms: u64,
+    ) -> Result<Change, CacheError> {
         self.check(&key, cond, now_ms)?;
         if value.len() > self.limits.value_bytes_max {
             return Err(CacheError::ValueTooLarge {
@@ -252,21 +268,31 @@ impl CacheShard {
                 bytes_max: self.limits.bytes_max,
             });
         }
-        let change = Change {
+        Ok(Change {
             offset: self.next_offset,
             key,
             kind: ChangeKind::Put {
                 value,
                 expires_at_ms: ttl_ms.map(|t| now_ms.saturating_add(t)),
             },
-        };
-        self.apply(&change);
-        Ok(change)
+        })
     }
 
     /// Remove `key`; the change and the value it removed.
     pub fn delete(
         &mut self,
+        key: Bytes,
+        cond: Cond,
+        now_ms: u64,
+    ) -> Result<(Change, Entry), CacheError> {
+        let (change, old) = self.prepare_delete(key, cond, now_ms)?;
+        self.apply(&change);
+        Ok((change, old))
+    }
+
+    /// The change a delete would make and the value it would remove, not applied.
+    pub fn prepare_delete(
+        &self,
         key: Bytes,
         cond: Cond,
         now_ms: u64,
@@ -280,30 +306,33 @@ impl CacheShard {
             key,
             kind: ChangeKind::Delete,
         };
-        self.apply(&change);
         Ok((change, old))
     }
 
     /// Reclaim up to `max` keys whose expiry is at or before `now_ms`, each as an `Expire`
     /// change (in expiry, then key order).
     pub fn expire(&mut self, now_ms: u64, max: usize) -> Vec<Change> {
-        let mut out = Vec::new();
-        while out.len() < max {
-            let Some((t, key)) = self.expiry.first().cloned() else {
-                break;
-            };
-            if t > now_ms {
-                break;
-            }
-            let change = Change {
-                offset: self.next_offset,
-                key,
-                kind: ChangeKind::Expire,
-            };
-            self.apply(&change);
-            out.push(change);
+        let out = self.prepare_expire(now_ms, max);
+        for c in &out {
+            self.apply(c);
         }
         out
+    }
+
+    /// The Expire changes [`CacheShard::expire`] would make (at consecutive offsets), not
+    /// applied.
+    pub fn prepare_expire(&self, now_ms: u64, max: usize) -> Vec<Change> {
+        self.expiry
+            .iter()
+            .take_while(|(t, _)| *t <= now_ms)
+            .take(max)
+            .enumerate()
+            .map(|(i, (_, key))| Change {
+                offset: self.next_offset + i as u64,
+                key: key.clone(),
+                kind: ChangeKind::Expire,
+            })
+            .collect()
     }
 
     /// When the next key expires, if any does.
@@ -489,13 +518,17 @@ impl Counters {
     }
     /// Add `delta`: the delta record's offset and the new sum.
     pub fn add(&mut self, name: Bytes, delta: i64) -> Result<(u64, i64), CounterOverflow> {
-        let sum = self.get(&name);
+        let (offset, new) = self.prepare_add(&name, delta)?;
+        self.apply(offset, name, delta);
+        Ok((offset, new))
+    }
+    /// The offset and new sum an add would give, checked but not applied.
+    pub fn prepare_add(&self, name: &[u8], delta: i64) -> Result<(u64, i64), CounterOverflow> {
+        let sum = self.get(name);
         let new = sum
             .checked_add(delta)
             .ok_or(CounterOverflow { sum, delta })?;
-        let offset = self.next_offset;
-        self.apply(offset, name, delta);
-        Ok((offset, new))
+        Ok((self.next_offset, new))
     }
     /// Replay one delta record (recovery), or a checkpoint's sum as a delta from zero.
     pub fn apply(&mut self, offset: u64, name: Bytes, delta: i64) {

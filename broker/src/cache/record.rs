@@ -1,20 +1,24 @@
 //! How a cache change is stored as one record of the shard's log (felix-storage records
-//! carry a key, a flags byte and a payload; docs/storage-format.md):
+//! carry a key, a flags byte whose only defined bit is `FLAG_TOMBSTONE`, and a payload;
+//! docs/storage-format.md):
 //!
 //! | flags | kind | payload |
 //! |---|---|---|
 //! | 0 | put | expires_at_ms u64 LE (0 = never), then the value |
-//! | 1 | delete | empty |
-//! | 2 | expire | empty |
+//! | tombstone | delete | empty |
+//! | tombstone | expire | one byte, 1 |
 //!
-//! The record's key is the cache key. Anything else is refused by type, never guessed.
+//! The record's key is the cache key. Deletes and expiries are both storage tombstones (a
+//! compaction treats them alike); the payload byte tells them apart for watches. Anything
+//! else is refused by type, never guessed.
 
 use super::{Change, ChangeKind};
 use bytes::Bytes;
+use felix_storage::record::FLAG_TOMBSTONE;
 
 pub const FLAG_PUT: u8 = 0;
-pub const FLAG_DELETE: u8 = 1;
-pub const FLAG_EXPIRE: u8 = 2;
+/// Payload of an expire record (a delete's is empty).
+const EXPIRE_MARK: u8 = 1;
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum RecordError {
@@ -22,8 +26,8 @@ pub enum RecordError {
     UnknownFlags(u8),
     #[error("cache put record payload of {0} bytes is shorter than its expiry")]
     ShortPut(usize),
-    #[error("cache delete/expire record carries a {0}-byte payload")]
-    PayloadOnRemoval(usize),
+    #[error("cache tombstone record carries a payload that is neither empty (delete) nor the expire mark: {0} bytes")]
+    BadTombstone(usize),
     #[error("cache record has an empty key")]
     EmptyKey,
 }
@@ -40,8 +44,12 @@ pub fn encode(c: &Change) -> (Bytes, u8, Bytes) {
             p.extend_from_slice(value);
             (c.key.clone(), FLAG_PUT, Bytes::from(p))
         }
-        ChangeKind::Delete => (c.key.clone(), FLAG_DELETE, Bytes::new()),
-        ChangeKind::Expire => (c.key.clone(), FLAG_EXPIRE, Bytes::new()),
+        ChangeKind::Delete => (c.key.clone(), FLAG_TOMBSTONE, Bytes::new()),
+        ChangeKind::Expire => (
+            c.key.clone(),
+            FLAG_TOMBSTONE,
+            Bytes::from_static(&[EXPIRE_MARK]),
+        ),
     }
 }
 
@@ -61,11 +69,11 @@ pub fn decode(offset: u64, key: Bytes, flags: u8, payload: Bytes) -> Result<Chan
                 expires_at_ms: (t != 0).then_some(t),
             }
         }
-        FLAG_DELETE | FLAG_EXPIRE if !payload.is_empty() => {
-            return Err(RecordError::PayloadOnRemoval(payload.len()))
-        }
-        FLAG_DELETE => ChangeKind::Delete,
-        FLAG_EXPIRE => ChangeKind::Expire,
+        FLAG_TOMBSTONE => match &payload[..] {
+            [] => ChangeKind::Delete,
+            [EXPIRE_MARK] => ChangeKind::Expire,
+            p => return Err(RecordError::BadTombstone(p.len())),
+        },
         f => return Err(RecordError::UnknownFlags(f)),
     };
     Ok(Change { offset, key, kind })

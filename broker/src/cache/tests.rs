@@ -225,8 +225,16 @@ fn hostile_records_are_refused_by_type() {
         Err(RecordError::ShortPut(7))
     );
     assert_eq!(
+        decode(0, b("k"), 1, b("xy")),
+        Err(RecordError::BadTombstone(2))
+    );
+    assert_eq!(
         decode(0, b("k"), 1, b("x")),
-        Err(RecordError::PayloadOnRemoval(1))
+        Err(RecordError::BadTombstone(1))
+    );
+    assert_eq!(
+        decode(0, b("k"), 2, Bytes::new()),
+        Err(RecordError::UnknownFlags(2))
     );
     assert_eq!(
         decode(0, b("k"), 9, Bytes::new()),

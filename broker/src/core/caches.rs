@@ -89,6 +89,87 @@ pub(super) struct OwnedCache {
     /// Lowest offset from which the ring still holds every change.
     replayable_from: u64,
     watches: Vec<Reg>,
+    /// Log-backed shards: their logs, and answers waiting for commits (in offset order).
+    pub(super) logs: Option<cache_logs::CacheLogs>,
+    pending: VecDeque<(u64, CacheOrigin, Frame)>,
+    pending_counters: VecDeque<(u64, CacheOrigin, Frame)>,
+}
+
+/// An answer that waits until its log's acknowledged offset reaches `upto`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Wait {
+    counters: bool,
+    upto: u64,
+}
+
+impl OwnedCache {
+    fn new(shard: CacheShard, counters: Counters, logs: Option<cache_logs::CacheLogs>) -> Self {
+        let from = shard.next_offset();
+        OwnedCache {
+            shard,
+            counters,
+            ring: VecDeque::new(),
+            ring_bytes: 0,
+            replayable_from: from,
+            watches: Vec::new(),
+            logs,
+            pending: VecDeque::new(),
+            pending_counters: VecDeque::new(),
+        }
+    }
+
+    pub(super) fn with_logs(
+        shard: CacheShard,
+        counters: Counters,
+        logs: cache_logs::CacheLogs,
+    ) -> Self {
+        OwnedCache::new(shard, counters, Some(logs))
+    }
+
+    fn wait_for_commit(&mut self, w: Wait, origin: CacheOrigin, f: Frame) {
+        let q = if w.counters {
+            &mut self.pending_counters
+        } else {
+            &mut self.pending
+        };
+        debug_assert!(q.back().is_none_or(|(u, _, _)| *u < w.upto));
+        q.push_back((w.upto, origin, f));
+    }
+
+    /// The answers whose records are now committed (`acked`: the log's acknowledged end).
+    pub(super) fn take_committed(
+        &mut self,
+        counters: bool,
+        acked: u64,
+    ) -> Vec<(CacheOrigin, Frame)> {
+        let q = if counters {
+            &mut self.pending_counters
+        } else {
+            &mut self.pending
+        };
+        let mut out = Vec::new();
+        while q.front().is_some_and(|(u, _, _)| *u <= acked) {
+            let (_, o, f) = q.pop_front().expect("front checked");
+            out.push((o, f));
+        }
+        out
+    }
+
+    pub(super) fn take_all_pending(&mut self) -> Vec<(CacheOrigin, Frame)> {
+        self.pending
+            .drain(..)
+            .chain(self.pending_counters.drain(..))
+            .map(|(_, o, f)| (o, f))
+            .collect()
+    }
+
+    pub(super) fn has_pending(&self) -> bool {
+        !self.pending.is_empty() || !self.pending_counters.is_empty()
+    }
+
+    pub(super) fn watch_cores(&self) -> impl Iterator<Item = u8> + '_ {
+        self.watches.iter().map(|r| r.core)
+    }
 }
 
 /// A watch whose connection this core holds.
@@ -178,7 +259,7 @@ impl CoreState {
         core_for_shard(&def.name(), shard, self.s.cores as u32) as u8
     }
 
-    fn cache_limits(&self) -> CacheLimits {
+    pub(super) fn cache_limits(&self) -> CacheLimits {
         let c = &self.s.cfg;
         CacheLimits {
             key_bytes_max: c.cache_key_bytes_max as usize,
@@ -191,16 +272,12 @@ impl CoreState {
     fn owned_cache(&mut self, key: ShardKey) -> &mut OwnedCache {
         debug_assert_eq!(self.cache_owner_core(key.0, key.1), self.id);
         let limits = self.cache_limits();
+        let durable = self.catalog.cache_slot(key.0).def.durable;
         self.caches.entry(key).or_insert_with(|| {
+            // A log-backed shard is inserted once its logs are open (`cache_gate`).
+            assert!(!durable, "a log-backed cache shard is used only once open");
             let base = wall_ms() << 20;
-            OwnedCache {
-                shard: CacheShard::new(limits, base),
-                counters: Counters::new(base),
-                ring: VecDeque::new(),
-                ring_bytes: 0,
-                replayable_from: base,
-                watches: Vec::new(),
-            }
+            OwnedCache::new(CacheShard::new(limits, base), Counters::new(base), None)
         })
     }
 
@@ -236,10 +313,10 @@ impl CoreState {
             }
             return Ok(());
         }
-        if def.durable {
+        if def.durable && self.s.cfg.durable_storage_dir.is_none() {
             return Err((
                 ErrorCode::Unsupported,
-                format!("cache {name} is durable; log-backed caches are not built in this broker yet (in-memory caches are)"),
+                format!("cache {name} is log-backed (durable) and this broker has no durable_storage_dir (FELIX_DURABLE_STORAGE_DIR)"),
             ));
         }
         let routing: &[u8] = match &frame {
@@ -686,8 +763,23 @@ impl CoreState {
                             slot.def.name()
                         ),
                     ));
-                    self.end_local_watches((idx, shard), why);
-                    self.caches.remove(&(idx, shard));
+                    self.end_local_watches((idx, shard), why.clone());
+                    if let Some(mut oc) = self.caches.remove(&(idx, shard)) {
+                        self.drop_owned_cache((idx, shard), &mut oc, why);
+                        // A deleted cache's logs go; a moved shard's stay on disk.
+                        let dir = match (&self.s.cfg.durable_storage_dir, slot.deleted) {
+                            (Some(root), true) => Some(cache_logs::cache_shard_dir(
+                                root,
+                                &slot.def.name(),
+                                slot.incarnation,
+                                shard,
+                            )),
+                            _ => None,
+                        };
+                        if oc.logs.is_some() {
+                            cache_logs::remove_cache_shard(oc.logs.take(), dir);
+                        }
+                    }
                 }
             }
         }
@@ -704,7 +796,14 @@ impl CoreState {
     ) {
         let reply = match self.catalog.cache_serve_check(cache, shard) {
             Err((code, msg)) => Frame::error(origin.request_id, code, msg),
-            Ok(()) => self.apply_cache_op(origin.request_id, cache, shard, frame),
+            Ok(()) => match self.apply_cache_op(origin.request_id, cache, shard, frame) {
+                (f, None) => f,
+                (f, Some(wait)) => {
+                    let oc = self.caches.get_mut(&(cache, shard)).expect("applied on it");
+                    oc.wait_for_commit(wait, origin, f);
+                    return;
+                }
+            },
         };
         self.route(
             origin.core,
@@ -715,13 +814,23 @@ impl CoreState {
         );
     }
 
-    fn apply_cache_op(&mut self, rid: u64, cache: u32, shard: u32, frame: CacheFrame) -> Frame {
+    /// Apply one request; the answer now, or (log-backed writes) once its record commits.
+    fn apply_cache_op(
+        &mut self,
+        rid: u64,
+        cache: u32,
+        shard: u32,
+        frame: CacheFrame,
+    ) -> (Frame, Option<Wait>) {
         let now = wall_ms();
         let default_ttl = self.catalog.cache_slot(cache).def.default_ttl_ms;
         let counters_max = self.s.cfg.cache_entries_max as usize;
         let key = (cache, shard);
         let oc = self.owned_cache(key);
-        let result = match frame {
+        let now_frame = |f: Frame| (f, None);
+        let err = |e: &CacheError| now_frame(Frame::error(rid, cache_code(e), e.to_string()));
+        // Check, append (log-backed), then apply: the state never runs ahead of the log.
+        let (answer, change) = match frame {
             CacheFrame::CachePut {
                 key: k,
                 value,
@@ -734,19 +843,21 @@ impl CoreState {
                 } else {
                     Some(ttl_ms)
                 };
-                oc.shard.put(k, value, ttl, cond(c), now).map(|ch| {
-                    let expires = match &ch.kind {
-                        ChangeKind::Put { expires_at_ms, .. } => expires_at_ms.unwrap_or(0),
-                        _ => 0,
-                    };
-                    let f = Frame::Cache(CacheFrame::CacheWritten {
-                        request_id: rid,
-                        shard,
-                        version: ch.offset,
-                        expires_at_ms: expires,
-                    });
-                    (f, Some(ch))
-                })
+                let ch = match oc.shard.prepare_put(k, value, ttl, cond(c), now) {
+                    Ok(ch) => ch,
+                    Err(e) => return err(&e),
+                };
+                let expires = match &ch.kind {
+                    ChangeKind::Put { expires_at_ms, .. } => expires_at_ms.unwrap_or(0),
+                    _ => 0,
+                };
+                let f = Frame::Cache(CacheFrame::CacheWritten {
+                    request_id: rid,
+                    shard,
+                    version: ch.offset,
+                    expires_at_ms: expires,
+                });
+                (f, ch)
             }
             CacheFrame::CacheGet { key: k, .. } => {
                 let f = match oc.shard.get(&k, now) {
@@ -769,11 +880,15 @@ impl CoreState {
                         value: Bytes::new(),
                     },
                 };
-                Ok((Frame::Cache(f), None))
+                return now_frame(Frame::Cache(f));
             }
             CacheFrame::CacheDelete {
                 key: k, cond: c, ..
-            } => oc.shard.delete(k, cond(c), now).map(|(ch, old)| {
+            } => {
+                let (ch, old) = match oc.shard.prepare_delete(k, cond(c), now) {
+                    Ok(x) => x,
+                    Err(e) => return err(&e),
+                };
                 let f = Frame::Cache(CacheFrame::CacheValue {
                     request_id: rid,
                     shard,
@@ -783,55 +898,96 @@ impl CoreState {
                     expires_at_ms: old.expires_at_ms.unwrap_or(0),
                     value: old.value,
                 });
-                (f, Some(ch))
-            }),
+                (f, ch)
+            }
             CacheFrame::CounterAdd { name, delta, .. } => {
                 if !oc.counters.contains(&name) && oc.counters.len() >= counters_max {
-                    return Frame::error(
+                    return now_frame(Frame::error(
                         rid,
                         ErrorCode::CacheFull,
                         format!(
                             "shard holds {} counters (cache_entries_max)",
                             oc.counters.len()
                         ),
-                    );
+                    ));
                 }
-                return match oc.counters.add(name, delta) {
-                    Ok((offset, sum)) => Frame::Cache(CacheFrame::CounterValue {
-                        request_id: rid,
-                        shard,
-                        sum,
-                        offset,
-                    }),
-                    Err(e) => Frame::error(rid, ErrorCode::InvalidRequest, e.to_string()),
+                let (offset, sum) = match oc.counters.prepare_add(&name, delta) {
+                    Ok(x) => x,
+                    Err(e) => {
+                        return now_frame(Frame::error(
+                            rid,
+                            ErrorCode::InvalidRequest,
+                            e.to_string(),
+                        ))
+                    }
                 };
+                if let Some(logs) = &oc.logs {
+                    let d = delta.to_le_bytes();
+                    let rec = RecordIn {
+                        key: &name,
+                        payload: &d,
+                        flags: 0,
+                    };
+                    match logs.counters.append(&[rec], now) {
+                        Ok(r) => assert_eq!(r.start, offset, "counter log and state agree"),
+                        Err(e) => {
+                            let (code, msg) = cache_logs::append_refusal(&e);
+                            return now_frame(Frame::error(rid, code, msg));
+                        }
+                    }
+                }
+                oc.counters.apply(offset, name, delta);
+                let f = Frame::Cache(CacheFrame::CounterValue {
+                    request_id: rid,
+                    shard,
+                    sum,
+                    offset,
+                });
+                let wait = oc.logs.as_ref().map(|_| Wait {
+                    counters: true,
+                    upto: offset + 1,
+                });
+                return (f, wait);
             }
             CacheFrame::CounterGet { name, .. } => {
-                return Frame::Cache(CacheFrame::CounterValue {
+                return now_frame(Frame::Cache(CacheFrame::CounterValue {
                     request_id: rid,
                     shard,
                     sum: oc.counters.get(&name),
                     offset: oc.counters.next_offset(),
-                });
+                }));
             }
             other => {
-                return Frame::error(
+                return now_frame(Frame::error(
                     rid,
                     ErrorCode::InvalidRequest,
                     format!("frame kind {} is not a cache operation", other.kind()),
-                )
+                ))
             }
         };
-        match result {
-            Ok((f, change)) => {
-                if let Some(ch) = change {
-                    CoreCounters::inc(&self.s.counters.cache_writes);
-                    self.emit(key, ch.offset, ch.key, &ch.kind);
+        if let Some(logs) = &oc.logs {
+            let (k, flags, payload) = crate::cache::record::encode(&change);
+            let rec = RecordIn {
+                key: &k,
+                payload: &payload,
+                flags,
+            };
+            match logs.cache.append(&[rec], now) {
+                Ok(r) => assert_eq!(r.start, change.offset, "cache log and state agree"),
+                Err(e) => {
+                    let (code, msg) = cache_logs::append_refusal(&e);
+                    return now_frame(Frame::error(rid, code, msg));
                 }
-                f
             }
-            Err(e) => Frame::error(rid, cache_code(&e), e.to_string()),
         }
+        oc.shard.apply(&change);
+        let wait = oc.logs.as_ref().map(|_| Wait {
+            counters: false,
+            upto: change.offset + 1,
+        });
+        CoreCounters::inc(&self.s.counters.cache_writes);
+        self.emit(key, change.offset, change.key, &change.kind);
+        (answer, wait)
     }
 
     /// Record a change in the replay ring and send it to every core with a matching watch.
@@ -1004,12 +1160,28 @@ impl CoreState {
             .map(|(k, _)| *k)
             .collect();
         for key in due {
-            let changes = self
-                .caches
-                .get_mut(&key)
-                .expect("due shard is owned")
-                .shard
-                .expire(now, EXPIRE_BATCH);
+            let oc = self.caches.get_mut(&key).expect("due shard is owned");
+            let changes = oc.shard.prepare_expire(now, EXPIRE_BATCH);
+            if let Some(logs) = &oc.logs {
+                let encoded: Vec<_> = changes.iter().map(crate::cache::record::encode).collect();
+                let recs: Vec<RecordIn> = encoded
+                    .iter()
+                    .map(|(k, flags, p)| RecordIn {
+                        key: k,
+                        payload: p,
+                        flags: *flags,
+                    })
+                    .collect();
+                match logs.cache.append(&recs, now) {
+                    Ok(r) => assert_eq!(r.start, changes[0].offset, "cache log and state agree"),
+                    // Back-pressure: try again on a later tick. A failed log fails the shard
+                    // through its commit watcher.
+                    Err(_) => continue,
+                }
+            }
+            for ch in &changes {
+                oc.shard.apply(ch);
+            }
             CoreCounters::add(&self.s.counters.cache_expired, changes.len() as u64);
             for ch in changes {
                 self.emit(key, ch.offset, ch.key, &ch.kind);
