@@ -20,7 +20,8 @@ if [ ! -x "$VENV/bin/st" ] || [ "$("$VENV/bin/st" --version 2>/dev/null | awk '{
   "$VENV/bin/pip" install -q "schemathesis==$ST_VERSION"
 fi
 
-nice -n 10 cargo build -p felix-control --bin felix-controlplane
+# The same feature set as the test command's workspace build, so it is not rebuilt.
+nice -n 10 cargo build --workspace --all-targets
 BIN="$CARGO_TARGET_DIR/debug/felix-controlplane"
 
 WORK="$(mktemp -d)"

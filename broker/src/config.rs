@@ -131,6 +131,8 @@ settings! {
         cache_watch_max_events: u32 = 65_536, "FELIX_CACHE_WATCH_MAX_EVENTS";
         /// Bytes one cache watch may have queued before it is ended watch_lagged (default and maximum).
         cache_watch_max_bytes: u64 = 64 << 20, "FELIX_CACHE_WATCH_MAX_BYTES";
+        /// Records a log-backed cache shard appends between snapshots (keys.idx) and compactions.
+        cache_compact_records: u64 = 100_000, "FELIX_CACHE_COMPACT_RECORDS";
         /// Long-poll bound of one catalog changes request to the control plane, milliseconds.
         controlplane_wait_ms: u64 = 30_000, "FELIX_CONTROLPLANE_WAIT_MS";
     }
@@ -211,6 +213,7 @@ impl Config {
             ("cache_replay_bytes_max", c.cache_replay_bytes_max),
             ("cache_watch_max_events", c.cache_watch_max_events as u64),
             ("cache_watch_max_bytes", c.cache_watch_max_bytes),
+            ("cache_compact_records", c.cache_compact_records),
         ] {
             if v == 0 {
                 return Err(format!("{name} must be positive"));

@@ -258,6 +258,8 @@ struct Session {
     long_polls: bool,
     /// Cache watches (their streams are in `sub_streams` too).
     watches: Vec<u64>,
+    /// Cache requests routed to an owner and not answered yet.
+    cache_inflight: u32,
 }
 
 struct Sub {
@@ -321,6 +323,11 @@ struct CoreState {
     cache_opening: HashMap<ShardKey, Vec<MeshMsg>>,
     /// Log-backed cache shards that could not open or failed (answer unavailable).
     cache_failed: HashMap<ShardKey, String>,
+    /// Log-backed cache shards whose logs are closing (dropped here), with the messages that
+    /// wait for the close.
+    cache_closing: HashMap<ShardKey, Vec<MeshMsg>>,
+    /// Epoch of the last log-backed cache shard opened.
+    next_cache_epoch: u64,
 }
 
 /// Run one core until shutdown. `sock` is this core's SO_REUSEPORT socket.
@@ -378,6 +385,8 @@ pub async fn run_core(
         local_watches: HashMap::new(),
         cache_opening: HashMap::new(),
         cache_failed: HashMap::new(),
+        cache_closing: HashMap::new(),
+        next_cache_epoch: 0,
     }));
     state.borrow_mut().me = Rc::downgrade(&state);
     open_durable_shards(&state).await;
@@ -806,7 +815,9 @@ impl CoreState {
     /// Nothing this core must still answer: no acked publish of its connections unanswered,
     /// nothing held or waiting for a commit on the shards it owns.
     fn drain_idle(&self) -> bool {
-        self.sessions.values().all(|s| s.unacked == 0)
+        self.sessions
+            .values()
+            .all(|s| s.unacked == 0 && s.cache_inflight == 0)
             && self.held_total == 0
             && self
                 .durable
@@ -817,6 +828,7 @@ impl CoreState {
             && self.groups_idle()
             && self.caches.values().all(|c| !c.has_pending())
             && self.cache_opening.is_empty()
+            && self.cache_closing.is_empty()
     }
 
     // ---------- catalog ----------

@@ -80,6 +80,9 @@ counters! {
     cache_watches_opened: "cache watches opened on this core",
     cache_watches_lagged: "cache watches ended watch_lagged (queue bound reached)",
     cache_watch_events: "cache watch events written to watch streams on this core",
+    cache_shards_failed: "log-backed cache shards on this core that failed (device error or refused at open); their requests get unavailable",
+    cache_compactions: "keys.idx snapshots of log-backed cache shards written (each followed by deleting the segments it covers)",
+    cache_segments_compacted: "log segments of log-backed cache shards deleted by compaction",
 }
 
 /// Upper bounds of latency histograms, microseconds.

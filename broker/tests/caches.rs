@@ -904,6 +904,23 @@ fn log_backed_cache_keeps_acknowledged_writes_across_sigkill_and_restart() {
             .cache_put(&logged, "long", "stays", Some(3_600_000))
             .await
             .unwrap();
+        // "gone" expires and is reclaimed (an Expire record) before the kill: after the
+        // restart the replayed record keeps it gone without reclaiming it again.
+        let mut w = c
+            .cache_watch(
+                &logged,
+                WatchFilter::Key("gone".into()),
+                WatchStart::Latest,
+                WatchOptions::default(),
+            )
+            .await
+            .unwrap();
+        c.cache_put(&logged, "gone", "soon", Some(100))
+            .await
+            .unwrap();
+        let ev = changes(&mut w, 2).await;
+        assert_eq!(ev[1].2, EventKind::Expire);
+        drop(w);
         c.cache_put(&logged, "brief", "goes", Some(300))
             .await
             .unwrap();
@@ -942,6 +959,20 @@ fn log_backed_cache_keeps_acknowledged_writes_across_sigkill_and_restart() {
             c.cache_get(&logged, "brief").await.unwrap(),
             None,
             "expired while down"
+        );
+        assert_eq!(c.cache_get(&logged, "gone").await.unwrap(), None);
+        // Only "brief" is reclaimed after the restart (within a tick); "gone"'s Expire record
+        // was replayed.
+        let deadline = Instant::now() + WAIT;
+        while b.total("cache_expired") < 1 {
+            assert!(Instant::now() < deadline, "brief never reclaimed");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            b.total("cache_expired"),
+            1,
+            "the replayed expiry is not reclaimed twice"
         );
         // Offsets continue the log: a new write's version is above every earlier one.
         let v = c
@@ -985,6 +1016,141 @@ fn log_backed_cache_keeps_acknowledged_writes_across_sigkill_and_restart() {
             .filter_map(|(k, v)| v.clone().map(|v| (k.clone(), v)))
             .collect();
         assert_eq!(retained, live, "one shard holds every key of this cache");
+        drop(w);
+        c.close().await.unwrap();
+    });
+}
+
+#[test]
+fn log_backed_cache_compacts_into_keys_idx_and_reopens_from_it() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let durable = dir.path().join("durable");
+    let args = [
+        "--durable-storage-dir",
+        durable.to_str().unwrap(),
+        "--durable-segment-bytes",
+        "1048576",
+        "--cache-compact-records",
+        "400",
+    ];
+    let b = start(dir, &args);
+    let logged = name("logged");
+    let shard_dir = durable.join("@caches/default/default/logged/00000");
+    let segments = |log: &str| -> usize {
+        std::fs::read_dir(shard_dir.join(log))
+            .map(|rd| {
+                rd.flatten()
+                    .filter(|e| e.file_name().to_string_lossy().ends_with(".log"))
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    // key -> (version, value), and every acknowledged write of "hot" (watched throughout).
+    let (want, hot_log, first_version, dir) = rt.block_on(async {
+        let c = b.client().await;
+        let mut w = c
+            .cache_watch(
+                &logged,
+                WatchFilter::Key("hot".into()),
+                WatchStart::Current,
+                WatchOptions::default(),
+            )
+            .await
+            .unwrap();
+        let mut want: BTreeMap<String, (u64, Bytes)> = BTreeMap::new();
+        let mut hot_log = Vec::new();
+        let mut first_version = None;
+        // ~3.5 MB of 1 KiB values over 30 keys: several 1 MiB segments, snapshots every 400.
+        for i in 0..3000u64 {
+            let k = if i % 10 == 0 {
+                "hot".to_string()
+            } else {
+                format!("k{}", i % 29)
+            };
+            let v = Bytes::from(format!("{i:06}{}", "x".repeat(1024)));
+            let wr = c
+                .cache_put(&logged, k.clone(), v.clone(), None)
+                .await
+                .unwrap();
+            first_version.get_or_insert(wr.version);
+            if k == "hot" {
+                hot_log.push(wr.version);
+            }
+            want.insert(k, (wr.version, v));
+        }
+        for _ in 0..3 {
+            c.counter_add(&logged, "n", 7).await.unwrap();
+        }
+        // The watch saw every write of "hot", in order, while compactions ran.
+        let got: Vec<u64> = changes(&mut w, hot_log.len())
+            .await
+            .iter()
+            .map(|e| e.0)
+            .collect();
+        assert_eq!(got, hot_log);
+        drop(w);
+        let deadline = Instant::now() + WAIT;
+        while b.total("cache_segments_compacted") == 0 {
+            assert!(Instant::now() < deadline, "no segment was compacted");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(b.total("cache_compactions") >= 1);
+        c.close().await.unwrap();
+        (want, hot_log, first_version.unwrap(), b.kill())
+    });
+    assert!(shard_dir.join("keys.idx").exists());
+    let kept = segments("log");
+    assert!(
+        kept >= 1 && kept < 3,
+        "compaction deleted covered segments: {kept} left"
+    );
+    // Restart: the state comes from keys.idx plus the log after it; versions are kept (no
+    // renumbering), new offsets continue above.
+    let b = start(dir, &args);
+    rt.block_on(async {
+        let c = b.client().await;
+        for (k, (version, value)) in &want {
+            let e = c
+                .cache_get(&logged, k.clone())
+                .await
+                .unwrap()
+                .unwrap_or_else(|| panic!("{k} lost"));
+            assert_eq!((&e.value, e.version), (value, *version), "{k}");
+        }
+        assert_eq!(c.counter_get(&logged, "n").await.unwrap().sum, 21);
+        let v = c
+            .cache_put(&logged, "after", "x", None)
+            .await
+            .unwrap()
+            .version;
+        assert!(v > *hot_log.last().unwrap());
+        // A resume from the first offset, long compacted away: a marked snapshot of current
+        // values, never a silent gap.
+        let mut w = c
+            .cache_watch(
+                &logged,
+                WatchFilter::Key("hot".into()),
+                WatchStart::Offset(first_version),
+                WatchOptions::default(),
+            )
+            .await
+            .unwrap();
+        let items = drain(&mut w, Duration::from_millis(300)).await;
+        match items.as_slice() {
+            [WatchItem::Event {
+                kind: EventKind::Retained,
+                offset,
+                ..
+            }, WatchItem::StateDone {
+                snapshot: true,
+                count: 1,
+                ..
+            }] => {
+                assert_eq!(*offset, *hot_log.last().unwrap())
+            }
+            other => panic!("{other:?}"),
+        }
         drop(w);
         c.close().await.unwrap();
     });

@@ -17,7 +17,7 @@ use crate::record::{encode_into, RecordIn, RECORD_BYTES_MAX};
 use crate::recovery::{
     must_scan, plan_recovery, Action, Active, DiskView, Plan, SegmentView, Verdict,
 };
-use crate::retention::{segments_to_delete, RetentionLimits, SegmentFacts};
+use crate::retention::{segments_below, segments_to_delete, RetentionLimits, SegmentFacts};
 use crate::segment::{
     align_up, index_file_name, parse_file_name, segment_file_name, CommitHeader, IndexEntry,
     SegmentHeader, SegmentIndex, BLOCK, COMMIT_HEADER_BYTES,
@@ -859,6 +859,39 @@ impl Log {
         i.synced = i.synced.max(written);
         i.segs.back_mut().unwrap().sealed = true;
         Ok(())
+    }
+
+    /// Delete the oldest sealed segments that hold only offsets below `offset` (whose
+    /// records a snapshot now covers: a cache shard's compaction). Offsets are never
+    /// renumbered: the log's oldest offset moves up to the first kept segment. Returns how
+    /// many segments went.
+    pub async fn delete_below(&self, offset: u64) -> usize {
+        let victims: Vec<(u64, Rc<DmaFile>)> = {
+            let mut i = self.inner.borrow_mut();
+            let last = i.segs.back().map(|s| s.base);
+            let facts: Vec<SegmentFacts> = i
+                .segs
+                .iter()
+                .map(|s| SegmentFacts {
+                    base: s.base,
+                    bytes: s.write_pos,
+                    max_ts_ms: s.max_ts_ms,
+                    sealed: s.sealed && Some(s.base) != last,
+                })
+                .collect();
+            let n = segments_below(&facts, offset);
+            i.segs.drain(..n).map(|s| (s.base, s.file)).collect()
+        };
+        if victims.is_empty() {
+            return 0;
+        }
+        let dir = self.inner.borrow().dir.clone();
+        for (base, _file) in &victims {
+            let _ = std::fs::remove_file(dir.join(segment_file_name(*base)));
+            let _ = std::fs::remove_file(dir.join(index_file_name(*base)));
+        }
+        let _ = sync_dir(&dir);
+        victims.len()
     }
 
     async fn apply_retention(&self) {

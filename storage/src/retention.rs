@@ -42,6 +42,15 @@ pub fn segments_to_delete(segs: &[SegmentFacts], limits: RetentionLimits, now_ms
     n
 }
 
+/// How many of the oldest segments hold only offsets below `offset` (a snapshot covers them):
+/// segment `i` holds `[base_i, base_{i+1})`, so it qualifies when it is sealed, is not the
+/// last, and the next one starts at or below `offset`. A prefix only, like retention.
+pub fn segments_below(segs: &[SegmentFacts], offset: u64) -> usize {
+    segs.windows(2)
+        .take_while(|w| w[0].sealed && w[1].base <= offset)
+        .count()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -106,6 +115,32 @@ mod tests {
             if k > 0 {
                 let before: u64 = sizes[k - 1..].iter().sum();
                 prop_assert!(before > max);
+            }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn segments_below_deletes_only_covered_offsets(
+            sizes in proptest::collection::vec(1u64..50, 1..10),
+            unsealed_last in any::<bool>(),
+            offset in 0u64..400,
+        ) {
+            let mut segs = Vec::new();
+            let mut base = 0;
+            for (i, n) in sizes.iter().enumerate() {
+                let last = i + 1 == sizes.len();
+                segs.push(seg(base, *n, 0, !(last && unsealed_last)));
+                base += n;
+            }
+            let k = segments_below(&segs, offset);
+            prop_assert!(k < segs.len(), "never the last segment");
+            for i in 0..k {
+                prop_assert!(segs[i].sealed && segs[i + 1].base <= offset);
+            }
+            // Minimal: the next segment is not wholly below the offset (or is the last).
+            if k + 1 < segs.len() && segs[k].sealed {
+                prop_assert!(segs[k + 1].base > offset);
             }
         }
     }

@@ -24,6 +24,7 @@
 //!   a put that would pass a cap is refused, never evicts silently.
 
 pub mod record;
+pub mod snapshot;
 #[cfg(test)]
 mod tests;
 
@@ -372,6 +373,35 @@ impl CacheShard {
         }
     }
 
+    /// Every entry (expired ones not yet reclaimed included), in key order: what a
+    /// snapshot holds.
+    pub fn entries(&self) -> impl Iterator<Item = (&Bytes, &Entry)> {
+        self.entries.iter()
+    }
+
+    /// A shard holding exactly `entries` (as [`CacheShard::entries`] gave them) whose next
+    /// change gets `next_offset`: the state a snapshot recorded. Caps are not applied (the
+    /// state was accepted under them when it was written).
+    pub fn restore(
+        limits: CacheLimits,
+        entries: Vec<(Bytes, Entry)>,
+        next_offset: u64,
+    ) -> CacheShard {
+        let mut s = CacheShard::new(limits, next_offset);
+        for (k, e) in entries {
+            assert!(
+                e.version < next_offset,
+                "a restored version is below the next offset"
+            );
+            s.bytes += entry_bytes(&k, &e);
+            if let Some(t) = e.expires_at_ms {
+                s.expiry.insert((t, k.clone()));
+            }
+            s.entries.insert(k, e);
+        }
+        s
+    }
+
     /// Skip offsets no change occupies (a log whose records were compacted away, or an
     /// in-memory cache starting above earlier incarnations' offsets).
     pub fn advance_to(&mut self, next_offset: u64) {
@@ -553,6 +583,13 @@ impl Counters {
     }
     pub fn next_offset(&self) -> u64 {
         self.next_offset
+    }
+    /// Counters holding exactly `sums`, the next delta at `next_offset` (a snapshot's).
+    pub fn restore(sums: Vec<(Bytes, i64)>, next_offset: u64) -> Counters {
+        Counters {
+            sums: sums.into_iter().collect(),
+            next_offset,
+        }
     }
     /// Every sum (a checkpoint: replaying these as deltas gives the same state).
     pub fn sums(&self) -> impl Iterator<Item = (&Bytes, i64)> {

@@ -398,5 +398,94 @@ proptest! {
         }
         k2.advance_to(c.next_offset());
         prop_assert_eq!(k2.watch_start(&all, now), c.watch_start(&all, now));
+
+        // keys.idx: a snapshot taken midway, through its codec, plus the log after it,
+        // rebuilds the same state as the whole log.
+        let cut = log.len() / 2;
+        let mut mid = CacheShard::new(CacheLimits::default(), 0);
+        for ch in &log[..cut] {
+            mid.apply(ch);
+        }
+        let snap = super::snapshot::Snapshot {
+            cache_log_id: [7; 16],
+            counter_log_id: [8; 16],
+            cache_next: mid.next_offset(),
+            counters_next: 0,
+            entries: mid.entries().map(|(k, e)| (k.clone(), e.clone())).collect(),
+            counters: vec![],
+        };
+        let bytes = Bytes::from(super::snapshot::encode(&snap));
+        let back = super::snapshot::decode(&bytes).unwrap();
+        prop_assert_eq!(&back, &snap);
+        let mut s2 = CacheShard::restore(CacheLimits::default(), back.entries, back.cache_next);
+        for ch in &log[cut..] {
+            s2.apply(ch);
+        }
+        prop_assert_eq!(s2.watch_start(&all, now), c.watch_start(&all, now));
+        prop_assert_eq!((s2.len(), s2.bytes(), s2.next_offset()), (c.len(), c.bytes(), c.next_offset()));
+        prop_assert_eq!(s2.next_expiry_ms(), c.next_expiry_ms());
+    }
+}
+
+#[test]
+fn cache_snapshots_refuse_every_single_byte_corruption_and_bad_content() {
+    use super::snapshot::{decode, encode, Snapshot, SnapshotError};
+    let e = |v: &str, version: u64, exp: Option<u64>| Entry {
+        value: b(v),
+        version,
+        expires_at_ms: exp,
+    };
+    let snap = Snapshot {
+        cache_log_id: [1; 16],
+        counter_log_id: [2; 16],
+        cache_next: 10,
+        counters_next: 4,
+        entries: vec![(b("a"), e("x", 3, None)), (b("b/1"), e("", 9, Some(77)))],
+        counters: vec![(b("hits"), -5), (b("z"), i64::MAX)],
+    };
+    let good = encode(&snap);
+    assert_eq!(decode(&Bytes::from(good.clone())).unwrap(), snap);
+    for i in 0..good.len() {
+        for bit in [0x01u8, 0x80] {
+            let mut bad = good.clone();
+            bad[i] ^= bit;
+            assert!(
+                decode(&Bytes::from(bad)).is_err(),
+                "flip at byte {i} accepted"
+            );
+        }
+    }
+    for n in 0..good.len() {
+        assert!(
+            decode(&Bytes::from(good[..n].to_vec())).is_err(),
+            "truncated to {n}"
+        );
+    }
+    // Well-formed bytes with bad content are refused too (the CRC is recomputed here).
+    for bad in [
+        Snapshot {
+            entries: vec![(b("b"), e("x", 1, None)), (b("a"), e("y", 2, None))],
+            ..snap.clone()
+        },
+        Snapshot {
+            entries: vec![(b("a"), e("x", 10, None))],
+            ..snap.clone()
+        },
+        Snapshot {
+            entries: vec![(b(""), e("x", 1, None))],
+            ..snap.clone()
+        },
+        Snapshot {
+            counters: vec![(b("z"), 1), (b("a"), 2)],
+            ..snap.clone()
+        },
+    ] {
+        assert!(
+            matches!(
+                decode(&Bytes::from(encode(&bad))),
+                Err(SnapshotError::Entry(..))
+            ),
+            "{bad:?}"
+        );
     }
 }

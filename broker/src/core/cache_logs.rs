@@ -6,9 +6,14 @@
 //! payload = delta i64 LE).
 //!
 //! - The shard opens on the owner core on its first request; requests and watch opens that
-//!   arrive meanwhile wait in order. Opening replays both logs into the pure state (every
-//!   record; there is no key index snapshot or compaction yet, so open time and disk grow
-//!   with the number of writes, not the number of keys).
+//!   arrive meanwhile wait in order. Opening loads `keys.idx` (the state at an offset, see
+//!   [`crate::cache::snapshot`]) when there is one and replays both logs from there.
+//! - Compaction: every `cache_compact_records` appended records the owner writes a new
+//!   `keys.idx` (after the records it covers are synced: temp file, fdatasync, rename,
+//!   directory fsync) and then deletes the sealed segments wholly below it. Offsets are never
+//!   renumbered; the logs' oldest offsets move up. A snapshot that cannot be read while the
+//!   log below it is gone refuses the shard (`unavailable`) rather than serving a partial
+//!   state.
 //! - A write is checked against the state, appended, then applied; its answer waits for the
 //!   commit under the broker's fsync mode (`durable_fsync`), as an acked publish does.
 //!   Watches see a change when it is applied (before its commit).
@@ -17,8 +22,13 @@
 
 use super::caches::OwnedCache;
 use super::*;
+use crate::cache::snapshot::{self, Snapshot};
 use crate::cache::{record, CacheLimits, CacheShard, Counters};
+use bytes::Bytes;
 use std::path::PathBuf;
+
+/// The snapshot file of a shard (beside its two log directories).
+pub const SNAPSHOT_FILE: &str = "keys.idx";
 
 /// The directory of one shard of a log-backed cache.
 pub fn cache_shard_dir(
@@ -54,11 +64,91 @@ impl CacheOpenJob {
         let (cache, _) = Log::open(&self.dir.join("log"), self.config.clone())
             .await
             .map_err(|e| format!("cache log: {e}"))?;
-        let (counters, _) = Log::open(&self.dir.join("counters"), self.config)
-            .await
-            .map_err(|e| format!("counter log: {e}"))?;
-        let mut shard = CacheShard::new(self.limits, cache.oldest_offset());
-        let mut at = cache.oldest_offset();
+        let counters = match Log::open(&self.dir.join("counters"), self.config.clone()).await {
+            Ok((l, _)) => l,
+            Err(e) => {
+                let _ = cache.close().await;
+                return Err(format!("counter log: {e}"));
+            }
+        };
+        match self.load(&cache, &counters).await {
+            Ok((shard, sums)) => Ok((CacheLogs { cache, counters }, shard, sums)),
+            Err(e) => {
+                // Stop the logs' tasks: nothing of a refused shard keeps running.
+                let _ = cache.close().await;
+                let _ = counters.close().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// The state: `keys.idx` if usable, then both logs replayed from it.
+    async fn load(&self, cache: &Log, counters: &Log) -> Result<(CacheShard, Counters), String> {
+        let path = self.dir.join(SNAPSHOT_FILE);
+        let read = glommio::executor()
+            .spawn_blocking(move || std::fs::read(path))
+            .await;
+        let snap = match read {
+            Ok(b) => Some(snapshot::decode(&Bytes::from(b))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(format!("{SNAPSHOT_FILE}: {e}")),
+        };
+        let compacted = cache.oldest_offset() > 0 || counters.oldest_offset() > 0;
+        let usable = |s: &Snapshot| -> Result<(), String> {
+            if s.cache_log_id != cache.log_id() || s.counter_log_id != counters.log_id() {
+                return Err("it belongs to other logs".into());
+            }
+            let fits = |at: u64, log: &Log| at >= log.oldest_offset() && at <= log.next_offset();
+            if !fits(s.cache_next, cache) || !fits(s.counters_next, counters) {
+                return Err(format!(
+                    "it covers offsets below {} / {} but the logs hold {}..{} / {}..{}",
+                    s.cache_next,
+                    s.counters_next,
+                    cache.oldest_offset(),
+                    cache.next_offset(),
+                    counters.oldest_offset(),
+                    counters.next_offset()
+                ));
+            }
+            Ok(())
+        };
+        let snap = match snap {
+            Some(Ok(s)) => match usable(&s) {
+                Ok(()) => Some(s),
+                Err(why) if !compacted => {
+                    tracing::warn!(dir = %self.dir.display(), %why, "ignoring keys.idx: replaying the whole log");
+                    None
+                }
+                Err(why) => return Err(format!("{SNAPSHOT_FILE} cannot be used ({why}) and the log below it was compacted away")),
+            },
+            Some(Err(e)) if !compacted => {
+                tracing::warn!(dir = %self.dir.display(), error = %e, "ignoring an unreadable keys.idx: replaying the whole log");
+                None
+            }
+            Some(Err(e)) => return Err(format!("{SNAPSHOT_FILE}: {e}; the log below it was compacted away")),
+            None if compacted => {
+                return Err(format!(
+                    "the logs start at offsets {} / {} (compacted) but there is no {SNAPSHOT_FILE}",
+                    cache.oldest_offset(),
+                    counters.oldest_offset()
+                ))
+            }
+            None => None,
+        };
+        let (mut shard, mut at, mut sums, counters_from) = match snap {
+            Some(s) => (
+                CacheShard::restore(self.limits.clone(), s.entries, s.cache_next),
+                s.cache_next,
+                Counters::restore(s.counters, s.counters_next),
+                s.counters_next,
+            ),
+            None => (
+                CacheShard::new(self.limits.clone(), cache.oldest_offset()),
+                cache.oldest_offset(),
+                Counters::new(counters.oldest_offset()),
+                counters.oldest_offset(),
+            ),
+        };
         while at < cache.next_offset() {
             let recs = cache
                 .read(at, REPLAY_RECORDS, REPLAY_BYTES)
@@ -70,16 +160,20 @@ impl CacheOpenJob {
             for r in recs {
                 let c = record::decode(r.offset, r.key, r.flags, r.payload)
                     .map_err(|e| format!("cache log record {}: {e}", r.offset))?;
-                if c.offset > shard.next_offset() {
-                    shard.advance_to(c.offset);
+                if c.offset < shard.next_offset() {
+                    return Err(format!(
+                        "cache log record {} is below the replayed state's next offset {}",
+                        c.offset,
+                        shard.next_offset()
+                    ));
                 }
+                shard.advance_to(c.offset);
                 shard.apply(&c);
                 at = c.offset + 1;
             }
         }
         shard.advance_to(cache.next_offset());
-        let mut sums = Counters::new(counters.oldest_offset());
-        let mut at = counters.oldest_offset();
+        let mut at = counters_from;
         while at < counters.next_offset() {
             let recs = counters
                 .read(at, REPLAY_RECORDS, REPLAY_BYTES)
@@ -106,18 +200,21 @@ impl CacheOpenJob {
                 at = r.offset + 1;
             }
         }
-        Ok((CacheLogs { cache, counters }, shard, sums))
+        Ok((shard, sums))
     }
 }
 
 /// Answer writes as their commits complete; fail the shard on a device error.
+/// `epoch` names the shard incarnation the log belongs to: a watcher of logs closed for a
+/// dropped shard never touches a newer one on the same key.
 async fn cache_commit_watcher(
     state: Weak<RefCell<CoreState>>,
     key: ShardKey,
+    epoch: u64,
     log: Log,
     counters: bool,
+    mut seen: u64,
 ) {
-    let mut seen = log.acked();
     loop {
         let r = log.wait_acked_beyond(seen).await;
         let Some(st) = state.upgrade() else { return };
@@ -125,10 +222,10 @@ async fn cache_commit_watcher(
         match r {
             Ok(acked) => {
                 seen = acked;
-                st.on_cache_acked(key, counters, acked);
+                st.on_cache_acked(key, epoch, counters, acked);
             }
             Err(e) => {
-                st.on_cache_failed(key, e.to_string());
+                st.on_cache_failed(key, epoch, e.to_string());
                 st.drain_inbox();
                 st.wake.wake();
                 return;
@@ -165,28 +262,34 @@ impl CoreState {
             MeshMsg::WatchClose { cache, shard, .. } => (*cache, *shard),
             _ => return Some(msg),
         };
+        if let Some(q) = self.cache_closing.get_mut(&key) {
+            q.push(msg); // an earlier incarnation's logs are still closing
+            return None;
+        }
         if self.caches.contains_key(&key)
             || !self.cache_is_durable(key.0)
             || self.catalog.cache_serve_check(key.0, key.1).is_err()
         {
             return Some(msg); // served, in memory, or refused by the handler
         }
+        if self.closing_logs || self.s.cfg.durable_storage_dir.is_none() {
+            let err = if self.closing_logs {
+                (
+                    ErrorCode::ShuttingDown,
+                    "the broker is shutting down".to_string(),
+                )
+            } else {
+                (
+                    ErrorCode::Unsupported,
+                    "no durable_storage_dir on this broker".to_string(),
+                )
+            };
+            self.refuse_cache_msg(msg, err);
+            return None;
+        }
         if let Some(why) = self.cache_failed.get(&key).cloned() {
             let err = (ErrorCode::Unavailable, format!("cache shard failed: {why}"));
-            match msg {
-                MeshMsg::CacheReq { origin, .. } => {
-                    let frame = Frame::error(origin.request_id, err.0, err.1);
-                    self.route(origin.core, MeshMsg::CacheReply { origin, frame });
-                }
-                MeshMsg::WatchOpen(r) => self.route(
-                    r.core,
-                    MeshMsg::WatchOpened {
-                        watch: r.watch,
-                        result: Err(err),
-                    },
-                ),
-                _ => {}
-            }
+            self.refuse_cache_msg(msg, err);
             return None;
         }
         if let Some(q) = self.cache_opening.get_mut(&key) {
@@ -196,9 +299,12 @@ impl CoreState {
         if matches!(msg, MeshMsg::WatchClose { .. }) {
             return None; // nothing registered on a shard never opened
         }
-        let Some(root) = self.s.cfg.durable_storage_dir.clone() else {
-            return Some(msg); // refused by the connection core already; be safe
-        };
+        let root = self
+            .s
+            .cfg
+            .durable_storage_dir
+            .clone()
+            .expect("checked above");
         self.cache_opening.insert(key, vec![msg]);
         let slot = self.catalog.cache_slot(key.0);
         let job = CacheOpenJob {
@@ -220,6 +326,24 @@ impl CoreState {
         None
     }
 
+    /// Answer a held or gated message with `err`.
+    fn refuse_cache_msg(&mut self, msg: MeshMsg, err: (ErrorCode, String)) {
+        match msg {
+            MeshMsg::CacheReq { origin, .. } => {
+                let frame = Frame::error(origin.request_id, err.0, err.1);
+                self.route(origin.core, MeshMsg::CacheReply { origin, frame });
+            }
+            MeshMsg::WatchOpen(r) => self.route(
+                r.core,
+                MeshMsg::WatchOpened {
+                    watch: r.watch,
+                    result: Err(err),
+                },
+            ),
+            _ => {}
+        }
+    }
+
     fn cache_log_config(&self) -> LogConfig {
         let cfg = &self.s.cfg;
         LogConfig {
@@ -236,24 +360,35 @@ impl CoreState {
         let held = self.cache_opening.remove(&key).unwrap_or_default();
         let still_served = self.catalog.cache_serve_check(key.0, key.1).is_ok();
         match r {
-            Ok((logs, shard, counters)) if still_served => {
+            Ok((logs, shard, counters)) if still_served && !self.closing_logs => {
+                self.next_cache_epoch += 1;
+                let epoch = self.next_cache_epoch;
                 let me = self.me.clone();
-                glommio::spawn_local(cache_commit_watcher(
-                    me.clone(),
-                    key,
-                    logs.cache.clone(),
-                    false,
-                ))
-                .detach();
-                glommio::spawn_local(cache_commit_watcher(me, key, logs.counters.clone(), true))
+                for (log, counters) in [(logs.cache.clone(), false), (logs.counters.clone(), true)]
+                {
+                    let seen = log.acked();
+                    glommio::spawn_local(cache_commit_watcher(
+                        me.clone(),
+                        key,
+                        epoch,
+                        log,
+                        counters,
+                        seen,
+                    ))
                     .detach();
+                }
                 self.caches
-                    .insert(key, OwnedCache::with_logs(shard, counters, logs));
+                    .insert(key, OwnedCache::with_logs(shard, counters, logs, epoch));
             }
-            Ok((logs, _, _)) => close_logs(logs),
+            Ok((logs, shard, counters)) => {
+                // The catalog moved on while it opened (or the broker is closing): close
+                // it again, removing it if the cache was deleted.
+                let oc = OwnedCache::with_logs(shard, counters, logs, 0);
+                self.retire_cache_shard(key, oc);
+            }
             Err(why) => {
                 tracing::error!(cache = key.0, shard = key.1, %why, "cache shard cannot open");
-                CoreCounters::inc(&self.s.counters.durable_shards_failed);
+                CoreCounters::inc(&self.s.counters.cache_shards_failed);
                 self.cache_failed.insert(key, why);
             }
         }
@@ -262,8 +397,8 @@ impl CoreState {
         }
     }
 
-    fn on_cache_acked(&mut self, key: ShardKey, counters: bool, acked: u64) {
-        let Some(oc) = self.caches.get_mut(&key) else {
+    fn on_cache_acked(&mut self, key: ShardKey, epoch: u64, counters: bool, acked: u64) {
+        let Some(oc) = self.caches.get_mut(&key).filter(|c| c.epoch == epoch) else {
             return;
         };
         for (origin, frame) in oc.take_committed(counters, acked) {
@@ -273,30 +408,53 @@ impl CoreState {
 
     /// A device error (or the log closed under it): answer what waited, end the watches,
     /// refuse what comes later.
-    pub(super) fn on_cache_failed(&mut self, key: ShardKey, why: String) {
-        let Some(mut oc) = self.caches.remove(&key) else {
-            return; // dropped already (deleted, moved, shutting down)
-        };
+    pub(super) fn on_cache_failed(&mut self, key: ShardKey, epoch: u64, why: String) {
+        if !self.caches.get(&key).is_some_and(|c| c.epoch == epoch) {
+            return; // dropped already (deleted, moved), or a newer incarnation
+        }
+        let mut oc = self.caches.remove(&key).expect("checked above");
+        if self.closing_logs {
+            // Shutdown closed the log: not a failure. Whatever still waits is told so.
+            self.drop_owned_cache(
+                key,
+                &mut oc,
+                (
+                    ErrorCode::ShuttingDown,
+                    "the broker is shutting down".into(),
+                ),
+                true,
+            );
+            return;
+        }
         tracing::error!(cache = key.0, shard = key.1, %why, "cache shard failed");
-        CoreCounters::inc(&self.s.counters.durable_shards_failed);
+        CoreCounters::inc(&self.s.counters.cache_shards_failed);
         let err = (ErrorCode::Unavailable, format!("cache shard failed: {why}"));
-        self.drop_owned_cache(key, &mut oc, err.clone());
+        self.drop_owned_cache(key, &mut oc, err.clone(), true);
         if let Some(logs) = oc.logs.take() {
-            close_logs(logs);
+            glommio::spawn_local(async move {
+                let _ = logs.cache.close().await;
+                let _ = logs.counters.close().await;
+            })
+            .detach();
         }
         self.cache_failed.insert(key, why);
     }
 
-    /// Answer everything `oc` owes with `err` and end its watches on every core.
+    /// Answer everything `oc` owes with `err`; with `notify`, end its watches on every core
+    /// (a catalog change needs not: every core ends its own then).
     pub(super) fn drop_owned_cache(
         &mut self,
         key: ShardKey,
         oc: &mut OwnedCache,
         err: (ErrorCode, String),
+        notify: bool,
     ) {
         for (origin, _) in oc.take_all_pending() {
             let frame = Frame::error(origin.request_id, err.0, err.1.clone());
             self.route(origin.core, MeshMsg::CacheReply { origin, frame });
+        }
+        if !notify {
+            return;
         }
         let mut cores = vec![false; self.s.cores as usize];
         for core in oc.watch_cores() {
@@ -317,6 +475,134 @@ impl CoreState {
         }
     }
 
+    /// A log-backed shard is no longer served here (deleted, moved, re-generationed): close
+    /// its logs — which commits what was appended — then answer each waiting write by
+    /// whether its record committed, remove the logs if the cache was deleted, and only then
+    /// let the messages that arrived meanwhile through (so a reopen never races the close).
+    pub(super) fn retire_cache_shard(&mut self, key: ShardKey, mut oc: OwnedCache) {
+        let Some(logs) = oc.logs.take() else {
+            return;
+        };
+        let pending = oc.take_pending_with_upto();
+        let slot = self.catalog.cache_slot(key.0).clone();
+        let dir = match (&self.s.cfg.durable_storage_dir, slot.deleted) {
+            (Some(root), true) => Some(cache_shard_dir(
+                root,
+                &slot.def.name(),
+                slot.incarnation,
+                key.1,
+            )),
+            _ => None,
+        };
+        let why = self
+            .catalog
+            .cache_serve_check(key.0, key.1)
+            .err()
+            .unwrap_or((
+                ErrorCode::Unavailable,
+                "the cache shard was placed again".into(),
+            ));
+        self.cache_closing.entry(key).or_default();
+        let me = self.me.clone();
+        glommio::spawn_local(async move {
+            let _ = logs.cache.close().await;
+            let _ = logs.counters.close().await;
+            let acked = (logs.cache.acked(), logs.counters.acked());
+            if let Some(d) = dir.clone() {
+                let _ = glommio::executor()
+                    .spawn_blocking(move || remove_dir_logged(&d))
+                    .await;
+            }
+            let Some(st) = me.upgrade() else { return };
+            let mut st = st.borrow_mut();
+            for (counters, upto, origin, frame) in pending {
+                let done = upto <= if counters { acked.1 } else { acked.0 };
+                let frame = if dir.is_some() {
+                    Frame::error(origin.request_id, why.0, why.1.clone())
+                } else if done {
+                    frame // committed before the close: its answer stands
+                } else {
+                    Frame::error(
+                        origin.request_id,
+                        ErrorCode::Unavailable,
+                        format!("outcome unknown: {}", why.1),
+                    )
+                };
+                st.route(origin.core, MeshMsg::CacheReply { origin, frame });
+            }
+            for msg in st.cache_closing.remove(&key).unwrap_or_default() {
+                st.on_mesh(msg);
+            }
+            st.drain_inbox();
+            st.wake.wake();
+        })
+        .detach();
+    }
+
+    /// Remove the logs of a deleted cache's shard this core owns that is not open here (never
+    /// opened since the start, or failed).
+    pub(super) fn remove_unopened_cache_shard(&mut self, key: ShardKey) {
+        self.cache_failed.remove(&key);
+        let Some(root) = self.s.cfg.durable_storage_dir.clone() else {
+            return;
+        };
+        let slot = self.catalog.cache_slot(key.0);
+        let dir = cache_shard_dir(&root, &slot.def.name(), slot.incarnation, key.1);
+        glommio::spawn_local(async move {
+            let _ = glommio::executor()
+                .spawn_blocking(move || remove_dir_logged(&dir))
+                .await;
+        })
+        .detach();
+    }
+
+    /// Write a snapshot of the shard and delete the log segments it covers, once
+    /// `cache_compact_records` records were appended since the last one.
+    pub(super) fn maybe_compact(&mut self, key: ShardKey) {
+        let every = self.s.cfg.cache_compact_records;
+        let Some(root) = self.s.cfg.durable_storage_dir.clone() else {
+            return;
+        };
+        let slot = self.catalog.cache_slot(key.0);
+        let dir = cache_shard_dir(&root, &slot.def.name(), slot.incarnation, key.1);
+        let Some(oc) = self.caches.get_mut(&key) else {
+            return;
+        };
+        let Some(snap) = oc.snapshot_due(every) else {
+            return;
+        };
+        let logs = oc.logs.as_ref().expect("a due snapshot has logs");
+        let (clog, nlog) = (logs.cache.clone(), logs.counters.clone());
+        let me = self.me.clone();
+        glommio::spawn_local(async move {
+            let r = compact(dir, clog, nlog, snap).await;
+            if let Some(st) = me.upgrade() {
+                let mut st = st.borrow_mut();
+                st.on_compacted(key, r);
+                st.drain_inbox();
+                st.wake.wake();
+            }
+        })
+        .detach();
+    }
+
+    fn on_compacted(&mut self, key: ShardKey, r: Result<usize, String>) {
+        if let Some(oc) = self.caches.get_mut(&key) {
+            oc.compaction_done();
+        }
+        match r {
+            Ok(deleted) => {
+                CoreCounters::inc(&self.s.counters.cache_compactions);
+                CoreCounters::add(&self.s.counters.cache_segments_compacted, deleted as u64);
+            }
+            // Nothing was deleted without its snapshot on disk; a failing log fails the
+            // shard through its commit watcher.
+            Err(why) => {
+                tracing::warn!(cache = key.0, shard = key.1, %why, "cache compaction did not finish")
+            }
+        }
+    }
+
     /// The logs of log-backed shards this core holds (closed at shutdown).
     pub(super) fn cache_logs(&self) -> Vec<Log> {
         self.caches
@@ -327,32 +613,49 @@ impl CoreState {
     }
 }
 
-/// Close a shard's logs off the hot path.
-pub(super) fn close_logs(logs: CacheLogs) {
-    glommio::spawn_local(async move {
-        let _ = logs.cache.close().await;
-        let _ = logs.counters.close().await;
-    })
-    .detach();
+/// Remove a deleted shard's directory, then its cache directory once empty.
+fn remove_dir_logged(dir: &std::path::Path) {
+    if let Err(e) = std::fs::remove_dir_all(dir) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot remove a deleted cache shard's logs");
+        }
+    }
+    if let Some(parent) = dir.parent() {
+        let _ = std::fs::remove_dir(parent);
+    }
 }
 
-/// Close a deleted cache shard's logs and remove its directory.
-pub(super) fn remove_cache_shard(logs: Option<CacheLogs>, dir: Option<PathBuf>) {
-    glommio::spawn_local(async move {
-        if let Some(l) = logs {
-            let _ = l.cache.close().await;
-            let _ = l.counters.close().await;
-        }
-        if let Some(dir) = dir {
-            if let Err(e) = std::fs::remove_dir_all(&dir) {
-                if e.kind() != std::io::ErrorKind::NotFound {
-                    tracing::warn!(dir = %dir.display(), error = %e, "cannot remove a deleted cache shard's logs");
-                }
-            }
-            if let Some(parent) = dir.parent() {
-                let _ = std::fs::remove_dir(parent);
-            }
-        }
-    })
-    .detach();
+/// Snapshot (after every record it covers is synced), then delete the segments below it.
+async fn compact(dir: PathBuf, cache: Log, counters: Log, snap: Snapshot) -> Result<usize, String> {
+    let e = |w: &str, x: LogError| format!("{w}: {x}");
+    cache
+        .wait_acked(snap.cache_next)
+        .await
+        .map_err(|x| e("cache log", x))?;
+    cache.sync_now().await.map_err(|x| e("cache log", x))?;
+    counters
+        .wait_acked(snap.counters_next)
+        .await
+        .map_err(|x| e("counter log", x))?;
+    counters.sync_now().await.map_err(|x| e("counter log", x))?;
+    let bytes = snapshot::encode(&snap);
+    let d = dir.clone();
+    glommio::executor()
+        .spawn_blocking(move || write_snapshot(&d, &bytes))
+        .await
+        .map_err(|x| format!("{SNAPSHOT_FILE}: {x}"))?;
+    let a = cache.delete_below(snap.cache_next).await;
+    let b = counters.delete_below(snap.counters_next).await;
+    Ok(a + b)
+}
+
+/// `dir/keys.idx`: temporary file, fdatasync, rename, directory fsync.
+fn write_snapshot(dir: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let tmp = dir.join(format!("{SNAPSHOT_FILE}.tmp"));
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_data()?;
+    std::fs::rename(&tmp, dir.join(SNAPSHOT_FILE))?;
+    std::fs::File::open(dir)?.sync_all()
 }

@@ -93,6 +93,13 @@ pub(super) struct OwnedCache {
     pub(super) logs: Option<cache_logs::CacheLogs>,
     pending: VecDeque<(u64, CacheOrigin, Frame)>,
     pending_counters: VecDeque<(u64, CacheOrigin, Frame)>,
+    /// Records appended since the last snapshot was taken.
+    since_snapshot: u64,
+    compacting: bool,
+    /// Which open of the key this is (its logs' commit watchers carry it).
+    pub(super) epoch: u64,
+    /// Expiry appends refused (back-pressure): not retried before this wall-clock ms.
+    expire_retry_at_ms: u64,
 }
 
 /// An answer that waits until its log's acknowledged offset reaches `upto`.
@@ -103,7 +110,12 @@ pub(super) struct Wait {
 }
 
 impl OwnedCache {
-    fn new(shard: CacheShard, counters: Counters, logs: Option<cache_logs::CacheLogs>) -> Self {
+    fn new(
+        shard: CacheShard,
+        counters: Counters,
+        logs: Option<cache_logs::CacheLogs>,
+        epoch: u64,
+    ) -> Self {
         let from = shard.next_offset();
         OwnedCache {
             shard,
@@ -115,15 +127,47 @@ impl OwnedCache {
             logs,
             pending: VecDeque::new(),
             pending_counters: VecDeque::new(),
+            since_snapshot: 0,
+            compacting: false,
+            epoch,
+            expire_retry_at_ms: 0,
         }
+    }
+
+    /// The state to snapshot, when a log-backed shard has appended `every` records since the
+    /// last one and no compaction runs.
+    pub(super) fn snapshot_due(&mut self, every: u64) -> Option<crate::cache::snapshot::Snapshot> {
+        let logs = self.logs.as_ref()?;
+        if self.compacting || self.since_snapshot < every {
+            return None;
+        }
+        self.compacting = true;
+        self.since_snapshot = 0;
+        Some(crate::cache::snapshot::Snapshot {
+            cache_log_id: logs.cache.log_id(),
+            counter_log_id: logs.counters.log_id(),
+            cache_next: self.shard.next_offset(),
+            counters_next: self.counters.next_offset(),
+            entries: self
+                .shard
+                .entries()
+                .map(|(k, e)| (k.clone(), e.clone()))
+                .collect(),
+            counters: self.counters.sums().map(|(k, v)| (k.clone(), v)).collect(),
+        })
+    }
+
+    pub(super) fn compaction_done(&mut self) {
+        self.compacting = false;
     }
 
     pub(super) fn with_logs(
         shard: CacheShard,
         counters: Counters,
         logs: cache_logs::CacheLogs,
+        epoch: u64,
     ) -> Self {
-        OwnedCache::new(shard, counters, Some(logs))
+        OwnedCache::new(shard, counters, Some(logs), epoch)
     }
 
     fn wait_for_commit(&mut self, w: Wait, origin: CacheOrigin, f: Frame) {
@@ -161,6 +205,16 @@ impl OwnedCache {
             .chain(self.pending_counters.drain(..))
             .map(|(_, o, f)| (o, f))
             .collect()
+    }
+
+    /// Every waiting answer: `(counter log, offset it waits for, origin, answer)`.
+    pub(super) fn take_pending_with_upto(&mut self) -> Vec<(bool, u64, CacheOrigin, Frame)> {
+        let a = self.pending.drain(..).map(|(u, o, f)| (false, u, o, f));
+        let b = self
+            .pending_counters
+            .drain(..)
+            .map(|(u, o, f)| (true, u, o, f));
+        a.chain(b).collect()
     }
 
     pub(super) fn has_pending(&self) -> bool {
@@ -277,7 +331,7 @@ impl CoreState {
             // A log-backed shard is inserted once its logs are open (`cache_gate`).
             assert!(!durable, "a log-backed cache shard is used only once open");
             let base = wall_ms() << 20;
-            OwnedCache::new(CacheShard::new(limits, base), Counters::new(base), None)
+            OwnedCache::new(CacheShard::new(limits, base), Counters::new(base), None, 0)
         })
     }
 
@@ -374,6 +428,21 @@ impl CoreState {
                 queue_events_max,
                 queue_bytes_max,
             );
+        }
+        let write = matches!(
+            frame,
+            CacheFrame::CachePut { .. }
+                | CacheFrame::CacheDelete { .. }
+                | CacheFrame::CounterAdd { .. }
+        );
+        if write && self.draining {
+            return Err((
+                ErrorCode::ShuttingDown,
+                "the broker is shutting down; the write was not applied".into(),
+            ));
+        }
+        if let Some(sess) = self.sessions.get_mut(&key) {
+            sess.cache_inflight += 1; // until its answer comes back (drain waits for it)
         }
         CoreCounters::inc(&self.s.counters.cache_requests);
         let origin = CacheOrigin {
@@ -479,6 +548,9 @@ impl CoreState {
     }
 
     pub(super) fn on_cache_reply(&mut self, origin: CacheOrigin, frame: Frame) {
+        if let Some(sess) = self.sessions.get_mut(&origin.conn) {
+            sess.cache_inflight = sess.cache_inflight.saturating_sub(1);
+        }
         if let Some(e) = self.ep.get(origin.conn) {
             e.conn.send_frame(origin.quic_stream, &frame);
             self.ep.mark_dirty(origin.conn);
@@ -722,7 +794,17 @@ impl CoreState {
     pub(super) fn end_local_watches(&mut self, key: ShardKey, (code, msg): (ErrorCode, String)) {
         let ids = self.local_watches.get(&key).cloned().unwrap_or_default();
         for wid in ids {
-            let resume_from = self.watches[&wid].resume_at;
+            let w = &self.watches[&wid];
+            if w.quic_stream.is_none() {
+                // Not answered by the owner yet: refuse the request itself (its open, if it
+                // comes, finds the watch gone).
+                let (conn, rs, rid) = (w.conn, w.reply_stream, w.request_id);
+                self.remove_watch(wid, None, false);
+                self.send_err(conn, rs, rid, code, msg.clone());
+                self.ep.mark_dirty(conn);
+                continue;
+            }
+            let resume_from = w.resume_at;
             let end = Frame::Cache(CacheFrame::CacheWatchEnd {
                 code: code.number(),
                 resume_from,
@@ -764,22 +846,23 @@ impl CoreState {
                         ),
                     ));
                     self.end_local_watches((idx, shard), why.clone());
-                    if let Some(mut oc) = self.caches.remove(&(idx, shard)) {
-                        self.drop_owned_cache((idx, shard), &mut oc, why);
-                        // A deleted cache's logs go; a moved shard's stay on disk.
-                        let dir = match (&self.s.cfg.durable_storage_dir, slot.deleted) {
-                            (Some(root), true) => Some(cache_logs::cache_shard_dir(
-                                root,
-                                &slot.def.name(),
-                                slot.incarnation,
-                                shard,
-                            )),
-                            _ => None,
-                        };
-                        if oc.logs.is_some() {
-                            cache_logs::remove_cache_shard(oc.logs.take(), dir);
-                        }
+                    match self.caches.remove(&(idx, shard)) {
+                        Some(oc) if oc.logs.is_some() => self.retire_cache_shard((idx, shard), oc),
+                        Some(mut oc) => self.drop_owned_cache((idx, shard), &mut oc, why, false),
+                        None => {}
                     }
+                }
+                // A deleted log-backed cache's shard this core owns but has not open: its
+                // logs go too (one that is opening is retired when its open completes).
+                let newly_deleted = slot.deleted && was.is_some_and(|w| !w.deleted);
+                if newly_deleted
+                    && slot.def.durable
+                    && self.cache_owner_core(idx, shard) == self.id
+                    && !self.caches.contains_key(&(idx, shard))
+                    && !self.cache_opening.contains_key(&(idx, shard))
+                    && !self.cache_closing.contains_key(&(idx, shard))
+                {
+                    self.remove_unopened_cache_shard((idx, shard));
                 }
             }
         }
@@ -801,6 +884,8 @@ impl CoreState {
                 (f, Some(wait)) => {
                     let oc = self.caches.get_mut(&(cache, shard)).expect("applied on it");
                     oc.wait_for_commit(wait, origin, f);
+                    oc.since_snapshot += 1;
+                    self.maybe_compact((cache, shard));
                     return;
                 }
             },
@@ -1145,7 +1230,11 @@ impl CoreState {
         let t = self
             .caches
             .values()
-            .filter_map(|c| c.shard.next_expiry_ms())
+            .filter_map(|c| {
+                c.shard
+                    .next_expiry_ms()
+                    .map(|t| t.max(c.expire_retry_at_ms))
+            })
             .min()?;
         Some(Duration::from_millis(t.saturating_sub(wall_ms())))
     }
@@ -1156,13 +1245,27 @@ impl CoreState {
         let due: Vec<ShardKey> = self
             .caches
             .iter()
-            .filter(|(_, c)| c.shard.next_expiry_ms().is_some_and(|t| t <= now))
+            .filter(|(_, c)| {
+                c.expire_retry_at_ms <= now && c.shard.next_expiry_ms().is_some_and(|t| t <= now)
+            })
             .map(|(k, _)| *k)
             .collect();
+        // One commit must hold the batch: stay well under the log's commit bound.
+        let batch_bytes_max = commit_bytes_max(&self.s.cfg) / 2;
         for key in due {
             let oc = self.caches.get_mut(&key).expect("due shard is owned");
-            let changes = oc.shard.prepare_expire(now, EXPIRE_BATCH);
+            let mut changes = oc.shard.prepare_expire(now, EXPIRE_BATCH);
             if let Some(logs) = &oc.logs {
+                let mut bytes = 0usize;
+                let fit = changes
+                    .iter()
+                    .take_while(|c| {
+                        bytes += felix_storage::record::HEADER_BYTES + c.key.len() + 1;
+                        bytes <= batch_bytes_max
+                    })
+                    .count()
+                    .max(1);
+                changes.truncate(fit);
                 let encoded: Vec<_> = changes.iter().map(crate::cache::record::encode).collect();
                 let recs: Vec<RecordIn> = encoded
                     .iter()
@@ -1174,13 +1277,20 @@ impl CoreState {
                     .collect();
                 match logs.cache.append(&recs, now) {
                     Ok(r) => assert_eq!(r.start, changes[0].offset, "cache log and state agree"),
-                    // Back-pressure: try again on a later tick. A failed log fails the shard
-                    // through its commit watcher.
-                    Err(_) => continue,
+                    // Back-pressure (or a failing log, which fails the shard through its
+                    // commit watcher): try again later rather than spin; reads already hide
+                    // the expired values.
+                    Err(_) => {
+                        oc.expire_retry_at_ms = now + 100;
+                        continue;
+                    }
                 }
             }
             for ch in &changes {
                 oc.shard.apply(ch);
+            }
+            if oc.logs.is_some() {
+                oc.since_snapshot += changes.len() as u64;
             }
             CoreCounters::add(&self.s.counters.cache_expired, changes.len() as u64);
             for ch in changes {
