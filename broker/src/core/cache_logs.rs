@@ -27,6 +27,22 @@ use crate::cache::{record, CacheLimits, CacheShard, Counters};
 use bytes::Bytes;
 use std::path::PathBuf;
 
+/// Give the spawning code its borrow back: glommio polls a task spawned with `spawn_local`
+/// at once, so a task that borrows the core state must first return to the executor.
+pub(super) async fn yield_once() {
+    let mut yielded = false;
+    std::future::poll_fn(|cx| {
+        if yielded {
+            std::task::Poll::Ready(())
+        } else {
+            yielded = true;
+            cx.waker().wake_by_ref();
+            std::task::Poll::Pending
+        }
+    })
+    .await
+}
+
 /// The snapshot file of a shard (beside its two log directories).
 pub const SNAPSHOT_FILE: &str = "keys.idx";
 
@@ -314,6 +330,7 @@ impl CoreState {
         };
         let me = self.me.clone();
         glommio::spawn_local(async move {
+            yield_once().await;
             let r = job.run().await;
             if let Some(st) = me.upgrade() {
                 let mut st = st.borrow_mut();
@@ -409,7 +426,7 @@ impl CoreState {
     /// A device error (or the log closed under it): answer what waited, end the watches,
     /// refuse what comes later.
     pub(super) fn on_cache_failed(&mut self, key: ShardKey, epoch: u64, why: String) {
-        if !self.caches.get(&key).is_some_and(|c| c.epoch == epoch) {
+        if self.caches.get(&key).is_none_or(|c| c.epoch != epoch) {
             return; // dropped already (deleted, moved), or a newer incarnation
         }
         let mut oc = self.caches.remove(&key).expect("checked above");
@@ -505,6 +522,7 @@ impl CoreState {
         self.cache_closing.entry(key).or_default();
         let me = self.me.clone();
         glommio::spawn_local(async move {
+            yield_once().await;
             let _ = logs.cache.close().await;
             let _ = logs.counters.close().await;
             let acked = (logs.cache.acked(), logs.counters.acked());
@@ -575,6 +593,7 @@ impl CoreState {
         let (clog, nlog) = (logs.cache.clone(), logs.counters.clone());
         let me = self.me.clone();
         glommio::spawn_local(async move {
+            yield_once().await;
             let r = compact(dir, clog, nlog, snap).await;
             if let Some(st) = me.upgrade() {
                 let mut st = st.borrow_mut();

@@ -59,6 +59,9 @@ pub struct Opened {
     pub state: Option<(Vec<Bytes>, Bytes)>,
     /// Changes to replay before live ones (offset order, filtered).
     pub replay: Vec<Arc<Ev>>,
+    /// The replay stopped at this offset (past the watch's bound): the watch ends lagged there
+    /// once the replay is delivered (the owner did not register it).
+    pub truncated_at: Option<u64>,
 }
 
 /// Watch parameters the owner needs.
@@ -621,7 +624,7 @@ impl CoreState {
             live_from: opened.live_from,
         });
         self.send_to_conn(conn, rs, &ok);
-        if let Some(at) = lagged {
+        if let Some(at) = lagged.or(opened.truncated_at) {
             self.lag_end(wid, at);
         }
         self.pump_watch(wid);
@@ -1123,6 +1126,21 @@ impl CoreState {
     }
 
     pub(super) fn on_watch_open(&mut self, req: WatchReq) {
+        // A resume below the replay ring that the log still holds is read from the log.
+        if let WatchStart::Offset(from) = req.start {
+            let key = (req.cache, req.shard);
+            let from_log = self.catalog.cache_serve_check(req.cache, req.shard).is_ok()
+                && self.caches.get(&key).is_some_and(|oc| {
+                    oc.logs.as_ref().is_some_and(|l| {
+                        from < oc.replayable_from
+                            && from >= l.cache.oldest_offset()
+                            && from <= oc.shard.next_offset()
+                    })
+                });
+            if from_log {
+                return self.start_log_replay(req, from);
+            }
+        }
         let result = self.start_watch(&req);
         self.route(
             req.core,
@@ -1214,9 +1232,150 @@ impl CoreState {
             shard: req.shard,
             live_from: next,
             resume_from,
+            truncated_at: None,
             state,
             replay,
         })
+    }
+
+    /// Read `[from, ring start)` from the shard's log (the ring start may move while it
+    /// reads: read on until the ring covers the rest), then register the watch and send its
+    /// replay — log part, then ring part — in one step, so it joins live with no gap. A
+    /// replay past the watch's bound stops there and the watch ends lagged at that offset.
+    fn start_log_replay(&mut self, req: WatchReq, from: u64) {
+        let key = (req.cache, req.shard);
+        let oc = self.caches.get(&key).expect("checked by the caller");
+        let epoch = oc.epoch;
+        let log = oc.logs.as_ref().expect("checked").cache.clone();
+        let me = self.me.clone();
+        glommio::spawn_local(async move {
+            cache_logs::yield_once().await; // the caller holds the state
+            let mut events: Vec<Arc<Ev>> = Vec::new();
+            let (mut at, mut bytes, mut truncated) = (from, 0u64, None);
+            loop {
+                let need = {
+                    let Some(st) = me.upgrade() else { return };
+                    let mut st = st.borrow_mut();
+                    let need = st.finish_log_replay(&req, epoch, &mut events, at, truncated);
+                    if need.is_none() {
+                        st.drain_inbox();
+                        st.wake.wake();
+                    }
+                    need
+                };
+                let Some(ring_start) = need else { return };
+                let recs = match log.read(at, 1024, 1 << 20).await {
+                    Ok(r) => r,
+                    Err(e) => {
+                        let Some(st) = me.upgrade() else { return };
+                        let mut st = st.borrow_mut();
+                        st.route(
+                            req.core,
+                            MeshMsg::WatchOpened {
+                                watch: req.watch,
+                                result: Err((
+                                    ErrorCode::Unavailable,
+                                    format!("reading the cache log: {e}"),
+                                )),
+                            },
+                        );
+                        st.drain_inbox();
+                        st.wake.wake();
+                        return;
+                    }
+                };
+                if recs.is_empty() {
+                    // Appended but not acknowledged yet: wait for the commit.
+                    let _ = log.wait_acked_beyond(at).await;
+                    continue;
+                }
+                for r in recs {
+                    if r.offset >= ring_start {
+                        break;
+                    }
+                    at = r.offset + 1;
+                    let Ok(c) = crate::cache::record::decode(r.offset, r.key, r.flags, r.payload)
+                    else {
+                        continue; // a bad record fails the open, not a watch
+                    };
+                    if !req.filter.matches(&c.key) {
+                        continue;
+                    }
+                    let frame = event_frame(c.offset, &c.key, &c.kind);
+                    bytes += frame.len() as u64;
+                    if events.len() >= req.events_max as usize || bytes > req.bytes_max {
+                        truncated = Some(c.offset);
+                        break;
+                    }
+                    events.push(Arc::new(Ev {
+                        offset: c.offset,
+                        key: c.key,
+                        frame,
+                    }));
+                }
+            }
+        })
+        .detach();
+    }
+
+    /// Finish a log replay if the ring now covers everything from `at` (or the replay is cut
+    /// short); else the ring start to read up to.
+    fn finish_log_replay(
+        &mut self,
+        req: &WatchReq,
+        epoch: u64,
+        events: &mut Vec<Arc<Ev>>,
+        at: u64,
+        truncated: Option<u64>,
+    ) -> Option<u64> {
+        let key = (req.cache, req.shard);
+        let served = self.catalog.cache_serve_check(req.cache, req.shard);
+        let result = match (served, self.caches.get_mut(&key)) {
+            (Err(e), _) => Err(e),
+            (Ok(()), Some(oc)) if oc.epoch == epoch => {
+                if truncated.is_none() && at < oc.replayable_from {
+                    return Some(oc.replayable_from);
+                }
+                let next = oc.shard.next_offset();
+                let mut replay = std::mem::take(events);
+                if truncated.is_none() {
+                    replay.extend(
+                        oc.ring
+                            .iter()
+                            .filter(|e| e.offset >= at && req.filter.matches(&e.key))
+                            .cloned(),
+                    );
+                    oc.watches.push(Reg {
+                        core: req.core,
+                        watch: req.watch,
+                        filter: req.filter.clone(),
+                    });
+                }
+                let WatchStart::Offset(from) = req.start else {
+                    unreachable!("log replays are resumes")
+                };
+                Ok(Opened {
+                    shard: req.shard,
+                    live_from: next,
+                    resume_from: from,
+                    state: None,
+                    replay,
+                    truncated_at: truncated,
+                })
+            }
+            (Ok(()), _) => Err((
+                ErrorCode::Unavailable,
+                "the cache shard closed while the watch was replaying its log".into(),
+            )),
+        };
+        self.route(
+            req.core,
+            MeshMsg::WatchOpened {
+                watch: req.watch,
+                result,
+            },
+        );
+        None
     }
 
     pub(super) fn on_watch_close(&mut self, watch: u64, cache: u32, shard: u32) {
