@@ -328,6 +328,8 @@ struct CoreState {
     cache_closing: HashMap<ShardKey, Vec<MeshMsg>>,
     /// Epoch of the last log-backed cache shard opened.
     next_cache_epoch: u64,
+    /// When the queue gauges were last refreshed.
+    gauges_at: Instant,
 }
 
 /// Run one core until shutdown. `sock` is this core's SO_REUSEPORT socket.
@@ -387,6 +389,7 @@ pub async fn run_core(
         cache_failed: HashMap::new(),
         cache_closing: HashMap::new(),
         next_cache_epoch: 0,
+        gauges_at: Instant::now(),
     }));
     state.borrow_mut().me = Rc::downgrade(&state);
     open_durable_shards(&state).await;
@@ -747,6 +750,7 @@ async fn flusher(state: Rc<RefCell<CoreState>>, sock: Rc<GlommioUdp>, wake_rx: W
                 st.expire_held(now);
                 st.groups_tick();
                 st.caches_tick();
+                st.gauges_tick(now);
                 st.drain_inbox();
                 st.ep.on_timeouts(now);
                 // Round robin over the connections dirty at the start of this round (those
@@ -829,6 +833,40 @@ impl CoreState {
             && self.caches.values().all(|c| !c.has_pending())
             && self.cache_opening.is_empty()
             && self.cache_closing.is_empty()
+    }
+
+    /// `c` with this core's fsync latency histogram as its sync observer.
+    fn observed(&self, mut c: LogConfig) -> LogConfig {
+        let counters = self.s.counters.clone();
+        c.on_sync = Some(Rc::new(move |us| counters.fsync.observe_us(us)));
+        c
+    }
+
+    /// Refresh the queue gauges about once a second (a walk over this core's subscriptions
+    /// and watches, off the per-message path).
+    fn gauges_tick(&mut self, now: Instant) {
+        if now.duration_since(self.gauges_at) < Duration::from_secs(1) {
+            return;
+        }
+        self.gauges_at = now;
+        let (mut recs, mut bytes, mut max) = (0u64, 0u64, 0u64);
+        for sub in self.subs.values() {
+            let r = sub.queue.queued_records();
+            recs += r;
+            bytes += sub.queue.queued_bytes();
+            max = max.max(r);
+        }
+        let (ev, wb) = self.watch_queue_totals();
+        let c = &self.s.counters;
+        c.sub_queue_records.store(recs, Ordering::Relaxed);
+        c.sub_queue_bytes.store(bytes, Ordering::Relaxed);
+        c.sub_queue_max_records.store(max, Ordering::Relaxed);
+        c.subscriptions_open
+            .store(self.subs.len() as u64, Ordering::Relaxed);
+        c.cache_watch_queue_events.store(ev, Ordering::Relaxed);
+        c.cache_watch_queue_bytes.store(wb, Ordering::Relaxed);
+        c.cache_watches_open
+            .store(self.watches.len() as u64, Ordering::Relaxed);
     }
 
     // ---------- catalog ----------
@@ -920,7 +958,7 @@ impl CoreState {
         let slot = self.catalog.slot(key.0).clone();
         OpenJob {
             root: self.s.cfg.durable_storage_dir.clone(),
-            config: log_config(&self.s.cfg, &slot.def),
+            config: self.observed(log_config(&self.s.cfg, &slot.def)),
             slot,
             shard: key.1,
         }

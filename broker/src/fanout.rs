@@ -356,6 +356,10 @@ impl SubQueue {
     pub fn queued_records(&self) -> u64 {
         self.records
     }
+    /// Payload bytes queued (what the bytes bound counts).
+    pub fn queued_bytes(&self) -> u64 {
+        self.bytes
+    }
     pub fn is_empty(&self) -> bool {
         self.items.is_empty()
     }

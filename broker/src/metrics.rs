@@ -6,13 +6,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 macro_rules! counters {
-    ($($name:ident: $help:literal,)*) => {
-        /// Counters of one core.
+    ($($name:ident: $help:literal,)* ; gauges { $($gname:ident: $ghelp:literal,)* }) => {
+        /// Counters of one core, and gauges it refreshes about once a second.
         #[derive(Default, Debug)]
         pub struct CoreCounters {
             $(pub $name: AtomicU64,)*
+            $(pub $gname: AtomicU64,)*
             /// Durable publish latency, from handing it to the log to its commit.
             pub durable_commit: Histogram,
+            /// fdatasync latency of the durable logs (streams and caches) this core owns.
+            pub fsync: Histogram,
         }
         impl CoreCounters {
             /// Every family once, its samples for all cores together (the text format wants
@@ -24,10 +27,22 @@ macro_rules! counters {
                         out.push_str(&format!("felix_{}{{core=\"{}\"}} {}\n", stringify!($name), i, c.$name.load(Ordering::Relaxed)));
                     }
                 )*
+                $(
+                    out.push_str(&format!("# HELP felix_{} {}\n# TYPE felix_{} gauge\n", stringify!($gname), $ghelp, stringify!($gname)));
+                    for (i, c) in cores.iter().enumerate() {
+                        out.push_str(&format!("felix_{}{{core=\"{}\"}} {}\n", stringify!($gname), i, c.$gname.load(Ordering::Relaxed)));
+                    }
+                )*
                 Histogram::render(
                     "felix_durable_commit_seconds",
                     "durable publishes from append to commit (acknowledged), seconds",
                     cores.iter().map(|c| &c.durable_commit),
+                    out,
+                );
+                Histogram::render(
+                    "felix_fsync_seconds",
+                    "fdatasync of durable logs (commit under on_commit, periodic, segment seal), seconds",
+                    cores.iter().map(|c| &c.fsync),
                     out,
                 );
             }
@@ -83,6 +98,16 @@ counters! {
     cache_shards_failed: "log-backed cache shards on this core that failed (device error or refused at open); their requests get unavailable",
     cache_compactions: "keys.idx snapshots of log-backed cache shards written (each followed by deleting the segments it covers)",
     cache_segments_compacted: "log segments of log-backed cache shards deleted by compaction",
+    ;
+    gauges {
+        sub_queue_records: "records queued for subscribers on this core (not yet on their streams)",
+        sub_queue_bytes: "payload bytes queued for subscribers on this core",
+        sub_queue_max_records: "the fullest subscriber queue on this core, records",
+        subscriptions_open: "subscriptions open on this core",
+        cache_watch_queue_events: "events queued for cache watches on this core",
+        cache_watch_queue_bytes: "bytes queued for cache watches on this core",
+        cache_watches_open: "cache watches open on this core",
+    }
 }
 
 /// Upper bounds of latency histograms, microseconds.

@@ -20,6 +20,8 @@ const CATALOG: &str = "streams:
   - {tenant: default, namespace: default, stream: orders, shards: 2, durable: true, fsync: on_commit}
   - {tenant: default, namespace: default, stream: logs, shards: 1, durable: true, fsync: periodic}
   - {tenant: default, namespace: default, stream: small, shards: 1, durable: true, fsync: none, retention_bytes: 1048576}
+caches:
+  - {tenant: default, namespace: default, cache: kv, shards: 2}
 ";
 
 fn name(s: &str) -> StreamName {
@@ -628,5 +630,63 @@ fn metrics_move_by_the_right_amounts() {
     assert_eq!(d("felix_durable_records_committed"), 30.0);
     assert_eq!(d("felix_records_delivered"), 50.0);
     assert_eq!(d("felix_durable_commit_seconds"), 30.0);
+    // on_commit: at least one fdatasync per commit of `orders` (commits may cover several).
+    assert!(d("felix_fsync_seconds") >= 1.0, "fsync latency observed");
     assert_eq!(d("felix_subscriptions_opened"), 1.0);
+}
+
+/// The queue gauges: a stalled subscriber's queued records show in
+/// `felix_sub_queue_records` (refreshed about once a second), open subscriptions and watches
+/// are counted, and all fall back to zero once they close.
+#[test]
+fn queue_gauges_show_a_stalled_subscriber_and_open_watches() {
+    use felix_client::{WatchFilter, WatchOptions, WatchStart};
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let b = start(tempfile::tempdir().unwrap(), &[]);
+    let until = |what: &str, f: &dyn Fn() -> bool| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while !f() {
+            assert!(std::time::Instant::now() < deadline, "{what}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    rt.block_on(async {
+        let c = b.client().await;
+        let stalled = SubscribeOptions {
+            buffer_events: 1,
+            ..from(StartAt::Latest)
+        };
+        let _sub = c.subscribe(&name("events"), 0, stalled).await.unwrap();
+        let w = c
+            .cache_watch(
+                &StreamName::new("default", "default", "kv"),
+                WatchFilter::Key("k".into()),
+                WatchStart::Latest,
+                WatchOptions::default(),
+            )
+            .await
+            .unwrap();
+        // 24 MB of 4 KiB records: past the subscription stream's 16 MiB window, so the
+        // broker-side queue fills behind it.
+        let big = Bytes::from(vec![b'x'; 4096]);
+        for _ in 0..(24 << 20) / (4096 * 64) {
+            c.publish_batch(
+                &name("events"),
+                ShardSelector::Shard(0),
+                vec![big.clone(); 64],
+            )
+            .await
+            .unwrap();
+        }
+        until("queued records show", &|| b.total("sub_queue_records") > 0);
+        assert!(b.total("sub_queue_bytes") >= 4096 * b.total("sub_queue_records"));
+        assert_eq!(b.total("subscriptions_open"), 1);
+        assert_eq!(b.total("cache_watches_open"), 1);
+        drop(w);
+        until("the watch closed", &|| b.total("cache_watches_open") == 0);
+        c.close().await.unwrap();
+    });
+    until("gauges back to zero", &|| {
+        b.total("subscriptions_open") == 0 && b.total("sub_queue_records") == 0
+    });
 }

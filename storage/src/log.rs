@@ -75,6 +75,10 @@ pub enum FaultPoint {
 /// A fault hook: return `Some(errno)` to make the operation fail as the device would.
 pub type FaultHook = Rc<dyn Fn(FaultPoint) -> Option<i32>>;
 
+/// Told the duration of every data fdatasync of the log (commit, periodic, seal),
+/// microseconds: how a broker measures fsync latency without the log knowing its metrics.
+pub type SyncObserver = Rc<dyn Fn(u64)>;
+
 #[derive(Clone)]
 pub struct LogConfig {
     /// Roll to a new segment before a commit would take the active one past this.
@@ -91,6 +95,8 @@ pub struct LogConfig {
     pub first_offset: u64,
     /// Fault injection hook for device-error tests. `None` in production.
     pub faults: Option<FaultHook>,
+    /// Fsync latency observer (metrics).
+    pub on_sync: Option<SyncObserver>,
 }
 
 impl Default for LogConfig {
@@ -104,6 +110,7 @@ impl Default for LogConfig {
             retention: RetentionLimits::default(),
             first_offset: 0,
             faults: None,
+            on_sync: None,
         }
     }
 }
@@ -799,9 +806,11 @@ impl Log {
         let on_commit = self.inner.borrow().cfg.fsync == FsyncMode::OnCommit;
         if on_commit {
             self.inner.borrow().fault(FaultPoint::Sync)?;
+            let t = std::time::Instant::now();
             file.fdatasync()
                 .await
                 .map_err(|e| LogError::Failed(format!("fdatasync: {e}")))?;
+            self.observe_sync(t);
         }
         let mut i = self.inner.borrow_mut();
         if i.failed.is_some() {
@@ -848,9 +857,11 @@ impl Log {
             )
         };
         fault?;
+        let t = std::time::Instant::now();
         file.fdatasync()
             .await
             .map_err(|e| LogError::Failed(format!("fdatasync at seal: {e}")))?;
+        self.observe_sync(t);
         write_index(&dir, &idx)
             .await
             .map_err(|e| LogError::Failed(e.to_string()))?;
@@ -976,12 +987,21 @@ impl Log {
             )
         };
         fault?;
+        let t = std::time::Instant::now();
         file.fdatasync()
             .await
             .map_err(|e| LogError::Failed(format!("fdatasync: {e}")))?;
+        self.observe_sync(t);
         let mut i = self.inner.borrow_mut();
         i.synced = i.synced.max(target);
         Ok(())
+    }
+
+    fn observe_sync(&self, since: std::time::Instant) {
+        let obs = self.inner.borrow().cfg.on_sync.clone();
+        if let Some(f) = obs {
+            f(since.elapsed().as_micros() as u64);
+        }
     }
 
     /// Read acknowledged records from `from`, at most `records_max` and about `bytes_max`

@@ -510,6 +510,11 @@ impl WatchQueue {
         Some(o)
     }
 
+    /// Bytes queued (what the bytes bound counts).
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
     /// The offset to re-watch from, once the queue overflowed.
     pub fn ended_at(&self) -> Option<u64> {
         self.ended_at

@@ -325,7 +325,7 @@ impl CoreState {
         let slot = self.catalog.cache_slot(key.0);
         let job = CacheOpenJob {
             dir: cache_shard_dir(&root, &slot.def.name(), slot.incarnation, key.1),
-            config: self.cache_log_config(),
+            config: self.observed(self.cache_log_config()),
             limits: self.cache_limits(),
         };
         let me = self.me.clone();

@@ -766,6 +766,17 @@ impl CoreState {
         }
     }
 
+    /// Events and bytes queued over this core's watches (state phases included).
+    pub(super) fn watch_queue_totals(&self) -> (u64, u64) {
+        self.watches.values().fold((0, 0), |(e, b), w| {
+            let state: u64 = w.state.iter().map(|f| f.len() as u64).sum();
+            (
+                e + (w.queue.len() + w.state.len()) as u64,
+                b + w.queue.bytes() + state,
+            )
+        })
+    }
+
     pub(super) fn is_watch(&self, id: u64) -> bool {
         self.watches.contains_key(&id)
     }
