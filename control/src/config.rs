@@ -1,4 +1,7 @@
-//! `felix-controlplane` settings: flags, each with a `FELIX_*` environment variable.
+//! `felix-controlplane` settings, in the broker's scheme: built-in defaults → a YAML file
+//! (`--config`, unknown keys and wrong types refused with key, line and column) → `FELIX_*`
+//! environment → command-line flags. clap resolves flag-over-env-over-default and tells which
+//! one a value came from; the YAML layer fills what came from a default.
 
 use crate::catalog::Limits;
 use clap::{Parser, ValueEnum};
@@ -7,14 +10,14 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LogFormat {
     Text,
     Json,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StoreKind {
     Memory,
@@ -27,6 +30,10 @@ pub enum StoreKind {
     about = "Felix control plane (REST + metadata store)"
 )]
 pub struct Config {
+    /// YAML configuration file (the same keys, snake_case).
+    #[arg(long, env = "FELIX_CONTROLPLANE_CONFIG")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
     /// Print the effective configuration as JSON and exit.
     #[arg(long)]
     #[serde(skip)]
@@ -138,10 +145,92 @@ pub struct Config {
     pub max_brokers: usize,
 }
 
+/// The YAML layer: `plain` keys are plain fields, `opt` keys fields that are `Option`s.
+macro_rules! file_layer {
+    (plain { $($p:ident: $pt:ty,)* } opt { $($o:ident: $ot:ty,)* }) => {
+        #[derive(Debug, Default, serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct FileConfig {
+            $( $p: Option<$pt>, )*
+            $( $o: Option<$ot>, )*
+        }
+
+        /// Every key the file may set.
+        pub const FILE_KEYS: &[&str] = &[$(stringify!($p),)* $(stringify!($o),)*];
+
+        fn apply_file(cfg: &mut Config, m: &clap::ArgMatches, f: FileConfig) {
+            use clap::parser::ValueSource;
+            let unset = |id: &str| {
+                !matches!(
+                    m.value_source(id),
+                    Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+                )
+            };
+            $( if let Some(v) = f.$p { if unset(stringify!($p)) { cfg.$p = v; } } )*
+            $( if let Some(v) = f.$o { if unset(stringify!($o)) { cfg.$o = Some(v); } } )*
+        }
+    };
+}
+
+file_layer! {
+    plain {
+        log_format: LogFormat,
+        listen: SocketAddr,
+        raft_node_id: u64,
+        raft_peers: String,
+        raft_heartbeat_ms: u64,
+        raft_election_min_ms: u64,
+        raft_election_max_ms: u64,
+        raft_snapshot_logs: u64,
+        raft_rpc_timeout_ms: u64,
+        heartbeat_interval_ms: u64,
+        dead_after_ms: u64,
+        delete_grace_ms: u64,
+        sweep_interval_ms: u64,
+        max_wait_ms: u64,
+        changes_page_max: usize,
+        max_body_bytes: usize,
+        write_timeout_ms: u64,
+        change_log_len: usize,
+        max_shards: u32,
+        max_objects: usize,
+        max_brokers: usize,
+    }
+    opt {
+        store: StoreKind,
+        raft_data_dir: PathBuf,
+    }
+}
+
 impl Config {
     /// Defaults, as if started with no flags and no environment.
     pub fn defaults() -> Self {
         Config::parse_from(["felix-controlplane"])
+    }
+
+    /// Flags and environment from `args`, with the YAML file of `--config` under them.
+    pub fn load_from<I, T>(args: I) -> Result<Config, String>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        use clap::{CommandFactory, FromArgMatches};
+        let m = Config::command().try_get_matches_from(args).map_err(|e| {
+            use clap::error::ErrorKind;
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+                e.exit(); // --help / --version print and exit 0, as clap does
+            }
+            e.to_string()
+        })?;
+        let mut cfg = Config::from_arg_matches(&m).map_err(|e| e.to_string())?;
+        if let Some(p) = cfg.config.clone() {
+            let text =
+                std::fs::read_to_string(&p).map_err(|e| format!("config {}: {e}", p.display()))?;
+            let f: FileConfig = serde_saphyr::from_str(&text)
+                .map_err(|e| format!("config {}: {e}", p.display()))?;
+            apply_file(&mut cfg, &m, f);
+        }
+        Ok(cfg)
     }
 
     pub fn store_kind(&self) -> StoreKind {
@@ -200,7 +289,9 @@ impl Config {
 /// declarations (checked by a test).
 pub fn operations_table() -> String {
     use clap::CommandFactory;
-    let mut out = String::from("| flag | environment | default | meaning |\n|---|---|---|---|\n");
+    let mut out = String::from(
+        "| flag | environment | YAML key | default | meaning |\n|---|---|---|---|---|\n",
+    );
     for a in Config::command().get_arguments() {
         let Some(long) = a.get_long() else { continue };
         if long == "help" || long == "version" {
@@ -223,13 +314,74 @@ pub fn operations_table() -> String {
             .get_help()
             .map(|h| crate::docs::table_cell(&h.to_string()))
             .unwrap_or_default();
-        out.push_str(&format!("| `--{long}` | {env} | {default} | {help} |\n"));
+        let key = long.replace('-', "_");
+        let yaml = if FILE_KEYS.contains(&key.as_str()) {
+            format!("`{key}`")
+        } else {
+            "–".to_string()
+        };
+        out.push_str(&format!(
+            "| `--{long}` | {env} | {yaml} | {default} | {help} |\n"
+        ));
     }
     out
 }
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    #[test]
+    fn the_file_layer_covers_every_setting() {
+        use clap::CommandFactory;
+        for a in Config::command().get_arguments() {
+            let id = a.get_id().as_str();
+            if ["config", "print_config", "help", "version"].contains(&id) {
+                continue;
+            }
+            assert!(
+                FILE_KEYS.contains(&id),
+                "{id} cannot be set from the YAML file"
+            );
+        }
+    }
+
+    #[test]
+    fn precedence_defaults_file_env_flags_and_refusals() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("cp.yaml");
+        std::fs::write(
+            &p,
+            "max_shards: 16\nmax_brokers: 7\nstore: memory\nraft_data_dir: /tmp/x\n",
+        )
+        .unwrap();
+        let path = p.to_str().unwrap();
+        // The file fills what came from a default; a flag wins over it.
+        let c = Config::load_from(["cp", "--config", path, "--max-brokers", "9"]).unwrap();
+        assert_eq!((c.max_shards, c.max_brokers), (16, 9));
+        assert_eq!(c.store, Some(StoreKind::Memory));
+        assert_eq!(c.raft_data_dir, Some(PathBuf::from("/tmp/x")));
+        assert_eq!(
+            c.max_objects,
+            Config::defaults().max_objects,
+            "untouched keys keep defaults"
+        );
+        // Environment over the file (nextest runs each test in its own process).
+        std::env::set_var("FELIX_CONTROLPLANE_MAX_SHARDS", "32");
+        let c = Config::load_from(["cp", "--config", path]).unwrap();
+        std::env::remove_var("FELIX_CONTROLPLANE_MAX_SHARDS");
+        assert_eq!(c.max_shards, 32);
+        // Unknown keys and wrong types name the key, line and column.
+        std::fs::write(&p, "max_shards: 4\nbogus: 1\n").unwrap();
+        let e = Config::load_from(["cp", "--config", path]).unwrap_err();
+        assert!(e.contains("bogus") && e.contains("line 2"), "{e}");
+        std::fs::write(&p, "max_shards: 4\nmax_brokers: many\n").unwrap();
+        let e = Config::load_from(["cp", "--config", path]).unwrap_err();
+        assert!(e.contains("line 2"), "{e}");
+        let e = Config::load_from(["cp", "--config", "/nonexistent/cp.yaml"]).unwrap_err();
+        assert!(e.contains("/nonexistent/cp.yaml"), "{e}");
+    }
+
     #[test]
     fn operations_doc_lists_every_setting() {
         let p = std::path::Path::new(concat!(

@@ -1,6 +1,5 @@
 //! `felix-controlplane`: the Felix control plane process.
 
-use clap::Parser;
 use felix_control::config::{Config, LogFormat, StoreKind};
 use felix_control::server::{serve, AppState};
 use felix_control::store::memory::MemoryStore;
@@ -9,7 +8,13 @@ use std::sync::Arc;
 
 #[tokio::main]
 async fn main() {
-    let cfg = Arc::new(Config::parse());
+    let cfg = match Config::load_from(std::env::args_os()) {
+        Ok(c) => Arc::new(c),
+        Err(e) => {
+            eprintln!("felix-controlplane: {e}");
+            std::process::exit(2);
+        }
+    };
     if cfg.print_config {
         println!(
             "{}",
