@@ -673,11 +673,19 @@ enum Drain {
     Answering {
         since: Instant,
     },
-    /// Logs closed, connections told `shutting_down`; waiting for them to close.
+    /// Logs closed; every subscription and watch was ended `shutting_down` (the going-away
+    /// notice) and gets a moment to flush before the connections close.
+    Notified {
+        since: Instant,
+    },
+    /// Connections told `shutting_down`; waiting for them to close.
     Closing {
         since: Instant,
     },
 }
+
+/// How long the going-away notices may take to flush before connections close.
+const NOTIFY_FLUSH_MS: u64 = 200;
 
 async fn flusher(state: Rc<RefCell<CoreState>>, sock: Rc<GlommioUdp>, wake_rx: WakeRx) {
     let mut batch = TxBatch::new(64);
@@ -726,7 +734,20 @@ async fn flusher(state: Rc<RefCell<CoreState>>, sock: Rc<GlommioUdp>, wake_rx: W
                         tracing::error!(error = %e, "durable log did not close cleanly");
                     }
                 }
-                let mut st = state.borrow_mut();
+                state.borrow_mut().notify_going_away();
+                drain = Drain::Notified {
+                    since: Instant::now(),
+                };
+            }
+        }
+        if let Drain::Notified { since } = drain {
+            let mut st = state.borrow_mut();
+            let flushed = st
+                .ep
+                .keys()
+                .into_iter()
+                .all(|k| st.ep.get(k).is_none_or(|e| e.conn.queued_total() == 0));
+            if flushed || since.elapsed() > Duration::from_millis(NOTIFY_FLUSH_MS) {
                 for k in st.ep.keys() {
                     if let Some(e) = st.ep.get(k) {
                         e.conn.close(
@@ -842,6 +863,21 @@ impl CoreState {
         c
     }
 
+    /// The going-away notice: end every subscription (`SubEnd`) and watch (`CacheWatchEnd`)
+    /// of this core's connections with `shutting_down`, so clients learn it on each stream
+    /// before the connection closes.
+    fn notify_going_away(&mut self) {
+        let why = "the broker is shutting down; subscribe again elsewhere or after it restarts";
+        let sids: Vec<u64> = self.subs.keys().copied().collect();
+        for sid in sids {
+            self.remove_sub(sid, Some((ErrorCode::ShuttingDown.number(), why.into())));
+        }
+        let keys: Vec<ShardKey> = self.local_watches.keys().copied().collect();
+        for key in keys {
+            self.end_local_watches(key, (ErrorCode::ShuttingDown, why.into()));
+        }
+    }
+
     /// Refresh the queue gauges about once a second (a walk over this core's subscriptions
     /// and watches, off the per-message path).
     fn gauges_tick(&mut self, now: Instant) {
@@ -863,6 +899,8 @@ impl CoreState {
         c.sub_queue_max_records.store(max, Ordering::Relaxed);
         c.subscriptions_open
             .store(self.subs.len() as u64, Ordering::Relaxed);
+        c.connections_open
+            .store(self.ep.conn_count() as u64, Ordering::Relaxed);
         c.cache_watch_queue_events.store(ev, Ordering::Relaxed);
         c.cache_watch_queue_bytes.store(wb, Ordering::Relaxed);
         c.cache_watches_open

@@ -100,6 +100,7 @@ counters! {
     cache_segments_compacted: "log segments of log-backed cache shards deleted by compaction",
     ;
     gauges {
+        connections_open: "QUIC connections open on this core",
         sub_queue_records: "records queued for subscribers on this core (not yet on their streams)",
         sub_queue_bytes: "payload bytes queued for subscribers on this core",
         sub_queue_max_records: "the fullest subscriber queue on this core, records",

@@ -681,12 +681,62 @@ fn queue_gauges_show_a_stalled_subscriber_and_open_watches() {
         until("queued records show", &|| b.total("sub_queue_records") > 0);
         assert!(b.total("sub_queue_bytes") >= 4096 * b.total("sub_queue_records"));
         assert_eq!(b.total("subscriptions_open"), 1);
+        assert!(b.total("connections_open") >= 1);
         assert_eq!(b.total("cache_watches_open"), 1);
         drop(w);
         until("the watch closed", &|| b.total("cache_watches_open") == 0);
         c.close().await.unwrap();
     });
     until("gauges back to zero", &|| {
-        b.total("subscriptions_open") == 0 && b.total("sub_queue_records") == 0
+        b.total("subscriptions_open") == 0
+            && b.total("sub_queue_records") == 0
+            && b.total("connections_open") == 0
     });
+}
+
+/// The going-away notice: on SIGTERM every subscription ends with `SubEnd { shutting_down }`
+/// and every cache watch with `CacheWatchEnd { shutting_down }` on its own stream before the
+/// connection closes, and the broker exits cleanly.
+#[test]
+fn sigterm_tells_subscribers_and_watchers_the_broker_is_going_away() {
+    use felix_client::{WatchFilter, WatchItem, WatchOptions, WatchStart};
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let b = start(tempfile::tempdir().unwrap(), &[]);
+    rt.block_on(async {
+        let c = b.client().await;
+        let mut subs = Vec::new();
+        for shard in 0..2 {
+            subs.push(
+                c.subscribe(&name("events"), shard, from(StartAt::Latest))
+                    .await
+                    .unwrap(),
+            );
+        }
+        let mut w = c
+            .cache_watch(
+                &StreamName::new("default", "default", "kv"),
+                WatchFilter::Key("k".into()),
+                WatchStart::Current,
+                WatchOptions::default(),
+            )
+            .await
+            .unwrap();
+        match w.next_timeout(WAIT).await.unwrap() {
+            Some(WatchItem::StateDone { count: 0, .. }) => {}
+            other => panic!("{other:?}"),
+        }
+        b.signal(libc::SIGTERM);
+        for sub in &mut subs {
+            match sub.next_timeout(WAIT).await.unwrap() {
+                Some(Event::End { code, .. }) => assert_eq!(code, ErrorCode::ShuttingDown.number()),
+                other => panic!("expected the going-away end, got {other:?}"),
+            }
+        }
+        match w.next_timeout(WAIT).await.unwrap() {
+            Some(WatchItem::End { code, .. }) => assert_eq!(code, ErrorCode::ShuttingDown.number()),
+            other => panic!("expected the going-away end, got {other:?}"),
+        }
+    });
+    let (code, _) = b.wait_exit(Duration::from_secs(10));
+    assert_eq!(code, Some(0));
 }

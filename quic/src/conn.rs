@@ -256,6 +256,11 @@ impl FelixConn {
         self.out.get(&stream).map(|o| o.queued_bytes).unwrap_or(0)
     }
 
+    /// Bytes queued on every stream that quiche has not taken yet.
+    pub fn queued_total(&self) -> usize {
+        self.out.values().map(|o| o.queued_bytes).sum()
+    }
+
     /// How much more quiche would accept on `stream` now (flow control and congestion).
     pub fn stream_capacity(&mut self, stream: u64) -> usize {
         self.q.stream_capacity(stream).unwrap_or(0)
