@@ -143,6 +143,14 @@ pub struct Config {
     pub max_objects: usize,
     #[arg(long, env = "FELIX_CONTROLPLANE_MAX_BROKERS", default_value_t = 1024)]
     pub max_brokers: usize,
+    /// Shutdown budget: long polls are answered at once, requests in flight get this long to
+    /// finish; past it (or on a second signal) the process exits with code 3.
+    #[arg(
+        long,
+        env = "FELIX_CONTROLPLANE_DRAIN_TIMEOUT_MS",
+        default_value_t = 5000
+    )]
+    pub drain_timeout_ms: u64,
 }
 
 /// The YAML layer: `plain` keys are plain fields, `opt` keys fields that are `Option`s.
@@ -195,6 +203,7 @@ file_layer! {
         max_shards: u32,
         max_objects: usize,
         max_brokers: usize,
+        drain_timeout_ms: u64,
     }
     opt {
         store: StoreKind,

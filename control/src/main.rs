@@ -58,6 +58,8 @@ async fn run(cfg: Arc<Config>) -> i32 {
     };
     let st = AppState::new(store.clone(), cfg.clone());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let drain_st = st.clone();
+    let drain_ms = cfg.drain_timeout_ms;
     tokio::spawn(async move {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .expect("sigterm");
@@ -65,7 +67,18 @@ async fn run(cfg: Arc<Config>) -> i32 {
             _ = tokio::signal::ctrl_c() => {}
             _ = term.recv() => {}
         }
+        // Drain: readiness off and long polls answered, then stop accepting and let the
+        // requests in flight finish, within one deadline; a second signal forces.
+        drain_st.drain();
         let _ = stop_tx.send(true);
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => eprintln!("felix-controlplane: second signal; forced exit"),
+            _ = term.recv() => eprintln!("felix-controlplane: second signal; forced exit"),
+            _ = tokio::time::sleep(std::time::Duration::from_millis(drain_ms)) => {
+                eprintln!("felix-controlplane: drain deadline ({drain_ms} ms) passed; forced exit")
+            }
+        }
+        std::process::exit(3);
     });
     tracing::info!(listen = %cfg.listen, store = ?cfg.store_kind(), "felix-controlplane serving");
     // Machine-readable line for tests and scripts.

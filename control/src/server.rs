@@ -116,6 +116,8 @@ pub struct AppState {
     soft: Mutex<Soft>,
     http: reqwest::Client,
     requests: RequestMetrics,
+    /// Set on shutdown: /readyz says not ready and waiting long polls answer at once.
+    draining: tokio::sync::watch::Sender<bool>,
 }
 
 /// Upper bounds of the request latency histogram, microseconds.
@@ -173,7 +175,17 @@ impl AppState {
             soft: Mutex::new(Soft::default()),
             requests: RequestMetrics::default(),
             http,
+            draining: tokio::sync::watch::channel(false).0,
         })
+    }
+
+    /// Start draining: readiness off, long polls answered now (with what they have).
+    pub fn drain(&self) {
+        self.draining.send_replace(true);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        *self.draining.borrow()
     }
 
     async fn write(&self, cmd: Command) -> Res<Reply> {
@@ -288,6 +300,13 @@ async fn livez() -> Json<Health> {
 #[utoipa::path(get, path = "/readyz", tag = "health", responses(
     (status = 200, body = Health), (status = 503, body = ErrorBody)))]
 async fn readyz(State(st): State<Arc<AppState>>) -> Res<Json<Health>> {
+    if st.is_draining() {
+        return Err(ApiError::new(
+            ErrorCode::ShuttingDown,
+            "the control plane is shutting down",
+        )
+        .into());
+    }
     st.store.ready().await.map_err(Refusal::from)?;
     Ok(Json(Health {
         status: "ready".into(),
@@ -816,17 +835,19 @@ async fn changes(
     };
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait);
     let mut rx = st.store.shared().watch();
+    let mut drain = st.draining.subscribe();
     loop {
         rx.borrow_and_update();
         let (rev, page) = st.read(|c| (c.revision(), c.changes_since(q.since, limit)));
-        // Nothing new (or a `since` this member has not reached yet): wait for a change.
-        if q.since >= rev {
+        // Nothing new (or a `since` this member has not reached yet): wait for a change,
+        // unless the server is draining (then answer now: a shutdown never waits out a poll).
+        if q.since >= rev && !*drain.borrow_and_update() {
             let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
-            if !remaining.is_zero()
-                && tokio::time::timeout(remaining, rx.changed())
-                    .await
-                    .is_ok_and(|r| r.is_ok())
-            {
+            let changed = tokio::select! {
+                r = tokio::time::timeout(remaining, rx.changed()) => r.is_ok_and(|r| r.is_ok()),
+                _ = drain.changed() => false,
+            };
+            if !remaining.is_zero() && changed {
                 continue;
             }
         }

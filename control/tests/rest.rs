@@ -757,3 +757,50 @@ fn print_config_shows_effective_settings() {
     assert_eq!(v["max_wait_ms"], 30000, "default");
     assert_eq!(v["log_format"], "text");
 }
+
+/// SIGTERM drains: a changes long poll waiting 30 s is answered at once (200, an empty
+/// page), and the process exits 0 inside its drain budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_answers_long_polls_and_exits_clean() {
+    let mut args: Vec<String> = ["--listen", "127.0.0.1:0", "--max-wait-ms", "30000"]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+    args.extend(
+        common::base_args()
+            .into_iter()
+            .filter(|a| a != "--max-wait-ms" && a != "5000"),
+    );
+    let mut s = common::Server::start_exact(args);
+    let c = common::client();
+    let (st, snap) = common::call(&c, "GET", &s.url("/v1/catalog"), None).await;
+    assert_eq!(st, 200);
+    let rev = snap["revision"].as_u64().unwrap();
+    let url = s.url(&format!("/v1/catalog/changes?since={rev}&wait_ms=30000"));
+    let poll =
+        tokio::spawn(async move { common::call(&common::client(), "GET", &url, None).await });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!poll.is_finished(), "the poll waits while serving");
+    let mut child = s.take_child();
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGTERM);
+    }
+    let (st, page) = tokio::time::timeout(std::time::Duration::from_secs(10), poll)
+        .await
+        .expect("the long poll is answered by the drain, not by its 30 s wait")
+        .unwrap();
+    assert_eq!(st, 200, "{page}");
+    assert_eq!(page["changes"].as_array().map(|a| a.len()), Some(0));
+    let t = std::time::Instant::now();
+    let code = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status.code();
+        }
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(10),
+            "did not exit"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert_eq!(code, Some(0), "a clean drain exits 0");
+}

@@ -90,6 +90,11 @@ impl Server {
         }
     }
 
+    /// Hand the process over to the test (it is no longer killed on drop).
+    pub fn take_child(&mut self) -> std::process::Child {
+        self.child.take().expect("running")
+    }
+
     /// SIGTERM and wait (bounded) for a clean exit.
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
