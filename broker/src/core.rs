@@ -189,6 +189,8 @@ struct DurableShard {
     /// With the time each was handed to the log (for the commit latency histogram).
     pending: VecDeque<(PublishReq, std::ops::Range<u64>, Instant)>,
     failed: Option<String>,
+    /// This shard's commit latency histogram (labelled stream and shard).
+    commit_hist: Option<Arc<crate::metrics::Histogram>>,
     /// Publishes and attaches that arrived while the log was opening; handled again once
     /// it is open (or failed). Bounded by the connections' in-flight and subscription caps.
     deferred: Vec<MeshMsg>,
@@ -202,6 +204,7 @@ impl DurableShard {
             log: None,
             pending: VecDeque::new(),
             failed: None,
+            commit_hist: None,
             deferred: Vec::new(),
         }
     }
@@ -230,6 +233,8 @@ pub struct CoreSettings {
     /// The latest catalog (fixed when standalone, published by the ops thread otherwise).
     pub catalog: Arc<CatalogCell>,
     pub counters: Arc<CoreCounters>,
+    /// Per durable shard latency histograms, shared with the ops listener.
+    pub shard_metrics: Arc<crate::metrics::ShardMetrics>,
     pub shutdown: Arc<AtomicBool>,
     /// Set by a core whose drain hit the deadline with work unanswered (a forced exit).
     pub drain_forced: Arc<AtomicBool>,
@@ -1023,8 +1028,10 @@ impl CoreState {
                     oldest = report.oldest_offset, verdict = ?report.verdict, "durable shard open");
                 self.owner(key.0, key.1).start_at(report.next_offset);
                 self.load_groups(key, report.next_offset);
+                let hist = self.s.shard_metrics.register(name.to_string(), key.1);
                 let d = self.durable.get_mut(&key).expect("checked above");
                 d.log = Some(log.clone());
+                d.commit_hist = Some(hist);
                 glommio::spawn_local(commit_watcher(self.me.clone(), key, log)).detach();
             }
             Ok((log, _)) => {
@@ -1073,6 +1080,9 @@ impl CoreState {
                 refused.extend(o.held.drain(..));
             }
             if let Some(d) = self.durable.remove(&key) {
+                self.s
+                    .shard_metrics
+                    .unregister(&slot.def.name().to_string(), shard);
                 refused.extend(d.pending.into_iter().map(|(r, _, _)| r));
                 // Deferred publishes and attaches meet the deleted slot when handled again.
                 self.inbox.extend(d.deferred);
@@ -1370,10 +1380,11 @@ impl CoreState {
                 _ => return,
             }
             let (req, range, at) = d.pending.pop_front().unwrap();
-            self.s
-                .counters
-                .durable_commit
-                .observe_us(at.elapsed().as_micros() as u64);
+            let us = at.elapsed().as_micros() as u64;
+            self.s.counters.durable_commit.observe_us(us);
+            if let Some(h) = &d.commit_hist {
+                h.observe_us(us);
+            }
             let next = self.owner(key.0, key.1).next_offset();
             assert_eq!(
                 next, range.start,

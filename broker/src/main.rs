@@ -120,8 +120,10 @@ fn run(cfg: Config) -> Result<(), String> {
     let counters: Vec<Arc<CoreCounters>> = (0..cfg.cores)
         .map(|_| Arc::new(CoreCounters::default()))
         .collect();
+    let shard_metrics = Arc::new(metrics::ShardMetrics::default());
     let ops = Arc::new(Ops {
         cores: counters.clone(),
+        shards: shard_metrics.clone(),
         ready: AtomicBool::new(false),
     });
     metrics::serve(metrics_listener, ops.clone());
@@ -145,6 +147,7 @@ fn run(cfg: Config) -> Result<(), String> {
             cfg: cfg.clone(),
             catalog: catalog.clone(),
             counters: counters[i].clone(),
+            shard_metrics: shard_metrics.clone(),
             shutdown: shutdown.clone(),
             drain_forced: drain_forced.clone(),
             started: started.clone(),

@@ -143,20 +143,53 @@ impl Histogram {
     ) {
         out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} histogram\n"));
         for (core, h) in per_core.enumerate() {
-            let mut cum = 0;
-            for (i, b) in h.buckets.iter().enumerate() {
-                cum += b.load(Ordering::Relaxed);
-                let le = LATENCY_BUCKETS_US
-                    .get(i)
-                    .map(|us| format!("{}", *us as f64 / 1e6))
-                    .unwrap_or_else(|| "+Inf".into());
-                out.push_str(&format!(
-                    "{name}_bucket{{le=\"{le}\",core=\"{core}\"}} {cum}\n"
-                ));
-            }
-            let sum = h.sum_us.load(Ordering::Relaxed) as f64 / 1e6;
-            out.push_str(&format!("{name}_sum{{core=\"{core}\"}} {sum}\n"));
-            out.push_str(&format!("{name}_count{{core=\"{core}\"}} {cum}\n"));
+            h.render_series(name, &format!("core=\"{core}\""), out);
+        }
+    }
+
+    /// One labelled series of a histogram family (`labels` without braces).
+    fn render_series(&self, name: &str, labels: &str, out: &mut String) {
+        let mut cum = 0;
+        for (i, b) in self.buckets.iter().enumerate() {
+            cum += b.load(Ordering::Relaxed);
+            let le = LATENCY_BUCKETS_US
+                .get(i)
+                .map(|us| format!("{}", *us as f64 / 1e6))
+                .unwrap_or_else(|| "+Inf".into());
+            out.push_str(&format!("{name}_bucket{{le=\"{le}\",{labels}}} {cum}\n"));
+        }
+        let sum = self.sum_us.load(Ordering::Relaxed) as f64 / 1e6;
+        out.push_str(&format!("{name}_sum{{{labels}}} {sum}\n"));
+        out.push_str(&format!("{name}_count{{{labels}}} {cum}\n"));
+    }
+}
+
+/// Per durable shard commit latency, labelled `stream` and `shard`. A shard registers when its
+/// log opens and goes when its stream is deleted (the lock is taken then and at scrape time,
+/// never per record: cores update the shared histogram's atomics).
+#[derive(Default, Debug)]
+pub struct ShardMetrics {
+    shards: std::sync::Mutex<std::collections::BTreeMap<(String, u32), Arc<Histogram>>>,
+}
+
+impl ShardMetrics {
+    pub fn register(&self, stream: String, shard: u32) -> Arc<Histogram> {
+        let mut m = self.shards.lock().unwrap_or_else(|p| p.into_inner());
+        m.entry((stream, shard)).or_default().clone()
+    }
+    pub fn unregister(&self, stream: &str, shard: u32) {
+        let mut m = self.shards.lock().unwrap_or_else(|p| p.into_inner());
+        m.remove(&(stream.to_string(), shard));
+    }
+    fn render(&self, out: &mut String) {
+        let name = "felix_shard_commit_seconds";
+        out.push_str(&format!(
+            "# HELP {name} durable publishes of one stream shard from append to commit, seconds\n# TYPE {name} histogram\n"
+        ));
+        let m = self.shards.lock().unwrap_or_else(|p| p.into_inner());
+        for ((stream, shard), h) in m.iter() {
+            // Names are [A-Za-z0-9._-] (validate_name): nothing to escape in a label value.
+            h.render_series(name, &format!("stream=\"{stream}\",shard=\"{shard}\""), out);
         }
     }
 }
@@ -173,6 +206,7 @@ impl CoreCounters {
 /// Shared state of the ops listener.
 pub struct Ops {
     pub cores: Vec<Arc<CoreCounters>>,
+    pub shards: Arc<ShardMetrics>,
     pub ready: AtomicBool,
 }
 
@@ -180,6 +214,7 @@ impl Ops {
     pub fn render(&self) -> String {
         let mut s = String::new();
         CoreCounters::render_all(&self.cores, &mut s);
+        self.shards.render(&mut s);
         s
     }
 }

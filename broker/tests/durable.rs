@@ -632,6 +632,27 @@ fn metrics_move_by_the_right_amounts() {
     assert_eq!(d("felix_durable_commit_seconds"), 30.0);
     // on_commit: at least one fdatasync per commit of `orders` (commits may cover several).
     assert!(d("felix_fsync_seconds") >= 1.0, "fsync latency observed");
+    // The per-shard histogram carries the stream and shard: the 30 went to orders/1.
+    let shard_count = |m: &prometheus_parse::Scrape, shard: &str| -> f64 {
+        m.samples
+            .iter()
+            .filter(|x| {
+                x.metric == "felix_shard_commit_seconds"
+                    && x.labels.get("stream") == Some("default/default/orders")
+                    && x.labels.get("shard") == Some(shard)
+            })
+            .map(|x| match &x.value {
+                prometheus_parse::Value::Histogram(h) => h
+                    .iter()
+                    .find(|b| b.less_than.is_infinite())
+                    .map(|b| b.count)
+                    .unwrap_or(0.0),
+                other => panic!("{other:?}"),
+            })
+            .sum()
+    };
+    assert_eq!(shard_count(&after, "1") - shard_count(&before, "1"), 30.0);
+    assert_eq!(shard_count(&after, "0"), 0.0);
     assert_eq!(d("felix_subscriptions_opened"), 1.0);
 }
 
