@@ -1445,6 +1445,7 @@ impl CoreState {
         let c = self.s.counters.clone();
         CoreCounters::inc(&c.batches_appended);
         CoreCounters::add(&c.records_appended, batch.count as u64);
+        CoreCounters::add(&c.bytes_appended, req.records.payload_bytes() as u64);
         let result = Ok((shard, batch.first_offset, batch.count));
         for core in cores {
             if core as u8 != self.id {
@@ -1739,12 +1740,15 @@ impl CoreState {
         if origin.ack {
             session.unacked -= 1;
             let frame = match result {
-                Ok((shard, first_offset, count)) => Frame::PublishAck {
-                    request_id: origin.request_id,
-                    shard,
-                    first_offset,
-                    count,
-                },
+                Ok((shard, first_offset, count)) => {
+                    CoreCounters::inc(&self.s.counters.publish_acks);
+                    Frame::PublishAck {
+                        request_id: origin.request_id,
+                        shard,
+                        first_offset,
+                        count,
+                    }
+                }
                 Err((code, msg)) => Frame::error(origin.request_id, code, msg),
             };
             e.conn.send_frame(origin.quic_stream, &frame);
@@ -1846,18 +1850,24 @@ impl CoreState {
                 return;
             }
             let (item, unparked) = sub.queue.pop();
+            let policy = sub.queue.policy;
             let (conn, qs, key) = (sub.conn, sub.quic_stream, (sub.stream, sub.shard));
             let c = &self.s.counters;
             match item {
                 Some(Item::Batch(b)) => {
                     CoreCounters::inc(&c.batches_delivered);
                     CoreCounters::add(&c.records_delivered, b.count as u64);
+                    CoreCounters::add(&c.bytes_delivered, b.bytes());
                     e.conn.send_bytes(qs, b.head);
                     e.conn.send_bytes(qs, b.region);
                 }
                 Some(Item::Lag(l)) => {
                     CoreCounters::inc(&c.lag_notices);
                     CoreCounters::add(&c.records_dropped, l.lost);
+                    match policy {
+                        QueuePolicy::DropOld => CoreCounters::add(&c.records_dropped_old, l.lost),
+                        _ => CoreCounters::add(&c.records_dropped_new, l.lost),
+                    }
                     e.conn.send_frame(
                         qs,
                         &Frame::Lag {

@@ -654,6 +654,14 @@ fn metrics_move_by_the_right_amounts() {
     assert_eq!(shard_count(&after, "1") - shard_count(&before, "1"), 30.0);
     assert_eq!(shard_count(&after, "0"), 0.0);
     assert_eq!(d("felix_subscriptions_opened"), 1.0);
+    assert_eq!(d("felix_publish_acks"), 80.0);
+    // payload(tag, i) is 10 + i % 200 bytes: 50 of "m" and 30 of "d".
+    let bytes: u64 = (0..50u64).chain(0..30).map(|i| 10 + i % 200).sum();
+    assert_eq!(d("felix_bytes_appended"), bytes as f64);
+    assert!(
+        d("felix_bytes_delivered") > 50.0 * 10.0,
+        "delivery frames carry the payloads"
+    );
 }
 
 /// The queue gauges: a stalled subscriber's queued records show in

@@ -372,6 +372,18 @@ async fn drop_policy_case(policy: QueuePolicy) {
         lost,
         "the broker counted the same loss it announced"
     );
+    let (by_new, by_old) = match policy {
+        QueuePolicy::DropNew => (lost, 0),
+        _ => (0, lost),
+    };
+    assert_eq!(
+        (
+            b.total("records_dropped_new"),
+            b.total("records_dropped_old")
+        ),
+        (by_new, by_old),
+        "counted under its policy"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
