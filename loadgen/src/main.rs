@@ -34,6 +34,8 @@
 //!
 //! Every run is bounded by `--count` (at most 10,000,000) and `--max-secs` (at most 600).
 
+mod stats;
+
 use bytes::Bytes;
 use clap::{Parser, ValueEnum};
 use felix_client::{Client, ClientConfig, Event, SubscribeOptions, Subscription};
@@ -112,6 +114,9 @@ struct Args {
     /// Cache name (cache).
     #[arg(long, default_value = "kv")]
     cache: String,
+    /// A progress line on stderr every second (throughput, ingest).
+    #[arg(long)]
+    progress: bool,
 }
 
 fn parse_policy(s: &str) -> Result<QueuePolicy, String> {
@@ -135,6 +140,77 @@ fn records_in(ev: &Event) -> u64 {
         Event::Records { records, .. } => records.count() as u64,
         _ => 0,
     }
+}
+
+/// Print one result line: the mode's fields plus what makes it comparable later — the
+/// machine (cores, CPU, kernel), the git revision (`FELIX_GIT_REV`, else `git rev-parse`
+/// in the working directory), the UTC date and the load average at the end.
+fn emit(mut v: serde_json::Value) {
+    if let Some(o) = v.as_object_mut() {
+        o.insert("machine".into(), machine_facts());
+        o.insert("git_rev".into(), git_rev().into());
+        o.insert(
+            "date".into(),
+            stats::utc_rfc3339(std::time::SystemTime::now()).into(),
+        );
+        o.insert("load1_end".into(), load1().into());
+    }
+    println!("{v}");
+}
+
+fn machine_facts() -> serde_json::Value {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let cpu = read("/proc/cpuinfo")
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("model name")
+                .map(|r| r.trim_start_matches([' ', '\t', ':']).to_string())
+        })
+        .unwrap_or_default();
+    serde_json::json!({
+        "cores_online": std::thread::available_parallelism().map_or(0, |n| n.get()),
+        "cpu": cpu,
+        "kernel": read("/proc/sys/kernel/osrelease").trim(),
+    })
+}
+
+fn git_rev() -> String {
+    if let Ok(r) = std::env::var("FELIX_GIT_REV") {
+        return r;
+    }
+    std::process::Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// With `--progress`, a line on stderr every second: `label`, the count so far, its rate.
+fn progress(
+    on: bool,
+    label: &'static str,
+    count: std::sync::Arc<std::sync::atomic::AtomicU64>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    if !on {
+        return None;
+    }
+    Some(tokio::spawn(async move {
+        let start = Instant::now();
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            let n = count.load(std::sync::atomic::Ordering::Relaxed);
+            let secs = start.elapsed().as_secs_f64();
+            eprintln!(
+                "progress: {label} {n} in {secs:.0} s ({:.0}/s)",
+                n as f64 / secs
+            );
+        }
+    }))
 }
 
 fn load1() -> f64 {
@@ -240,11 +316,14 @@ async fn throughput(a: &Args) -> Result<(), felix_client::Error> {
     let mut sent = 0u64;
     let mut truncated = false;
     let p = publisher.publisher();
+    let shown = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let ticker = progress(a.progress, "published", shown.clone());
     while sent < count {
         if Instant::now() > deadline {
             truncated = true;
             break;
         }
+        shown.store(sent, std::sync::atomic::Ordering::Relaxed);
         while inflight.len() >= a.inflight {
             inflight.join_next().await.unwrap().unwrap()?;
         }
@@ -258,6 +337,9 @@ async fn throughput(a: &Args) -> Result<(), felix_client::Error> {
     while let Some(r) = inflight.join_next().await {
         r.unwrap()?;
     }
+    if let Some(t) = ticker {
+        t.abort();
+    }
     let pub_secs = start.elapsed().as_secs_f64();
     let mut per_sub = Vec::new();
     let mut lost_total = 0;
@@ -269,17 +351,14 @@ async fn throughput(a: &Args) -> Result<(), felix_client::Error> {
     let avg = per_sub.iter().sum::<f64>() / per_sub.len() as f64;
     let min = per_sub.iter().cloned().fold(f64::MAX, f64::min);
     let mb = |msgs: f64| msgs * a.payload as f64 / 1e6;
-    println!(
-        "{}",
-        serde_json::json!({
-            "tool": "felix-loadgen", "mode": "throughput", "payload": a.payload, "fanout": a.fanout,
-            "batch": a.batch, "inflight": a.inflight, "count": sent, "load1": load, "truncated": truncated,
-            "publish_msgs_per_s": sent as f64 / pub_secs, "publish_mb_per_s": mb(sent as f64 / pub_secs),
-            "per_sub_msgs_per_s_avg": avg, "per_sub_mb_per_s_avg": mb(avg), "per_sub_msgs_per_s_min": min,
-            "total_msgs_per_s": avg * a.fanout as f64, "lost": lost_total,
-            "queue_policy": a.queue_policy.name(),
-        })
-    );
+    emit(serde_json::json!({
+        "tool": "felix-loadgen", "mode": "throughput", "payload": a.payload, "fanout": a.fanout,
+        "batch": a.batch, "inflight": a.inflight, "count": sent, "load1": load, "truncated": truncated,
+        "publish_msgs_per_s": sent as f64 / pub_secs, "publish_mb_per_s": mb(sent as f64 / pub_secs),
+        "per_sub_msgs_per_s_avg": avg, "per_sub_mb_per_s_avg": mb(avg), "per_sub_msgs_per_s_min": min,
+        "total_msgs_per_s": avg * a.fanout as f64, "lost": lost_total,
+        "queue_policy": a.queue_policy.name(),
+    }));
     let _ = publisher.close().await;
     Ok(())
 }
@@ -337,14 +416,11 @@ async fn latency(a: &Args) -> Result<(), felix_client::Error> {
         }
     }
     let pct = |h: &hdrhistogram::Histogram<u64>| serde_json::json!({"p50": h.value_at_quantile(0.5), "p90": h.value_at_quantile(0.9), "p99": h.value_at_quantile(0.99), "p999": h.value_at_quantile(0.999), "max": h.max()});
-    println!(
-        "{}",
-        serde_json::json!({
-            "tool": "felix-loadgen", "mode": "latency", "payload": a.payload, "fanout": a.fanout,
-            "count": all.len(), "load1": load, "truncated": truncated, "unit": "us",
-            "each": pct(&each), "all_f": pct(&all),
-        })
-    );
+    emit(serde_json::json!({
+        "tool": "felix-loadgen", "mode": "latency", "payload": a.payload, "fanout": a.fanout,
+        "count": all.len(), "load1": load, "truncated": truncated, "unit": "us",
+        "each": pct(&each), "all_f": pct(&all),
+    }));
     let _ = publisher.close().await;
     Ok(())
 }
@@ -398,16 +474,13 @@ async fn ingest(a: &Args) -> Result<(), felix_client::Error> {
     }
     let secs = start.elapsed().as_secs_f64();
     let rate = acked as f64 / secs;
-    println!(
-        "{}",
-        serde_json::json!({
-            "tool": "felix-loadgen", "mode": "ingest", "stream": a.stream, "durable": info.durable,
-            "payload": a.payload, "inflight": a.inflight, "count": acked, "load1": load,
-            "truncated": truncated, "acks_per_s": rate, "mb_per_s": rate * a.payload as f64 / 1e6,
-            "unit": "us", "ack": {"p50": hist.value_at_quantile(0.5), "p90": hist.value_at_quantile(0.9),
-            "p99": hist.value_at_quantile(0.99), "p999": hist.value_at_quantile(0.999), "max": hist.max()},
-        })
-    );
+    emit(serde_json::json!({
+        "tool": "felix-loadgen", "mode": "ingest", "stream": a.stream, "durable": info.durable,
+        "payload": a.payload, "inflight": a.inflight, "count": acked, "load1": load,
+        "truncated": truncated, "acks_per_s": rate, "mb_per_s": rate * a.payload as f64 / 1e6,
+        "unit": "us", "ack": {"p50": hist.value_at_quantile(0.5), "p90": hist.value_at_quantile(0.9),
+        "p99": hist.value_at_quantile(0.99), "p999": hist.value_at_quantile(0.999), "max": hist.max()},
+    }));
     let _ = c.close().await;
     Ok(())
 }
@@ -506,18 +579,15 @@ async fn group(a: &Args) -> Result<(), felix_client::Error> {
     let processed = all.len() as u64;
     let rate = processed as f64 / secs;
     let _ = c.group_delete(&name(a), &gname, None).await;
-    println!(
-        "{}",
-        serde_json::json!({
-            "tool": "felix-loadgen", "mode": "group", "stream": a.stream, "shards": info.shards,
-            "payload": a.payload, "batch": a.batch, "consumers": a.consumers, "count": count,
-            "load1": load, "processed": processed, "duplicates": dup, "redelivered": redelivered,
-            "lossless": processed == count && dup == 0, "truncated": processed < count,
-            "records_per_s": rate, "mb_per_s": rate * a.payload as f64 / 1e6,
-            "unit": "us", "poll_ack": {"p50": hist.value_at_quantile(0.5), "p90": hist.value_at_quantile(0.9),
-            "p99": hist.value_at_quantile(0.99), "max": hist.max()},
-        })
-    );
+    emit(serde_json::json!({
+        "tool": "felix-loadgen", "mode": "group", "stream": a.stream, "shards": info.shards,
+        "payload": a.payload, "batch": a.batch, "consumers": a.consumers, "count": count,
+        "load1": load, "processed": processed, "duplicates": dup, "redelivered": redelivered,
+        "lossless": processed == count && dup == 0, "truncated": processed < count,
+        "records_per_s": rate, "mb_per_s": rate * a.payload as f64 / 1e6,
+        "unit": "us", "poll_ack": {"p50": hist.value_at_quantile(0.5), "p90": hist.value_at_quantile(0.9),
+        "p99": hist.value_at_quantile(0.99), "max": hist.max()},
+    }));
     let _ = c.close().await;
     Ok(())
 }
@@ -661,22 +731,19 @@ async fn fanout_scale(a: &Args) -> Result<(), felix_client::Error> {
         (Some(a0), Some(a1)) => serde_json::json!(a1.saturating_sub(a0) as f64 / subs_n as f64),
         _ => serde_json::Value::Null,
     };
-    println!(
-        "{}",
-        serde_json::json!({
-            "tool": "felix-loadgen", "mode": "fanout-scale", "subscribers": subs_n,
-            "connections": conns_n, "payload": a.payload, "rate_target": a.rate,
-            "publish_rate": n as f64 / pub_secs, "published": n, "publish_refused": refused,
-            "delivered": delivered, "delivered_per_s": delivered as f64 / elapsed,
-            "expected": n * subs_n as u64, "lost": lost, "min_per_sub": min_got,
-            "subs_complete": complete, "lossless": complete == subs_n,
-            "queue_policy": a.queue_policy.name(), "load1": load,
-            "broker_rss_before": rss0, "broker_rss_after_subscribe": rss1,
-            "broker_rss_per_sub_bytes": per_sub, "unit": "us",
-            "latency_sampled": {"p50": hist.value_at_quantile(0.5), "p90": hist.value_at_quantile(0.9),
-                "p99": hist.value_at_quantile(0.99), "max": hist.max(), "samples": hist.len()},
-        })
-    );
+    emit(serde_json::json!({
+        "tool": "felix-loadgen", "mode": "fanout-scale", "subscribers": subs_n,
+        "connections": conns_n, "payload": a.payload, "rate_target": a.rate,
+        "publish_rate": n as f64 / pub_secs, "published": n, "publish_refused": refused,
+        "delivered": delivered, "delivered_per_s": delivered as f64 / elapsed,
+        "expected": n * subs_n as u64, "lost": lost, "min_per_sub": min_got,
+        "subs_complete": complete, "lossless": complete == subs_n,
+        "queue_policy": a.queue_policy.name(), "load1": load,
+        "broker_rss_before": rss0, "broker_rss_after_subscribe": rss1,
+        "broker_rss_per_sub_bytes": per_sub, "unit": "us",
+        "latency_sampled": {"p50": hist.value_at_quantile(0.5), "p90": hist.value_at_quantile(0.9),
+            "p99": hist.value_at_quantile(0.99), "max": hist.max(), "samples": hist.len()},
+    }));
     let _ = publisher.close().await;
     for c in clients {
         let _ = c.close().await;
@@ -684,10 +751,7 @@ async fn fanout_scale(a: &Args) -> Result<(), felix_client::Error> {
     Ok(())
 }
 
-fn pct(h: &hdrhistogram::Histogram<u64>) -> serde_json::Value {
-    serde_json::json!({"p50": h.value_at_quantile(0.5), "p90": h.value_at_quantile(0.9),
-        "p99": h.value_at_quantile(0.99), "max": h.max(), "samples": h.len()})
-}
+use stats::pct;
 
 async fn cache(a: &Args) -> Result<(), felix_client::Error> {
     use felix_client::{EventKind, WatchFilter, WatchItem, WatchOptions, WatchStart};
@@ -825,19 +889,16 @@ async fn cache(a: &Args) -> Result<(), felix_client::Error> {
     for h in &hists {
         hist.add(&*h.lock().unwrap()).unwrap();
     }
-    println!(
-        "{}",
-        serde_json::json!({
-            "tool": "felix-loadgen", "mode": "cache", "payload": a.payload, "unit": "us",
-            "puts": puts, "put_latency": pct(&put_h), "get_latency": pct(&get_h),
-            "watchers": watchers_n, "connections": conns_n, "rate_target": a.rate,
-            "write_rate": n as f64 / write_secs, "changes": n, "delivered": delivered,
-            "delivered_per_s": delivered as f64 / elapsed, "expected": n * watchers_n as u64,
-            "watches_ended": lagged, "watchers_complete": complete,
-            "lossless": complete == watchers_n, "load1": load,
-            "change_to_watcher_latency": pct(&hist),
-        })
-    );
+    emit(serde_json::json!({
+        "tool": "felix-loadgen", "mode": "cache", "payload": a.payload, "unit": "us",
+        "puts": puts, "put_latency": pct(&put_h), "get_latency": pct(&get_h),
+        "watchers": watchers_n, "connections": conns_n, "rate_target": a.rate,
+        "write_rate": n as f64 / write_secs, "changes": n, "delivered": delivered,
+        "delivered_per_s": delivered as f64 / elapsed, "expected": n * watchers_n as u64,
+        "watches_ended": lagged, "watchers_complete": complete,
+        "lossless": complete == watchers_n, "load1": load,
+        "change_to_watcher_latency": pct(&hist),
+    }));
     let _ = writer.close().await;
     for c in clients {
         let _ = c.close().await;
