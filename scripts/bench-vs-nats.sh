@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Alternated Felix vs NATS (TLS) runs on this machine, pinned the same way: server/broker on
 # core 0, load generator on core 1. Appends one JSON line per run to OUT, each tagged with the
-# case it measures ("case"), then prints the summary (scripts/bench-summary.py).
+# case it measures ("case"), then prints the summary (felix-loadgen --mode summarize).
 # Usage: scripts/bench-vs-nats.sh OUT.jsonl RUNS
 # Needs: release felix-broker + felix-loadgen, and peer-bench (../shared/tools/peer-bench)
 # built at $PEER_BENCH (default /var/cache/peer-bench-target/release/peer-bench) + nats-server.
@@ -45,4 +45,4 @@ for i in $(seq 1 "$RUNS"); do
   felix lat-128-f10 --mode latency --payload 128 --fanout 10 --count 5000
   nats lat-128-f10 --mode core-latency --payload 128 --fanout 10 --count 5000
 done
-python3 scripts/bench-summary.py "$OUT"
+"$T/felix-loadgen" --mode summarize --input "$OUT"

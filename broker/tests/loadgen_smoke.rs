@@ -146,10 +146,19 @@ fn every_mode_runs_and_accounts_for_every_record() {
     assert_eq!(kv["mode"], "cache");
     // Every result line carries what makes it comparable later.
     for line in [&fs, &kv] {
-        assert!(line["machine"]["cores_online"].as_u64().unwrap() >= 1, "{line}");
-        assert!(!line["machine"]["kernel"].as_str().unwrap().is_empty(), "{line}");
+        assert!(
+            line["machine"]["cores_online"].as_u64().unwrap() >= 1,
+            "{line}"
+        );
+        assert!(
+            !line["machine"]["kernel"].as_str().unwrap().is_empty(),
+            "{line}"
+        );
         assert!(line["date"].as_str().unwrap().ends_with('Z'), "{line}");
-        assert!(line["git_rev"].is_string() && line["load1_end"].is_number(), "{line}");
+        assert!(
+            line["git_rev"].is_string() && line["load1_end"].is_number(),
+            "{line}"
+        );
     }
     assert_eq!(kv["puts"], 100, "{kv}");
     assert_eq!(kv["put_latency"]["samples"], 100, "{kv}");

@@ -54,6 +54,8 @@ enum Mode {
     FanoutScale,
     Cache,
     DemoSlowConsumer,
+    /// Print the Markdown summary of a bench-vs-nats JSONL file (`--input`); no broker.
+    Summarize,
 }
 
 #[derive(Parser, Debug)]
@@ -114,9 +116,12 @@ struct Args {
     /// Cache name (cache).
     #[arg(long, default_value = "kv")]
     cache: String,
-    /// A progress line on stderr every second (throughput, ingest).
+    /// A progress line on stderr every second (throughput).
     #[arg(long)]
     progress: bool,
+    /// The JSONL file to summarize (summarize).
+    #[arg(long)]
+    input: Option<PathBuf>,
 }
 
 fn parse_policy(s: &str) -> Result<QueuePolicy, String> {
@@ -254,6 +259,22 @@ async fn run(a: Args) {
         Mode::Group => group(&a).await,
         Mode::FanoutScale => fanout_scale(&a).await,
         Mode::Cache => cache(&a).await,
+        Mode::Summarize => {
+            let Some(p) = &a.input else {
+                eprintln!("felix-loadgen: --mode summarize needs --input FILE.jsonl");
+                std::process::exit(2);
+            };
+            match std::fs::read_to_string(p) {
+                Ok(text) => {
+                    print!("{}", stats::summarize(&text));
+                    Ok(())
+                }
+                Err(e) => {
+                    eprintln!("felix-loadgen: {}: {e}", p.display());
+                    std::process::exit(1);
+                }
+            }
+        }
         Mode::DemoSlowConsumer => demo(&a).await,
     };
     if let Err(e) = r {

@@ -1,5 +1,6 @@
 //! Result math of felix-loadgen, pure and unit-tested: latency percentiles from an
-//! hdrhistogram and the UTC timestamp of a result line.
+//! hdrhistogram, the UTC timestamp of a result line, medians, and the Felix / NATS campaign
+//! summary (medians per case and side, ratio of medians).
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -41,6 +42,103 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
     let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
     let y = yoe + era * 400 + i64::from(m <= 2);
     (y, m, d)
+}
+
+/// The median of `xs` (the mean of the middle two for an even count); None when empty.
+pub fn median(xs: &[f64]) -> Option<f64> {
+    if xs.is_empty() {
+        return None;
+    }
+    let mut v = xs.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    Some(if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    })
+}
+
+/// The figures of one result line (felix-loadgen or peer-bench) a campaign compares.
+fn figures(d: &serde_json::Value) -> Vec<(&'static str, f64)> {
+    let f = |v: &serde_json::Value| v.as_f64();
+    let pick = |pairs: [(&'static str, Option<f64>); 2]| -> Vec<(&'static str, f64)> {
+        pairs
+            .into_iter()
+            .filter_map(|(k, v)| v.map(|v| (k, v)))
+            .collect()
+    };
+    let mode = d["mode"].as_str().unwrap_or("");
+    if d["tool"] == "felix-loadgen" {
+        match mode {
+            "throughput" => pick([
+                ("MB/s per sub", f(&d["per_sub_mb_per_s_avg"])),
+                ("lost", f(&d["lost"])),
+            ]),
+            "latency" => pick([
+                ("p50 us", f(&d["all_f"]["p50"])),
+                ("p99 us", f(&d["all_f"]["p99"])),
+            ]),
+            _ => vec![],
+        }
+    } else {
+        let r = &d["result"];
+        match mode {
+            "core-throughput" => pick([
+                ("MB/s per sub", f(&r["per_sub_mb_per_s_avg"])),
+                ("lost", f(&r["total_lost"])),
+            ]),
+            "core-latency" => {
+                let a = &r["all_subscribers_delivered"];
+                pick([("p50 us", f(&a["p50_us"])), ("p99 us", f(&a["p99_us"]))])
+            }
+            _ => vec![],
+        }
+    }
+}
+
+/// The Markdown summary of a bench-vs-nats JSONL file: each line carries `"case": "SIDE
+/// CASE"` (SIDE `felix` or `nats-tls`); per case and figure, each side's median over its runs
+/// and the Felix / NATS ratio of the medians (not for `lost`). Lines that are not JSON
+/// objects are skipped.
+pub fn summarize(jsonl: &str) -> String {
+    use std::collections::BTreeMap;
+    let mut runs: BTreeMap<(String, &'static str), BTreeMap<String, Vec<f64>>> = BTreeMap::new();
+    for line in jsonl.lines().map(str::trim).filter(|l| l.starts_with('{')) {
+        let Ok(d) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let Some((side, case)) = d["case"].as_str().and_then(|c| c.split_once(' ')) else {
+            continue;
+        };
+        for (k, v) in figures(&d) {
+            runs.entry((case.to_string(), k))
+                .or_default()
+                .entry(side.to_string())
+                .or_default()
+                .push(v);
+        }
+    }
+    let mut out = String::from(
+        "| case | figure | Felix median | NATS-TLS median | Felix / NATS | runs |\n|---|---|---|---|---|---|\n",
+    );
+    for ((case, k), sides) in &runs {
+        let side = |s: &str| sides.get(s).and_then(|v| median(v));
+        let (f, n) = (side("felix"), side("nats-tls"));
+        let ratio = match (f, n, *k) {
+            (_, _, "lost") => "-".to_string(),
+            (Some(f), Some(n), _) if n != 0.0 => format!("{:.2}", f / n),
+            _ => "-".to_string(),
+        };
+        let show = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x:.1}"));
+        let count = sides.values().map(Vec::len).max().unwrap_or(0);
+        out.push_str(&format!(
+            "| {case} | {k} | {} | {} | {ratio} | {count} |\n",
+            show(f),
+            show(n)
+        ));
+    }
+    out
 }
 
 #[cfg(test)]
@@ -91,6 +189,66 @@ mod tests {
         assert_eq!(
             utc_rfc3339(UNIX_EPOCH - Duration::from_secs(5)),
             "1970-01-01T00:00:00Z"
+        );
+    }
+
+    #[test]
+    fn medians_odd_even_and_empty() {
+        assert_eq!(median(&[]), None);
+        assert_eq!(median(&[3.0]), Some(3.0));
+        assert_eq!(median(&[5.0, 1.0, 3.0]), Some(3.0));
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), Some(2.5));
+    }
+
+    #[test]
+    fn summary_is_the_ratio_of_medians_per_case() {
+        let felix = |mb: f64, lost: u64| {
+            format!(
+                r#"{{"tool":"felix-loadgen","mode":"throughput","per_sub_mb_per_s_avg":{mb},"lost":{lost},"case":"felix 1KiB-f1"}}"#
+            )
+        };
+        let nats = |mb: f64| {
+            format!(
+                r#"{{"tool":"peer-bench","mode":"core-throughput","result":{{"per_sub_mb_per_s_avg":{mb},"total_lost":7}},"case":"nats-tls 1KiB-f1"}}"#
+            )
+        };
+        let lat = |side: &str, p99: u64| {
+            if side == "felix" {
+                format!(
+                    r#"{{"tool":"felix-loadgen","mode":"latency","all_f":{{"p50":10,"p99":{p99}}},"case":"felix lat-f1"}}"#
+                )
+            } else {
+                format!(
+                    r#"{{"tool":"peer-bench","mode":"core-latency","result":{{"all_subscribers_delivered":{{"p50_us":20,"p99_us":{p99}}}}},"case":"nats-tls lat-f1"}}"#
+                )
+            }
+        };
+        let text = [
+            felix(300.0, 0),
+            nats(100.0),
+            felix(100.0, 2),
+            nats(200.0),
+            felix(200.0, 0),
+            nats(150.0),
+            "not json".to_string(),
+            lat("felix", 90),
+            lat("nats-tls", 60),
+        ]
+        .join("\n");
+        let s = summarize(&text);
+        // Felix median 200, NATS median 150: 1.33.
+        assert!(
+            s.contains("| 1KiB-f1 | MB/s per sub | 200.0 | 150.0 | 1.33 | 3 |"),
+            "{s}"
+        );
+        assert!(s.contains("| 1KiB-f1 | lost | 0.0 | 7.0 | - | 3 |"), "{s}");
+        assert!(
+            s.contains("| lat-f1 | p99 us | 90.0 | 60.0 | 1.50 | 1 |"),
+            "{s}"
+        );
+        assert!(
+            s.contains("| lat-f1 | p50 us | 10.0 | 20.0 | 0.50 | 1 |"),
+            "{s}"
         );
     }
 }
