@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Alternated Felix vs NATS (TLS) runs on this machine, pinned the same way: server/broker on
 # core 0, load generator on core 1. Appends one JSON line per run to OUT, each tagged with the
-# case it measures ("case"), then prints the summary (felix-loadgen --mode summarize).
+# case it measures ("case"), then prints the summary (felix-loadgen --mode summarize) and
+# writes it to bench-results/SUMMARY.md beside OUT.
 # Usage: scripts/bench-vs-nats.sh OUT.jsonl RUNS
 # Needs: release felix-broker + felix-loadgen, and peer-bench (../shared/tools/peer-bench)
 # built at $PEER_BENCH (default /var/cache/peer-bench-target/release/peer-bench) + nats-server.
@@ -45,4 +46,16 @@ for i in $(seq 1 "$RUNS"); do
   felix lat-128-f10 --mode latency --payload 128 --fanout 10 --count 5000
   nats lat-128-f10 --mode core-latency --payload 128 --fanout 10 --count 5000
 done
-"$T/felix-loadgen" --mode summarize --input "$OUT"
+# The summary, printed and written to bench-results/SUMMARY.md (source file, date, machine).
+SUMMARY="$(dirname "$OUT")/SUMMARY.md"
+{
+  echo "# Felix vs NATS-with-TLS — latest campaign"
+  echo
+  echo "Source: \`$OUT\` ($(grep -c '^{' "$OUT") result lines), summarized $(date -u +%FT%TZ) at git $(git rev-parse --short HEAD)"
+  echo "on $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), Linux $(uname -r)."
+  echo "Medians over the alternated runs; ratio = Felix median / NATS median (higher is better for"
+  echo "MB/s, lower for latency). Method: docs/benchmarks.md."
+  echo
+  "$T/felix-loadgen" --mode summarize --input "$OUT"
+} > "$SUMMARY"
+cat "$SUMMARY"
