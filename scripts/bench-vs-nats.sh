@@ -28,15 +28,19 @@ felix() { # $1 = case; rest: felix-loadgen args; a fresh broker per run
   timeout 200 taskset -c 1 "$T/felix-loadgen" --broker "$ADDR" --ca "$D/data/tls/dev-cert.pem" --max-secs 120 "$@" | tag "felix $C" >> "$OUT" || echo "FAILED felix $C" >&2
   kill "$PID"; wait "$PID" 2>/dev/null || true; rm -rf "$D"
 }
-nats() { # $1 = case; rest: peer-bench args
+nats() { # $1 = case; rest: peer-bench args. NATS with TLS (the figure to beat), then without.
   local C=$1; shift
-  timeout 200 taskset -c 1 "$PB" --server-cpu 0 --tls --max-secs 120 --json "$@" | tag "nats-tls $C" >> "$OUT" || echo "FAILED nats $C" >&2
+  timeout 200 taskset -c 1 "$PB" --server-cpu 0 --tls --max-secs 120 --json "$@" | tag "nats-tls $C" >> "$OUT" || echo "FAILED nats-tls $C" >&2
+  timeout 200 taskset -c 1 "$PB" --server-cpu 0 --max-secs 120 --json "$@" | tag "nats $C" >> "$OUT" || echo "FAILED nats $C" >&2
 }
 for i in $(seq 1 "$RUNS"); do
   echo "round $i/$RUNS" >&2
   felix tp-1k-f1 --mode throughput --payload 1024 --fanout 1 --count 500000 --batch 64 --inflight 32
   nats tp-1k-f1 --mode core-throughput --payload 1024 --fanout 1 --count 500000
-  FELIX_UDP_NO_GSO=1 felix tp-1k-f1-nogso --mode throughput --payload 1024 --fanout 1 --count 500000 --batch 64 --inflight 32
+  felix tp-1k-f1-b1 --mode throughput --payload 1024 --fanout 1 --count 100000 --batch 1 --inflight 32
+  nats tp-1k-f1-b1 --mode core-throughput --payload 1024 --fanout 1 --count 100000
+  felix tp-256-f1 --mode throughput --payload 256 --fanout 1 --count 500000 --batch 64 --inflight 32
+  nats tp-256-f1 --mode core-throughput --payload 256 --fanout 1 --count 500000
   felix tp-4k-f1 --mode throughput --payload 4096 --fanout 1 --count 200000 --batch 16 --inflight 32
   nats tp-4k-f1 --mode core-throughput --payload 4096 --fanout 1 --count 200000
   felix tp-128-f10 --mode throughput --payload 128 --fanout 10 --count 200000 --batch 64 --inflight 32

@@ -98,9 +98,9 @@ fn figures(d: &serde_json::Value) -> Vec<(&'static str, f64)> {
 }
 
 /// The Markdown summary of a bench-vs-nats JSONL file: each line carries `"case": "SIDE
-/// CASE"` (SIDE `felix` or `nats-tls`); per case and figure, each side's median over its runs
-/// and the Felix / NATS ratio of the medians (not for `lost`). Lines that are not JSON
-/// objects are skipped.
+/// CASE"` (SIDE `felix`, `nats-tls`, or `nats` without TLS); per case and figure, each side's
+/// median over its runs and Felix's ratio of medians to each NATS side (not for `lost`).
+/// Lines that are not JSON objects are skipped.
 pub fn summarize(jsonl: &str) -> String {
     use std::collections::BTreeMap;
     let mut runs: BTreeMap<(String, &'static str), BTreeMap<String, Vec<f64>>> = BTreeMap::new();
@@ -120,22 +120,25 @@ pub fn summarize(jsonl: &str) -> String {
         }
     }
     let mut out = String::from(
-        "| case | figure | Felix median | NATS-TLS median | Felix / NATS | runs |\n|---|---|---|---|---|---|\n",
+        "| case | figure | Felix median | NATS-TLS median | Felix / NATS-TLS | NATS median (no TLS) | Felix / NATS | runs |\n|---|---|---|---|---|---|---|---|\n",
     );
     for ((case, k), sides) in &runs {
         let side = |s: &str| sides.get(s).and_then(|v| median(v));
-        let (f, n) = (side("felix"), side("nats-tls"));
-        let ratio = match (f, n, *k) {
+        let (f, t, n) = (side("felix"), side("nats-tls"), side("nats"));
+        let ratio = |other: Option<f64>| match (f, other, *k) {
             (_, _, "lost") => "-".to_string(),
-            (Some(f), Some(n), _) if n != 0.0 => format!("{:.2}", f / n),
+            (Some(f), Some(o), _) if o != 0.0 => format!("{:.2}", f / o),
             _ => "-".to_string(),
         };
         let show = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x:.1}"));
         let count = sides.values().map(Vec::len).max().unwrap_or(0);
         out.push_str(&format!(
-            "| {case} | {k} | {} | {} | {ratio} | {count} |\n",
+            "| {case} | {k} | {} | {} | {} | {} | {} | {count} |\n",
             show(f),
-            show(n)
+            show(t),
+            ratio(t),
+            show(n),
+            ratio(n)
         ));
     }
     out
@@ -212,6 +215,11 @@ mod tests {
                 r#"{{"tool":"peer-bench","mode":"core-throughput","result":{{"per_sub_mb_per_s_avg":{mb},"total_lost":7}},"case":"nats-tls 1KiB-f1"}}"#
             )
         };
+        let plain = |mb: f64| {
+            format!(
+                r#"{{"tool":"peer-bench","mode":"core-throughput","result":{{"per_sub_mb_per_s_avg":{mb},"total_lost":0}},"case":"nats 1KiB-f1"}}"#
+            )
+        };
         let lat = |side: &str, p99: u64| {
             if side == "felix" {
                 format!(
@@ -230,6 +238,7 @@ mod tests {
             nats(200.0),
             felix(200.0, 0),
             nats(150.0),
+            plain(400.0),
             "not json".to_string(),
             lat("felix", 90),
             lat("nats-tls", 60),
@@ -238,16 +247,19 @@ mod tests {
         let s = summarize(&text);
         // Felix median 200, NATS median 150: 1.33.
         assert!(
-            s.contains("| 1KiB-f1 | MB/s per sub | 200.0 | 150.0 | 1.33 | 3 |"),
-            "{s}"
-        );
-        assert!(s.contains("| 1KiB-f1 | lost | 0.0 | 7.0 | - | 3 |"), "{s}");
-        assert!(
-            s.contains("| lat-f1 | p99 us | 90.0 | 60.0 | 1.50 | 1 |"),
+            s.contains("| 1KiB-f1 | MB/s per sub | 200.0 | 150.0 | 1.33 | 400.0 | 0.50 | 3 |"),
             "{s}"
         );
         assert!(
-            s.contains("| lat-f1 | p50 us | 10.0 | 20.0 | 0.50 | 1 |"),
+            s.contains("| 1KiB-f1 | lost | 0.0 | 7.0 | - | 0.0 | - | 3 |"),
+            "{s}"
+        );
+        assert!(
+            s.contains("| lat-f1 | p99 us | 90.0 | 60.0 | 1.50 | - | - | 1 |"),
+            "{s}"
+        );
+        assert!(
+            s.contains("| lat-f1 | p50 us | 10.0 | 20.0 | 0.50 | - | - | 1 |"),
             "{s}"
         );
     }
