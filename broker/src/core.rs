@@ -267,6 +267,30 @@ struct Session {
     cache_inflight: u32,
 }
 
+impl Session {
+    /// Subscriptions and watches share `max_subscriptions`: refuse one more past it.
+    fn room_for_one_more(&self, max: u32) -> Result<(), (ErrorCode, String)> {
+        let held = self.subs.len() + self.watches.len();
+        if held >= max as usize {
+            return Err((
+                ErrorCode::TooManySubscriptions,
+                format!("connection holds {held} subscriptions and watches (max_subscriptions)"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A queue bound a client asked for: 0 takes the configured bound, which is also the most it
+/// may ask for.
+fn queue_bound(asked: u64, max: u64) -> u64 {
+    if asked == 0 {
+        max
+    } else {
+        asked.min(max)
+    }
+}
+
 struct Sub {
     conn: ConnKey,
     quic_stream: u64,
@@ -647,6 +671,16 @@ impl OpenJob {
     }
 }
 
+/// Re-enter the core after a task awaited: run `f` on the state (unless the core is gone),
+/// then handle what it queued for this core and wake the flusher to send it.
+fn reenter(me: &Weak<RefCell<CoreState>>, f: impl FnOnce(&mut CoreState)) {
+    let Some(st) = me.upgrade() else { return };
+    let mut st = st.borrow_mut();
+    f(&mut st);
+    st.drain_inbox();
+    st.wake.wake();
+}
+
 /// Answer and deliver publishes as their commits complete; fail the shard on a device error.
 async fn commit_watcher(state: Weak<RefCell<CoreState>>, key: ShardKey, log: Log) {
     let mut seen = log.acked();
@@ -962,12 +996,7 @@ impl CoreState {
             let me = self.me.clone();
             glommio::spawn_local(async move {
                 let r = job.run().await;
-                if let Some(st) = me.upgrade() {
-                    let mut st = st.borrow_mut();
-                    st.on_durable_opened(key, r);
-                    st.drain_inbox();
-                    st.wake.wake();
-                }
+                reenter(&me, |st| st.on_durable_opened(key, r));
             })
             .detach();
         }
@@ -2416,17 +2445,9 @@ impl CoreState {
             .sessions
             .get_mut(&key)
             .expect("frames come from live sessions");
-        let held = session.subs.len() + session.watches.len();
-        if held >= cfg.max_subscriptions as usize {
-            return Err((
-                ErrorCode::TooManySubscriptions,
-                format!("connection holds {held} subscriptions and watches (max_subscriptions)"),
-            ));
-        }
-        // The configured bound is both the default and the maximum a subscriber may ask for.
-        let pick = |asked: u64, max: u64| if asked == 0 { max } else { asked.min(max) };
-        let records_max = pick(queue_records_max as u64, cfg.sub_queue_records_max as u64);
-        let bytes_max = pick(queue_bytes_max, cfg.sub_queue_bytes_max);
+        session.room_for_one_more(cfg.max_subscriptions)?;
+        let records_max = queue_bound(queue_records_max as u64, cfg.sub_queue_records_max as u64);
+        let bytes_max = queue_bound(queue_bytes_max, cfg.sub_queue_bytes_max);
         let e = self.ep.get(key).expect("session has a connection");
         if !e.conn.can_open_uni() {
             return Err((
@@ -2436,7 +2457,7 @@ impl CoreState {
         }
         let qs = e.conn.open_uni();
         let sid = ((self.id as u64) << 48) | self.next_sub;
-        self.next_sub += 1;
+        self.next_sub += 1; // subscription and watch ids share this space
         e.conn.send_frame(
             qs,
             &Frame::SubStream {

@@ -332,12 +332,7 @@ impl CoreState {
         glommio::spawn_local(async move {
             yield_once().await;
             let r = job.run().await;
-            if let Some(st) = me.upgrade() {
-                let mut st = st.borrow_mut();
-                st.on_cache_opened(key, r);
-                st.drain_inbox();
-                st.wake.wake();
-            }
+            reenter(&me, |st| st.on_cache_opened(key, r));
         })
         .detach();
         None
@@ -531,28 +526,26 @@ impl CoreState {
                     .spawn_blocking(move || remove_dir_logged(&d))
                     .await;
             }
-            let Some(st) = me.upgrade() else { return };
-            let mut st = st.borrow_mut();
-            for (counters, upto, origin, frame) in pending {
-                let done = upto <= if counters { acked.1 } else { acked.0 };
-                let frame = if dir.is_some() {
-                    Frame::error(origin.request_id, why.0, why.1.clone())
-                } else if done {
-                    frame // committed before the close: its answer stands
-                } else {
-                    Frame::error(
-                        origin.request_id,
-                        ErrorCode::Unavailable,
-                        format!("outcome unknown: {}", why.1),
-                    )
-                };
-                st.route(origin.core, MeshMsg::CacheReply { origin, frame });
-            }
-            for msg in st.cache_closing.remove(&key).unwrap_or_default() {
-                st.on_mesh(msg);
-            }
-            st.drain_inbox();
-            st.wake.wake();
+            reenter(&me, |st| {
+                for (counters, upto, origin, frame) in pending {
+                    let done = upto <= if counters { acked.1 } else { acked.0 };
+                    let frame = if dir.is_some() {
+                        Frame::error(origin.request_id, why.0, why.1.clone())
+                    } else if done {
+                        frame // committed before the close: its answer stands
+                    } else {
+                        Frame::error(
+                            origin.request_id,
+                            ErrorCode::Unavailable,
+                            format!("outcome unknown: {}", why.1),
+                        )
+                    };
+                    st.route(origin.core, MeshMsg::CacheReply { origin, frame });
+                }
+                for msg in st.cache_closing.remove(&key).unwrap_or_default() {
+                    st.on_mesh(msg);
+                }
+            });
         })
         .detach();
     }
@@ -595,12 +588,7 @@ impl CoreState {
         glommio::spawn_local(async move {
             yield_once().await;
             let r = compact(dir, clog, nlog, snap).await;
-            if let Some(st) = me.upgrade() {
-                let mut st = st.borrow_mut();
-                st.on_compacted(key, r);
-                st.drain_inbox();
-                st.wake.wake();
-            }
+            reenter(&me, |st| st.on_compacted(key, r));
         })
         .detach();
     }

@@ -261,12 +261,8 @@ const WATCH_PUMP_BYTES: usize = 64 << 10;
 /// Expired keys reclaimed per shard per tick (the rest on the next tick).
 const EXPIRE_BATCH: usize = 4096;
 
-fn wall_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+/// Wall-clock ms since the epoch (cache expiries are absolute).
+use felix_storage::log::now_ms as wall_ms;
 
 fn cond(c: WriteCond) -> Cond {
     match c {
@@ -497,16 +493,9 @@ impl CoreState {
             .sessions
             .get_mut(&key)
             .expect("frames come from live sessions");
-        let held = session.subs.len() + session.watches.len();
-        if held >= cfg.max_subscriptions as usize {
-            return Err((
-                ErrorCode::TooManySubscriptions,
-                format!("connection holds {held} subscriptions and watches (max_subscriptions)"),
-            ));
-        }
-        let pick = |asked: u64, max: u64| if asked == 0 { max } else { asked.min(max) };
-        let events_max = pick(events_max as u64, cfg.cache_watch_max_events as u64) as u32;
-        let bytes_max = pick(bytes_max, cfg.cache_watch_max_bytes);
+        session.room_for_one_more(cfg.max_subscriptions)?;
+        let events_max = queue_bound(events_max as u64, cfg.cache_watch_max_events as u64) as u32;
+        let bytes_max = queue_bound(bytes_max, cfg.cache_watch_max_bytes);
         let wid = ((self.id as u64) << 48) | self.next_sub;
         self.next_sub += 1;
         session.watches.push(wid);
@@ -1278,21 +1267,15 @@ impl CoreState {
                 let recs = match log.read(at, 1024, 1 << 20).await {
                     Ok(r) => r,
                     Err(e) => {
-                        let Some(st) = me.upgrade() else { return };
-                        let mut st = st.borrow_mut();
-                        st.route(
-                            req.core,
-                            MeshMsg::WatchOpened {
-                                watch: req.watch,
-                                result: Err((
-                                    ErrorCode::Unavailable,
-                                    format!("reading the cache log: {e}"),
-                                )),
-                            },
+                        let err = (
+                            ErrorCode::Unavailable,
+                            format!("reading the cache log: {e}"),
                         );
-                        st.drain_inbox();
-                        st.wake.wake();
-                        return;
+                        let opened = MeshMsg::WatchOpened {
+                            watch: req.watch,
+                            result: Err(err),
+                        };
+                        return reenter(&me, |st| st.route(req.core, opened));
                     }
                 };
                 if recs.is_empty() {

@@ -865,11 +865,7 @@ impl CoreState {
                 }
                 None => Err(std::io::Error::other("no durable storage directory")),
             };
-            let Some(st) = me.upgrade() else { return };
-            let mut st = st.borrow_mut();
-            st.on_group_written(key, name, r, replies);
-            st.drain_inbox();
-            st.wake.wake();
+            reenter(&me, |st| st.on_group_written(key, name, r, replies));
         })
         .detach();
     }
@@ -1099,12 +1095,10 @@ impl CoreState {
                     }
                 }
             }
-            let Some(st) = me.upgrade() else { return };
-            let mut st = st.borrow_mut();
-            st.group_tasks -= 1;
-            st.finish_claims(key, &name, origin, claims, out);
-            st.drain_inbox();
-            st.wake.wake();
+            reenter(&me, |st| {
+                st.group_tasks -= 1;
+                st.finish_claims(key, &name, origin, claims, out);
+            });
         })
         .detach();
     }
