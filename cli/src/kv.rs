@@ -90,6 +90,32 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
+/// Print what a get or a delete found; exit 1 when the key had no value or the call failed.
+fn print_lookup(
+    ctx: &Ctx<'_>,
+    key: &str,
+    r: Result<Option<CacheEntry>, felix_client::Error>,
+) -> i32 {
+    match r {
+        Ok(Some(e)) => {
+            print_entry(ctx, key, &e);
+            0
+        }
+        Ok(None) => {
+            if ctx.json {
+                println!("{}", serde_json::json!({"key": key, "found": false}));
+            } else {
+                eprintln!("felixctl: {key}: no value");
+            }
+            1
+        }
+        Err(e) => {
+            eprintln!("felixctl: {e}");
+            1
+        }
+    }
+}
+
 fn print_entry(ctx: &Ctx<'_>, key: &str, e: &CacheEntry) {
     if ctx.json {
         println!(
@@ -176,25 +202,11 @@ pub async fn run(cmd: &KvCmd, ctx: &Ctx<'_>) -> i32 {
             }
         }
         KvCmd::Get { cache, key } => {
-            match ctx
+            let r = ctx
                 .client
                 .cache_get(&name(cache), key.clone().into_bytes())
-                .await
-            {
-                Ok(Some(e)) => {
-                    print_entry(ctx, key, &e);
-                    0
-                }
-                Ok(None) => {
-                    if ctx.json {
-                        println!("{}", serde_json::json!({"key": key, "found": false}));
-                    } else {
-                        eprintln!("felixctl: {key}: no value");
-                    }
-                    1
-                }
-                Err(e) => fail(e),
-            }
+                .await;
+            print_lookup(ctx, key, r)
         }
         KvCmd::Rm {
             cache,
@@ -217,21 +229,7 @@ pub async fn run(cmd: &KvCmd, ctx: &Ctx<'_>) -> i32 {
                     .await
                     .map(|d| d.map(|d| d.removed)),
             };
-            match r {
-                Ok(Some(e)) => {
-                    print_entry(ctx, key, &e);
-                    0
-                }
-                Ok(None) => {
-                    if ctx.json {
-                        println!("{}", serde_json::json!({"key": key, "found": false}));
-                    } else {
-                        eprintln!("felixctl: {key}: no value");
-                    }
-                    1
-                }
-                Err(e) => fail(e),
-            }
+            print_lookup(ctx, key, r)
         }
         KvCmd::Watch {
             cache,
@@ -286,29 +284,26 @@ pub async fn run(cmd: &KvCmd, ctx: &Ctx<'_>) -> i32 {
             };
             watch_loop(&mut w, *count, *idle_exit_ms, ctx.json).await
         }
-        KvCmd::Counter(CounterCmd::Add {
-            cache,
-            name: n,
-            delta,
-        }) => {
-            match ctx
-                .client
-                .counter_add(&name(cache), n.clone().into_bytes(), *delta)
-                .await
-            {
-                Ok(v) => {
-                    print_counter(ctx, n, v.sum, v.shard);
-                    0
-                }
-                Err(e) => fail(e),
-            }
-        }
-        KvCmd::Counter(CounterCmd::Get { cache, name: n }) => {
-            match ctx
-                .client
-                .counter_get(&name(cache), n.clone().into_bytes())
-                .await
-            {
+        KvCmd::Counter(c) => {
+            let (r, n) = match c {
+                CounterCmd::Add {
+                    cache,
+                    name: n,
+                    delta,
+                } => (
+                    ctx.client
+                        .counter_add(&name(cache), n.clone().into_bytes(), *delta)
+                        .await,
+                    n,
+                ),
+                CounterCmd::Get { cache, name: n } => (
+                    ctx.client
+                        .counter_get(&name(cache), n.clone().into_bytes())
+                        .await,
+                    n,
+                ),
+            };
+            match r {
                 Ok(v) => {
                     print_counter(ctx, n, v.sum, v.shard);
                     0
