@@ -7,21 +7,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: OUT.jsonl RUNS}; RUNS=${2:-3}
-T="${CARGO_TARGET_DIR:-/var/cache/felix-target}/release"
+# shellcheck source=scripts/bench-lib.sh
+. scripts/bench-lib.sh
 one() { # $1 = subscribers, $2 = rate (records/s)
-  local D; D=$(mktemp -d -p "${BENCH_TMP:-/var/tmp}")
-  taskset -c 0 "$T/felix-broker" --cores 1 --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 \
-    --data-dir "$D/data" > "$D/out" 2>/dev/null &
-  local PID=$!
-  for _ in $(seq 100); do grep -q ready "$D/out" 2>/dev/null && break; sleep 0.1; done
-  local ADDR; ADDR=$(grep -o 'quic=[^ ]*' "$D/out" | cut -d= -f2)
-  local R
-  R=$(timeout 200 taskset -c 1 "$T/felix-loadgen" --broker "$ADDR" --ca "$D/data/tls/dev-cert.pem" --max-secs 60 \
-    --mode fanout-scale --subscribers "$1" --rate "$2" --secs 5 --payload 256 --broker-pid "$PID") \
-    && python3 -c 'import json,sys; d=json.loads(sys.argv[1]); d["case"]=sys.argv[2]; d["rev"]=sys.argv[3]; d["date"]=sys.argv[4]; print(json.dumps(d))' \
-       "$R" "s$1-r$2" "$(git rev-parse --short HEAD)" "$(date -u +%FT%TZ)" >> "$OUT" \
-    || echo "FAILED s$1 r$2" >&2
-  kill "$PID"; wait "$PID" 2>/dev/null || true; rm -rf "$D"
+  felix_run "$OUT" "s$1-r$2" -- --max-secs 60 \
+    --mode fanout-scale --subscribers "$1" --rate "$2" --secs 5 --payload 256 --broker-pid '{pid}'
 }
 for i in $(seq 1 "$RUNS"); do
   for case in "10000 10" "10000 20" "10000 50" "10000 100" "1000 100" "1000 200" "1000 500" "1000 1000"; do

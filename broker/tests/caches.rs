@@ -747,26 +747,8 @@ fn resume_snapshot_lag_expiry_and_restart() {
 fn felixctl_kv_commands() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let b = start(tempfile::tempdir().unwrap(), &[]);
-    let exe = std::path::Path::new(env!("CARGO_BIN_EXE_felix-broker")).with_file_name("felixctl");
-    let ctl = |args: &[&str]| {
-        std::process::Command::new(&exe)
-            .args(["--broker", &b.quic.to_string()])
-            .arg("--ca")
-            .arg(b.ca())
-            .args(args)
-            .stdin(std::process::Stdio::null())
-            .output()
-            .expect("felixctl built alongside (cargo build --workspace)")
-    };
-    let ok = |o: std::process::Output| {
-        assert!(
-            o.status.success(),
-            "felixctl failed ({:?}): {}",
-            o.status.code(),
-            String::from_utf8_lossy(&o.stderr)
-        );
-        String::from_utf8(o.stdout).unwrap()
-    };
+    let ctl = |args: &[&str]| b.felixctl(args);
+    let ok = common::ok;
     let put: serde_json::Value =
         serde_json::from_str(&ok(ctl(&["--json", "kv", "put", "kv", "color", "red"]))).unwrap();
     let v = put["version"].as_u64().unwrap();
@@ -798,10 +780,8 @@ fn felixctl_kv_commands() {
         &v.to_string(),
     ]));
     // watch --from current prints the current value, then changes made meanwhile.
-    let mut watch = std::process::Command::new(&exe)
-        .args(["--broker", &b.quic.to_string()])
-        .arg("--ca")
-        .arg(b.ca())
+    let mut watch = b
+        .felixctl_cmd()
         .args([
             "--json",
             "kv",

@@ -61,20 +61,7 @@ async fn connect_to_a_silent_address_times_out() {
 #[test]
 fn felixctl_describe_json() {
     let b = Broker::start(2, &[]);
-    let ca = b.ca();
-    let exe = std::path::Path::new(env!("CARGO_BIN_EXE_felix-broker")).with_file_name("felixctl");
-    let out = Command::new(&exe)
-        .args([
-            "--broker",
-            &b.quic.to_string(),
-            "--json",
-            "describe",
-            "events",
-        ])
-        .arg("--ca")
-        .arg(&ca)
-        .output()
-        .expect("felixctl built alongside (cargo build --workspace)");
+    let out = b.felixctl(&["--json", "describe", "events"]);
     assert!(
         out.status.success(),
         "{}",
@@ -82,12 +69,7 @@ fn felixctl_describe_json() {
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["shards"], 4);
-    let out = Command::new(&exe)
-        .args(["--broker", &b.quic.to_string(), "describe", "nope"])
-        .arg("--ca")
-        .arg(&ca)
-        .output()
-        .unwrap();
+    let out = b.felixctl(&["describe", "nope"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown_stream"));
 }
@@ -95,16 +77,7 @@ fn felixctl_describe_json() {
 #[test]
 fn felixctl_publish_then_subscribe_json() {
     let b = Broker::start(2, &[]);
-    let exe = std::path::Path::new(env!("CARGO_BIN_EXE_felix-broker")).with_file_name("felixctl");
-    let ctl = |args: &[&str]| {
-        Command::new(&exe)
-            .args(["--broker", &b.quic.to_string(), "--json"])
-            .arg("--ca")
-            .arg(b.ca())
-            .args(args)
-            .output()
-            .unwrap()
-    };
+    let ctl = |args: &[&str]| b.felixctl(&[&["--json"], args].concat());
     let out = ctl(&["publish", "events", "--key", "user-1", "one", "two"]);
     assert!(
         out.status.success(),

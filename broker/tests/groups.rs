@@ -526,26 +526,8 @@ fn sigkill_and_restart_keep_cursor_and_dead_letters() {
 fn felixctl_group_commands() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let b = start(tempfile::tempdir().unwrap(), &[]);
-    let exe = std::path::Path::new(env!("CARGO_BIN_EXE_felix-broker")).with_file_name("felixctl");
-    let ctl = |args: &[&str]| {
-        std::process::Command::new(&exe)
-            .args(["--broker", &b.quic.to_string()])
-            .arg("--ca")
-            .arg(b.ca())
-            .args(args)
-            .stdin(std::process::Stdio::null())
-            .output()
-            .expect("felixctl built alongside (cargo build --workspace)")
-    };
-    let ok = |o: std::process::Output| {
-        assert!(
-            o.status.success(),
-            "felixctl failed ({:?}): {}",
-            o.status.code(),
-            String::from_utf8_lossy(&o.stderr)
-        );
-        String::from_utf8(o.stdout).unwrap()
-    };
+    let ctl = |args: &[&str]| b.felixctl(args);
+    let ok = common::ok;
     rt.block_on(async {
         let c = b.client().await;
         publish(&c, "jobs", 2, 3).await;

@@ -143,6 +143,27 @@ impl Broker {
         })
     }
 
+    /// `felixctl --broker <this> --ca <its cert>`, built beside the broker by
+    /// `cargo build --workspace`; stdin is closed (destructive commands need `--yes`).
+    pub fn felixctl_cmd(&self) -> Command {
+        let exe =
+            std::path::Path::new(env!("CARGO_BIN_EXE_felix-broker")).with_file_name("felixctl");
+        let mut c = Command::new(exe);
+        c.args(["--broker", &self.quic.to_string()])
+            .arg("--ca")
+            .arg(self.ca())
+            .stdin(Stdio::null());
+        c
+    }
+
+    /// Run felixctl against this broker.
+    pub fn felixctl(&self, args: &[&str]) -> std::process::Output {
+        self.felixctl_cmd()
+            .args(args)
+            .output()
+            .expect("felixctl built alongside (cargo build --workspace)")
+    }
+
     /// The broker process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
@@ -206,4 +227,15 @@ impl Broker {
             .map(|v| v.iter().sum())
             .unwrap_or(0)
     }
+}
+
+/// The stdout of a felixctl run that must succeed (its stderr in the failure message).
+pub fn ok(o: std::process::Output) -> String {
+    assert!(
+        o.status.success(),
+        "felixctl failed ({:?}): {}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout).unwrap()
 }
