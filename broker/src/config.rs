@@ -82,6 +82,8 @@ settings! {
         conn_unacked_max: u32 = 4096, "FELIX_CONN_UNACKED_MAX";
         /// Connection idle timeout, milliseconds.
         idle_timeout_ms: u64 = 30_000, "FELIX_IDLE_TIMEOUT_MS";
+        /// Ceiling of QUIC packet (UDP payload) size, bytes, 1200..=16383; path MTU discovery finds what each path carries below it (1200 turns discovery off).
+        udp_payload_max_bytes: usize = felix_quic::DEFAULT_UDP_PAYLOAD_MAX, "FELIX_UDP_PAYLOAD_MAX_BYTES";
         /// How long a publish may wait on a full Block-policy subscriber, milliseconds.
         publish_timeout_ms: u64 = 5_000, "FELIX_PUBLISH_TIMEOUT_MS";
         /// Replay ring of an ephemeral shard: records kept.
@@ -264,6 +266,16 @@ impl Config {
                 ));
             }
         }
+        if !(felix_quic::UDP_PAYLOAD_MIN..=felix_quic::UDP_PAYLOAD_SLOT)
+            .contains(&c.udp_payload_max_bytes)
+        {
+            return Err(format!(
+                "udp_payload_max_bytes must be {}..={}, got {}",
+                felix_quic::UDP_PAYLOAD_MIN,
+                felix_quic::UDP_PAYLOAD_SLOT,
+                c.udp_payload_max_bytes
+            ));
+        }
         if c.node_id == 0 {
             return Err("node_id must be at least 1".into());
         }
@@ -383,6 +395,14 @@ mod tests {
             ..Default::default()
         };
         assert!(Config::resolve(&f).unwrap_err().contains("tls_key"));
+        for bad in [1199, 16384] {
+            let f = Flags {
+                udp_payload_max_bytes: Some(bad),
+                ..Default::default()
+            };
+            let e = Config::resolve(&f).unwrap_err();
+            assert!(e.contains("udp_payload_max_bytes must be 1200..=16383"), "{e}");
+        }
         let f = Flags {
             sub_queue_records_max: Some(0),
             ..Default::default()

@@ -84,6 +84,7 @@ fn run(cfg: Config) -> Result<(), String> {
     };
     let transport = TransportConfig {
         idle_timeout_ms: cfg.idle_timeout_ms,
+        udp_payload_max_bytes: cfg.udp_payload_max_bytes,
         ..Default::default()
     };
     // Validate TLS files before starting cores, so a bad file is one clear error.

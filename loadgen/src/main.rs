@@ -122,6 +122,19 @@ struct Args {
     /// The JSONL file to summarize (summarize).
     #[arg(long)]
     input: Option<PathBuf>,
+    /// Ceiling of this client's QUIC packet size, bytes (the broker has its own,
+    /// FELIX_UDP_PAYLOAD_MAX_BYTES); the smaller of the two ends wins. 1350 reproduces the
+    /// pre-PMTUD transport for before/after runs.
+    #[arg(long, default_value_t = felix_quic::DEFAULT_UDP_PAYLOAD_MAX, value_parser = parse_udp_max)]
+    udp_payload_max_bytes: usize,
+}
+
+fn parse_udp_max(s: &str) -> Result<usize, String> {
+    let (lo, hi) = (felix_quic::UDP_PAYLOAD_MIN, felix_quic::UDP_PAYLOAD_SLOT);
+    match s.parse::<usize>() {
+        Ok(n) if (lo..=hi).contains(&n) => Ok(n),
+        _ => Err(format!("must be {lo}..={hi}, got {s:?}")),
+    }
 }
 
 fn parse_policy(s: &str) -> Result<QueuePolicy, String> {
@@ -133,6 +146,8 @@ const COUNT_MAX: u64 = 10_000_000;
 fn cfg(a: &Args) -> ClientConfig {
     let mut c = ClientConfig::new(a.broker, None);
     c.verify = Verify::CaFile(a.ca.clone());
+    c.transport.udp_payload_max_bytes = a.udp_payload_max_bytes;
+    let _ = UDP_PAYLOAD_MAX.set(a.udp_payload_max_bytes);
     c
 }
 
@@ -152,6 +167,9 @@ fn records_in(ev: &Event) -> u64 {
 /// in the working directory), the UTC date and the load average at the end.
 fn emit(mut v: serde_json::Value) {
     if let Some(o) = v.as_object_mut() {
+        if let Some(n) = UDP_PAYLOAD_MAX.get() {
+            o.insert("udp_payload_max_bytes".into(), (*n).into());
+        }
         o.insert("machine".into(), machine_facts());
         o.insert("git_rev".into(), git_rev().into());
         o.insert(
@@ -162,6 +180,9 @@ fn emit(mut v: serde_json::Value) {
     }
     println!("{v}");
 }
+
+/// This run's `--udp-payload-max-bytes`, for the result line.
+static UDP_PAYLOAD_MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
 
 fn machine_facts() -> serde_json::Value {
     let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();

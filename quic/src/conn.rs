@@ -436,6 +436,8 @@ pub fn trace_close_stats(side: &str, q: &QuicConn) {
             .unwrap_or(0),
         cwnd = p.as_ref().map(|p| p.cwnd).unwrap_or(0),
         delivery_rate = p.as_ref().map(|p| p.delivery_rate).unwrap_or(0),
+        pmtu = p.as_ref().map(|p| p.pmtu).unwrap_or(0),
+        max_send_udp = q.max_send_udp_payload_size(),
         "connection closed"
     );
 }

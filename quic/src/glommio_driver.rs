@@ -43,6 +43,12 @@ pub fn bind_reuseport(addr: SocketAddr, buffer_bytes: usize) -> io::Result<socke
         let _ = s.set_send_buffer_size(buffer_bytes);
     }
     s.set_nonblocking(true)?;
+    {
+        use std::os::fd::AsRawFd;
+        if !crate::udp::set_pmtu_probe(s.as_raw_fd(), addr.is_ipv6()) {
+            tracing::debug!("IP_PMTUDISC_PROBE refused: path MTU probes may be fragmented");
+        }
+    }
     s.bind(&addr.into())?;
     Ok(s)
 }

@@ -136,7 +136,7 @@ impl Endpoint {
             return Route::Dropped;
         }
         if !quiche::version_is_supported(hdr.version) {
-            let mut out = vec![0u8; crate::MAX_UDP_PAYLOAD];
+            let mut out = vec![0u8; crate::UDP_PAYLOAD_MIN];
             return match quiche::negotiate_version(&hdr.scid, &hdr.dcid, &mut out) {
                 Ok(n) => {
                     out.truncate(n);
@@ -256,8 +256,11 @@ impl Endpoint {
     }
 }
 
-/// A batch of outgoing UDP payloads in one buffer (so a GSO-capable socket layer can send
-/// runs of equal-size packets to one peer with a single sendmsg).
+/// A batch of outgoing UDP payloads packed end to end in one buffer (so a GSO-capable socket
+/// layer can send runs of equal-size packets to one peer with a single sendmsg). Bounded two
+/// ways: at most `max_packets` packets, and a new packet is started only while a whole
+/// [`crate::UDP_PAYLOAD_SLOT`] still fits in `buffer_bytes` — so small packets are not capped by
+/// the room large ones would need.
 pub struct TxBatch {
     buf: Vec<u8>,
     /// (offset, len, destination) of each packet.
@@ -267,26 +270,28 @@ pub struct TxBatch {
 }
 
 impl TxBatch {
-    pub fn new(max_packets: usize) -> Self {
+    pub fn new(max_packets: usize, buffer_bytes: usize) -> Self {
         TxBatch {
-            buf: vec![0; max_packets * crate::MAX_UDP_PAYLOAD],
+            buf: vec![0; buffer_bytes.max(crate::UDP_PAYLOAD_SLOT)],
             packets: Vec::with_capacity(max_packets),
             used: 0,
-            max_packets,
+            max_packets: max_packets.max(1),
         }
     }
     fn slot(&mut self) -> Option<&mut [u8]> {
-        if self.packets.len() >= self.max_packets {
+        if self.is_full() {
             return None;
         }
-        Some(&mut self.buf[self.used..self.used + crate::MAX_UDP_PAYLOAD])
+        Some(&mut self.buf[self.used..self.used + crate::UDP_PAYLOAD_SLOT])
     }
     fn commit(&mut self, n: usize, to: SocketAddr) {
+        assert!(n <= crate::UDP_PAYLOAD_SLOT, "packet of {n} bytes exceeds its slot");
         self.packets.push((self.used, n, to));
-        self.used += crate::MAX_UDP_PAYLOAD;
+        self.used += n;
     }
     pub fn is_full(&self) -> bool {
         self.packets.len() >= self.max_packets
+            || self.buf.len() - self.used < crate::UDP_PAYLOAD_SLOT
     }
     pub fn is_empty(&self) -> bool {
         self.packets.is_empty()

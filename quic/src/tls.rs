@@ -127,6 +127,11 @@ pub struct TransportConfig {
     /// 270-300 MB/s with subscriber queue overflow under BBR2 vs 336-365 MB/s lossless
     /// under cubic (bench-results/2026-12-03-gso-gro.md).
     pub cc_algorithm: String,
+    /// Ceiling of the UDP payloads this end sends and accepts, bytes
+    /// ([`crate::UDP_PAYLOAD_MIN`]..=[`crate::UDP_PAYLOAD_SLOT`]; clamped). Above the minimum,
+    /// path MTU discovery probes up to it, and packets grow only once a probe of that size
+    /// has been acknowledged, so a path that drops large datagrams costs probes, not data.
+    pub udp_payload_max_bytes: usize,
 }
 
 impl Default for TransportConfig {
@@ -139,6 +144,7 @@ impl Default for TransportConfig {
             max_streams_bidi: 1024,
             max_streams_uni: 1024,
             cc_algorithm: "cubic".into(),
+            udp_payload_max_bytes: crate::DEFAULT_UDP_PAYLOAD_MAX,
         }
     }
 }
@@ -146,8 +152,14 @@ impl Default for TransportConfig {
 fn apply_transport(c: &mut quiche::Config, t: &TransportConfig) -> Result<(), TlsError> {
     c.set_application_protos(&[ALPN])?;
     c.set_max_idle_timeout(t.idle_timeout_ms);
-    c.set_max_recv_udp_payload_size(crate::MAX_UDP_PAYLOAD);
-    c.set_max_send_udp_payload_size(crate::MAX_UDP_PAYLOAD);
+    let udp_max = t
+        .udp_payload_max_bytes
+        .clamp(crate::UDP_PAYLOAD_MIN, crate::UDP_PAYLOAD_SLOT);
+    c.set_max_recv_udp_payload_size(udp_max);
+    c.set_max_send_udp_payload_size(udp_max);
+    // Probing needs the sockets to refuse fragmentation (udp::set_pmtu_probe), or an
+    // oversized probe would arrive as fragments and "succeed".
+    c.discover_pmtu(udp_max > crate::UDP_PAYLOAD_MIN);
     c.set_initial_max_data(t.max_data_bytes);
     c.set_initial_max_stream_data_bidi_local(t.max_stream_data_bidi_bytes);
     c.set_initial_max_stream_data_bidi_remote(t.max_stream_data_bidi_bytes);
@@ -229,5 +241,114 @@ mod tests {
             .unwrap()
             .iter()
             .any(|n| n.dnsname() == Some("localhost")));
+    }
+
+    /// Moves every packet `from` has to send into `to`, dropping those larger than
+    /// `path_mtu` (a path that silently discards big datagrams); returns the sizes sent.
+    fn deliver(
+        from: &mut quiche::Connection,
+        to: &mut quiche::Connection,
+        addrs: (std::net::SocketAddr, std::net::SocketAddr),
+        path_mtu: usize,
+    ) -> Vec<usize> {
+        let mut buf = vec![0u8; crate::UDP_PAYLOAD_SLOT];
+        let mut sizes = Vec::new();
+        loop {
+            match from.send(&mut buf) {
+                Ok((n, _)) => {
+                    sizes.push(n);
+                    if n <= path_mtu {
+                        let info = quiche::RecvInfo {
+                            from: addrs.0,
+                            to: addrs.1,
+                        };
+                        let _ = to.recv(&mut buf[..n], info);
+                    }
+                }
+                Err(quiche::Error::Done) => return sizes,
+                Err(e) => panic!("send: {e}"),
+            }
+        }
+    }
+
+    /// Client and server built from Felix's configs over an in-memory path of `path_mtu`;
+    /// the client sends `total` bytes on one stream, at most `chunk` per round trip (a
+    /// sender that leaves congestion-window room, which quiche needs before it probes). Returns the sizes of the client's
+    /// packets and the path MTU it settled on, after checking every byte arrived.
+    fn transfer(
+        t: &TransportConfig,
+        path_mtu: usize,
+        total: usize,
+        chunk: usize,
+    ) -> (Vec<usize>, usize) {
+        let dir = tempfile::tempdir().unwrap();
+        let (p, _) = ensure_dev_cert(dir.path()).unwrap();
+        let mut sc = server_config(&p, t).unwrap();
+        let mut cc = client_config(&Verify::CaFile(p.cert.clone()), t).unwrap();
+        let (ca, sa): (std::net::SocketAddr, std::net::SocketAddr) =
+            ("127.0.0.1:1000".parse().unwrap(), "127.0.0.1:2000".parse().unwrap());
+        let cid = quiche::ConnectionId::from_ref(&[7; 16]);
+        let scid = quiche::ConnectionId::from_ref(&[9; 16]);
+        let mut c = quiche::connect(Some("localhost"), &cid, ca, sa, &mut cc).unwrap();
+        let mut s = quiche::accept(&scid, None, sa, ca, &mut sc).unwrap();
+        let data = vec![0x5a; total];
+        let (mut written, mut read) = (0, 0);
+        let mut sizes = Vec::new();
+        let mut buf = vec![0u8; 1 << 16];
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        // Bounded in rounds and time; a round without progress fires the timers.
+        for _ in 0..200_000 {
+            if read == total || std::time::Instant::now() > deadline {
+                break;
+            }
+            if c.is_established() && written < total {
+                let end = total.min(written.saturating_add(chunk));
+                written += c.stream_send(0, &data[written..end], false).unwrap_or(0);
+            }
+            let out = deliver(&mut c, &mut s, (ca, sa), path_mtu);
+            let back = deliver(&mut s, &mut c, (sa, ca), path_mtu);
+            sizes.extend(out.iter().copied());
+            while let Ok((n, _)) = s.stream_recv(0, &mut buf) {
+                assert!(buf[..n].iter().all(|&b| b == 0x5a));
+                read += n;
+            }
+            if out.is_empty() && back.is_empty() {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+                c.on_timeout();
+                s.on_timeout();
+            }
+        }
+        assert_eq!(read, total, "every byte arrived");
+        assert!(!c.is_closed() && !s.is_closed());
+        let pmtu = c.path_stats().next().unwrap().pmtu;
+        (sizes, pmtu)
+    }
+
+    /// Path MTU discovery: on a path that carries everything, packets grow to the configured
+    /// ceiling; on one that drops datagrams over 1,400 bytes, discovery settles at or below
+    /// that and the transfer still completes; a ceiling of 1,350 is never exceeded.
+    #[test]
+    fn packets_grow_to_what_the_path_carries() {
+        let t = TransportConfig::default();
+        let (sizes, pmtu) = transfer(&t, usize::MAX, 4 << 20, usize::MAX);
+        assert_eq!(pmtu, crate::DEFAULT_UDP_PAYLOAD_MAX);
+        assert_eq!(sizes.iter().max(), Some(&crate::DEFAULT_UDP_PAYLOAD_MAX));
+        let big: usize = sizes.iter().filter(|&&n| n > 8_000).sum();
+        let all: usize = sizes.iter().sum();
+        assert!(big * 10 > all * 8, "most bytes travel in large packets: {big} of {all}");
+
+        // Datagrams over 1,400 bytes vanish: only the probes are lost, a bounded handful, and
+        // the search ends within a few bytes of the real limit.
+        let (sizes, pmtu) = transfer(&t, 1400, 2 << 20, 32 << 10);
+        assert!((1300..=1400).contains(&pmtu), "settled at {pmtu}");
+        let lost = sizes.iter().filter(|&&n| n > 1400).count();
+        assert!(lost <= 64, "{lost} probes lost");
+
+        let small = TransportConfig {
+            udp_payload_max_bytes: 1350,
+            ..TransportConfig::default()
+        };
+        let (sizes, pmtu) = transfer(&small, usize::MAX, 1 << 20, usize::MAX);
+        assert!(pmtu <= 1350 && sizes.iter().all(|&n| n <= 1350));
     }
 }

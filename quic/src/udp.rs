@@ -18,8 +18,8 @@ use std::os::fd::RawFd;
 
 /// Most segments the kernel takes in one GSO send (`UDP_MAX_SEGMENTS`).
 pub const GSO_SEGMENTS_MAX: usize = 64;
-/// Largest UDP payload one `sendmsg` may carry.
-const UDP_PAYLOAD_SUM_MAX: usize = 65_000;
+/// Largest UDP payload one `sendmsg` may carry (the IPv4 limit is 65,507; kept below it).
+pub const UDP_PAYLOAD_SUM_MAX: usize = 65_000;
 
 const SOL_UDP: libc::c_int = 17;
 const UDP_SEGMENT: libc::c_int = 103;
@@ -81,6 +81,32 @@ pub fn enable_gro(fd: RawFd) -> bool {
             &one as *const libc::c_int as *const libc::c_void,
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         ) == 0
+    }
+}
+
+/// Set "don't fragment, and don't cap sends at the cached path MTU" (`IP_PMTUDISC_PROBE`, and
+/// the IPv6 twin) so path MTU discovery sees the truth: a datagram larger than the path is
+/// refused (`EMSGSIZE` locally) or dropped in the network, never fragmented. False if the
+/// kernel refused; QUIC still works, only probes may then be fragmented.
+pub fn set_pmtu_probe(fd: RawFd, ipv6: bool) -> bool {
+    let set = |level: libc::c_int, opt: libc::c_int, v: libc::c_int| {
+        // SAFETY: setsockopt on a caller-owned socket with a correctly sized int.
+        unsafe {
+            libc::setsockopt(
+                fd,
+                level,
+                opt,
+                &v as *const libc::c_int as *const libc::c_void,
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            ) == 0
+        }
+    };
+    if ipv6 {
+        // A dual-stack socket also carries IPv4; the IPv4 option may be refused there.
+        let _ = set(libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_PROBE);
+        set(libc::IPPROTO_IPV6, libc::IPV6_MTU_DISCOVER, libc::IPV6_PMTUDISC_PROBE)
+    } else {
+        set(libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_PROBE)
     }
 }
 
@@ -277,6 +303,16 @@ impl<'a> BatchSend<'a> {
     /// Send what is left. Turns `*gso` off for good if the kernel refuses offload and
     /// resends that run packet by packet.
     pub fn send(&mut self, fd: RawFd, gso: &mut bool) -> io::Result<()> {
+        self.send_with(gso, |bufs, to, seg| send_gso(fd, bufs, to, seg))
+    }
+
+    /// [`BatchSend::send`] over any `sendmsg`-shaped function (the decision logic, testable
+    /// without a kernel).
+    pub fn send_with(
+        &mut self,
+        gso: &mut bool,
+        mut send: impl FnMut(&[&[u8]], SocketAddr, Option<u16>) -> io::Result<usize>,
+    ) -> io::Result<()> {
         let mut bufs: Vec<&[u8]> = Vec::with_capacity(GSO_SEGMENTS_MAX);
         while self.next < self.packets.len() {
             let i = self.next;
@@ -284,12 +320,28 @@ impl<'a> BatchSend<'a> {
             bufs.clear();
             bufs.extend(self.packets[i..end].iter().map(|(p, _)| *p));
             let seg = self.packets[i].0.len() as u16;
-            match send_gso(fd, &bufs, self.packets[i].1, Some(seg)) {
+            match send(&bufs, self.packets[i].1, Some(seg)) {
                 Ok(_) => self.next = end,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Err(e),
                 Err(e) if end - i > 1 && is_gso_unsupported(&e) => {
-                    tracing::warn!(error = %e, "UDP GSO refused by the kernel: sending packet by packet");
-                    *gso = false; // retry the same packets one by one
+                    // EINVAL also means "segment larger than the device MTU": a path MTU
+                    // probe leading a run. Tell the two apart by sending the first packet
+                    // alone: if the device takes it, offload itself was refused.
+                    match send(&bufs[..1], self.packets[i].1, None) {
+                        Ok(_) => {
+                            tracing::warn!(error = %e, "UDP GSO refused by the kernel: sending packet by packet");
+                            *gso = false;
+                            self.next = i + 1;
+                        }
+                        Err(e1) if e1.kind() == io::ErrorKind::WouldBlock => return Err(e1),
+                        Err(e1) => {
+                            // Too large for the path (or failing anyway): this packet is lost
+                            // (QUIC recovers it, PMTUD learns from it); offload stays on.
+                            tracing::trace!(error = %e1, "udp send failed");
+                            self.failed += 1;
+                            self.next = i + 1;
+                        }
+                    }
                 }
                 Err(e) => {
                     tracing::trace!(error = %e, "udp send failed");
@@ -376,6 +428,60 @@ mod tests {
             }
             proptest::prop_assert_eq!(next, p.len());
         }
+    }
+
+    /// A fake `sendmsg` for a path whose device MTU is `mtu`: a GSO run whose segments exceed
+    /// it is EINVAL (what Linux answers), a lone datagram over it EMSGSIZE.
+    fn device(mtu: usize, sent: &mut Vec<usize>) -> impl FnMut(&[&[u8]], SocketAddr, Option<u16>) -> io::Result<usize> + '_ {
+        move |bufs, _to, seg| {
+            if bufs.len() > 1 && seg.is_some_and(|s| s as usize > mtu) {
+                return Err(io::Error::from_raw_os_error(libc::EINVAL));
+            }
+            if bufs.len() == 1 && bufs[0].len() > mtu {
+                return Err(io::Error::from_raw_os_error(libc::EMSGSIZE));
+            }
+            sent.extend(bufs.iter().map(|b| b.len()));
+            Ok(bufs.iter().map(|b| b.len()).sum())
+        }
+    }
+
+    /// A path MTU probe larger than the device leads a GSO run: the kernel says EINVAL, as it
+    /// would for a device that refuses offload. The probe alone gets EMSGSIZE, so it is counted
+    /// lost and offload stays on; every other packet goes out, in order.
+    #[test]
+    fn oversized_probe_is_lost_without_turning_gso_off() {
+        let sizes = [1400, 1400, 1400, 9000, 1400, 1400, 1400];
+        let pkts: Vec<Vec<u8>> = sizes.iter().map(|&n| vec![0u8; n]).collect();
+        let list: Vec<(&[u8], SocketAddr)> = pkts.iter().map(|p| (&p[..], a(1))).collect();
+        let mut sent = Vec::new();
+        let mut gso = true;
+        let mut b = BatchSend::new(&list);
+        b.send_with(&mut gso, device(1500, &mut sent)).unwrap();
+        assert!(gso, "a too-large probe is not a refusal of offload");
+        assert_eq!(b.failed, 1);
+        assert_eq!(sent, vec![1400; 6]);
+    }
+
+    /// A device that refuses offload outright: GSO is turned off and the batch is sent packet
+    /// by packet, nothing lost or repeated.
+    #[test]
+    fn refused_offload_turns_gso_off_and_sends_every_packet() {
+        let pkts: Vec<Vec<u8>> = (0..10u8).map(|i| vec![i; 1200]).collect();
+        let list: Vec<(&[u8], SocketAddr)> = pkts.iter().map(|p| (&p[..], a(1))).collect();
+        let mut firsts = Vec::new();
+        let mut gso = true;
+        let mut b = BatchSend::new(&list);
+        b.send_with(&mut gso, |bufs, _, seg| {
+            if bufs.len() > 1 && seg.is_some() {
+                return Err(io::Error::from_raw_os_error(libc::EIO));
+            }
+            firsts.push(bufs[0][0]);
+            Ok(bufs[0].len())
+        })
+        .unwrap();
+        assert!(!gso);
+        assert_eq!(b.failed, 0);
+        assert_eq!(firsts, (0..10u8).collect::<Vec<_>>());
     }
 
     #[test]
