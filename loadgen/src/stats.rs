@@ -79,6 +79,10 @@ fn figures(d: &serde_json::Value) -> Vec<(&'static str, f64)> {
                 ("p50 us", f(&d["all_f"]["p50"])),
                 ("p99 us", f(&d["all_f"]["p99"])),
             ]),
+            "ingest" => pick([
+                ("acks/s", f(&d["acks_per_s"])),
+                ("ack p99 us", f(&d["ack"]["p99"])),
+            ]),
             _ => vec![],
         }
     } else {
@@ -92,6 +96,10 @@ fn figures(d: &serde_json::Value) -> Vec<(&'static str, f64)> {
                 let a = &r["all_subscribers_delivered"];
                 pick([("p50 us", f(&a["p50_us"])), ("p99 us", f(&a["p99_us"]))])
             }
+            "js-publish" => pick([
+                ("acks/s", f(&r["publishes_per_s"])),
+                ("ack p99 us", f(&r["ack_latency"]["p99_us"])),
+            ]),
             _ => vec![],
         }
     }
@@ -242,6 +250,8 @@ mod tests {
             "not json".to_string(),
             lat("felix", 90),
             lat("nats-tls", 60),
+            r#"{"tool":"felix-loadgen","mode":"ingest","acks_per_s":30000.0,"ack":{"p99":900},"case":"felix ingest"}"#.to_string(),
+            r#"{"tool":"peer-bench","mode":"js-publish","result":{"publishes_per_s":20000.0,"ack_latency":{"p99_us":1800.0}},"case":"nats-tls ingest"}"#.to_string(),
         ]
         .join("\n");
         let s = summarize(&text);
@@ -260,6 +270,14 @@ mod tests {
         );
         assert!(
             s.contains("| lat-f1 | p50 us | 10.0 | 20.0 | 0.50 | - | - | 1 |"),
+            "{s}"
+        );
+        assert!(
+            s.contains("| ingest | acks/s | 30000.0 | 20000.0 | 1.50 | - | - | 1 |"),
+            "{s}"
+        );
+        assert!(
+            s.contains("| ingest | ack p99 us | 900.0 | 1800.0 | 0.50 | - | - | 1 |"),
             "{s}"
         );
     }
