@@ -53,8 +53,16 @@ fn every_mode_runs_and_accounts_for_every_record() {
     assert_eq!(tp["queue_policy"], "block");
     assert_eq!(tp["count"], 3000);
     assert_eq!(tp["lost"], 0, "{tp}");
+    assert_eq!(tp["out_of_order"], 0, "{tp}");
     assert_eq!(tp["truncated"], false);
     assert!(tp["per_sub_msgs_per_s_min"].as_f64().unwrap() > 0.0);
+    // Empty records are records too (the campaign's 0-byte case).
+    let empty = loadgen(
+        &b,
+        &["--mode", "throughput", "--payload", "0", "--count", "500", "--batch", "8", "--queue-policy", "block"],
+    );
+    assert_eq!((empty["count"].as_u64(), empty["lost"].as_u64()), (Some(500), Some(0)), "{empty}");
+    assert_eq!(empty["out_of_order"], 0, "{empty}");
 
     let lat = loadgen(
         &b,

@@ -269,8 +269,17 @@ async fn run(a: Args) {
         )
         .with_writer(std::io::stderr)
         .init();
-    if a.payload < 16 || a.fanout == 0 || a.batch == 0 || a.inflight == 0 || a.max_secs > 600 {
-        eprintln!("felix-loadgen: need payload >= 16, fanout/batch/inflight >= 1, max-secs <= 600");
+    // Latency-measuring modes carry a sequence and a send timestamp in each payload.
+    let stamped = matches!(a.mode, Mode::Latency | Mode::FanoutScale);
+    if (stamped && a.payload < 16)
+        || a.fanout == 0
+        || a.batch == 0
+        || a.inflight == 0
+        || a.max_secs > 600
+    {
+        eprintln!(
+            "felix-loadgen: need payload >= 16 (latency, fanout-scale), fanout/batch/inflight >= 1, max-secs <= 600"
+        );
         std::process::exit(2);
     }
     let r = match a.mode {
@@ -338,19 +347,32 @@ async fn throughput(a: &Args) -> Result<(), felix_client::Error> {
         .map(|mut s| {
             tokio::spawn(async move {
                 let (mut got, mut lost) = (0u64, 0u64);
+                // Order check: each event must start where the last one (records or a lag
+                // notice) ended; the first one sets the start.
+                let (mut next, mut out_of_order) = (None::<u64>, 0u64);
                 while got + lost < count {
                     let left = deadline.saturating_duration_since(Instant::now());
                     match s.next_timeout(left).await {
                         Ok(Some(ev)) => {
-                            got += records_in(&ev);
-                            if let Event::Lag { lost: l, .. } = ev {
-                                lost += l;
+                            let n = records_in(&ev);
+                            got += n;
+                            let (from, len) = match ev {
+                                Event::Records { first_offset, .. } => (first_offset, n),
+                                Event::Lag { from_offset, lost: l, .. } => {
+                                    lost += l;
+                                    (from_offset, l)
+                                }
+                                _ => continue,
+                            };
+                            if next.is_some_and(|x| x != from) {
+                                out_of_order += 1;
                             }
+                            next = Some(from + len);
                         }
                         _ => break,
                     }
                 }
-                (got, lost, start.elapsed())
+                (got, lost, out_of_order, start.elapsed())
             })
         })
         .collect();
@@ -385,8 +407,10 @@ async fn throughput(a: &Args) -> Result<(), felix_client::Error> {
     let pub_secs = start.elapsed().as_secs_f64();
     let mut per_sub = Vec::new();
     let mut lost_total = 0;
+    let mut out_of_order = 0;
     for r in readers {
-        let (got, lost, t) = r.await.unwrap();
+        let (got, lost, disorder, t) = r.await.unwrap();
+        out_of_order += disorder;
         lost_total += lost + (sent - got - lost);
         per_sub.push(got as f64 / t.as_secs_f64());
     }
@@ -396,6 +420,7 @@ async fn throughput(a: &Args) -> Result<(), felix_client::Error> {
     emit(serde_json::json!({
         "tool": "felix-loadgen", "mode": "throughput", "payload": a.payload, "fanout": a.fanout,
         "batch": a.batch, "inflight": a.inflight, "count": sent, "load1": load, "truncated": truncated,
+        "out_of_order": out_of_order,
         "publish_msgs_per_s": sent as f64 / pub_secs, "publish_mb_per_s": mb(sent as f64 / pub_secs),
         "per_sub_msgs_per_s_avg": avg, "per_sub_mb_per_s_avg": mb(avg), "per_sub_msgs_per_s_min": min,
         "total_msgs_per_s": avg * a.fanout as f64, "lost": lost_total,
