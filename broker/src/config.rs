@@ -94,6 +94,8 @@ settings! {
         sub_queue_records_max: u32 = 4096, "FELIX_SUB_QUEUE_RECORDS_MAX";
         /// Default subscriber queue bound, bytes.
         sub_queue_bytes_max: u64 = 16 << 20, "FELIX_SUB_QUEUE_BYTES_MAX";
+        /// How long an idle core polls for work before it sleeps, microseconds (0: sleep at once). Waking a sleeping core costs tens of µs per message (more on a VM); polling briefly trades idle CPU for tail latency.
+        spin_before_park_us: u64 = 200, "FELIX_SPIN_BEFORE_PARK_US";
         /// glommio io_memory per executor, bytes (memlock is 8 MiB on this kind of machine).
         io_memory_bytes: usize = 1 << 20, "FELIX_IO_MEMORY_BYTES";
         /// Default fsync mode of durable streams: on_commit, periodic or none.

@@ -166,6 +166,7 @@ fn run(cfg: Config) -> Result<(), String> {
         let h = LocalExecutorBuilder::new(placement)
             .name(&format!("felix-core-{i}"))
             .io_memory(cfg.io_memory_bytes)
+            .spin_before_park(std::time::Duration::from_micros(cfg.spin_before_park_us))
             .spawn(move || async move {
                 if let Err(e) = felix_storage::seed_dma_probe(&seed_dir).await {
                     tracing::warn!(error = %e, "DMA probe seed failed; durable reads may fail");

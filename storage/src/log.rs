@@ -1,5 +1,7 @@
 //! The log driver: one [`Log`] per shard, living on the glommio executor of the core that
-//! owns the shard. Files are glommio DMA files (io_uring, O_DIRECT).
+//! owns the shard. Files are glommio DMA files (io_uring, O_DIRECT); under `periodic` and
+//! `none` commits are written through the page cache instead (see [`CommitBuf`] and
+//! docs/storage-format.md, "How a commit reaches the file").
 //!
 //! - [`Log::append`] is synchronous: it assigns offsets and queues the encoded records. A
 //!   committer task writes queued records as one commit (group commit: whatever queued while
@@ -23,7 +25,8 @@ use crate::segment::{
     SegmentHeader, SegmentIndex, BLOCK, COMMIT_HEADER_BYTES,
 };
 use bytes::Bytes;
-use glommio::io::{DmaFile, OpenOptions};
+use glommio::io::{BufferedFile, DmaFile, OpenOptions};
+use std::os::fd::AsRawFd;
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::future::poll_fn;
@@ -198,12 +201,60 @@ pub struct OpenReport {
 struct Seg {
     base: u64,
     file: Rc<DmaFile>,
+    /// The same segment file opened without O_DIRECT: how commits are written under
+    /// `periodic` and `none` (opened at the first such commit, closed at seal).
+    wfile: Option<Rc<BufferedFile>>,
     end_offset: u64,
     end_pos: u64,
     write_pos: u64,
     max_ts_ms: u64,
     index: Vec<IndexEntry>,
     sealed: bool,
+}
+
+/// One commit's bytes: a DMA buffer written with O_DIRECT (`on_commit`: the write then the
+/// fdatasync reach the device before the ack), or a plain buffer written through the page
+/// cache (`periodic`, `none`: the ack follows the write into the file, which survives a
+/// process crash; the periodic fdatasync of the same inode makes it durable). Why two:
+/// an O_DIRECT write waits for the device (~0.4 ms per commit on this VM), which made every
+/// `periodic` ack pay a device round trip that the mode does not promise
+/// (bench-results/2026-12-04-matrix.md).
+enum CommitBuf {
+    Direct(glommio::io::DmaBuffer),
+    Cached(Vec<u8>),
+}
+
+/// `pwritev2(.., RWF_NOWAIT)`: the bytes of `buf` written at `pos` without blocking (0 when
+/// the kernel would have to wait, or does not support it for this file).
+fn write_nowait(fd: std::os::fd::RawFd, buf: &[u8], pos: u64) -> usize {
+    let iov = libc::iovec {
+        iov_base: buf.as_ptr() as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    // SAFETY: one iovec over a live buffer, on an fd the caller keeps open for the call.
+    let n = unsafe { libc::pwritev2(fd, &iov, 1, pos as libc::off_t, libc::RWF_NOWAIT) };
+    if n >= 0 {
+        return n as usize;
+    }
+    if std::io::Error::last_os_error().raw_os_error() == Some(libc::EOPNOTSUPP) {
+        NOWAIT_UNSUPPORTED.with(|c| c.set(true));
+    }
+    0
+}
+
+thread_local! {
+    /// Set once the filesystem refused RWF_NOWAIT buffered writes (ext4 does): later commits
+    /// on this core go straight to io_uring instead of paying a refused syscall each.
+    static NOWAIT_UNSUPPORTED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+impl CommitBuf {
+    fn len(&self) -> usize {
+        match self {
+            CommitBuf::Direct(b) => b.len(),
+            CommitBuf::Cached(b) => b.len(),
+        }
+    }
 }
 
 struct Group {
@@ -477,6 +528,7 @@ impl Log {
             segs.push_back(Seg {
                 base: r.base,
                 file: Rc::new(file),
+                wfile: None,
                 end_offset: r.end_offset,
                 end_pos: r.end_pos,
                 write_pos: align_up(r.end_pos as usize) as u64,
@@ -593,6 +645,7 @@ impl Log {
         self.inner.borrow_mut().segs.push_back(Seg {
             base,
             file: Rc::new(f),
+            wfile: None,
             end_offset: base,
             end_pos: BLOCK as u64,
             write_pos: BLOCK as u64,
@@ -744,6 +797,31 @@ impl Log {
         i.wake_all();
     }
 
+    /// The active segment's buffered (page-cache) writer, opened on first use.
+    async fn cached_writer(&self) -> Result<Rc<BufferedFile>, LogError> {
+        let (base, dir) = {
+            let i = self.inner.borrow();
+            let s = i.segs.back().expect("an active segment exists");
+            if let Some(w) = &s.wfile {
+                return Ok(w.clone());
+            }
+            (s.base, i.dir.clone())
+        };
+        let path = dir.join(segment_file_name(base));
+        let w = Rc::new(
+            OpenOptions::new()
+                .write(true)
+                .buffered_open(&path)
+                .await
+                .map_err(|e| LogError::Failed(format!("open {} for writing: {e}", path.display())))?,
+        );
+        let mut i = self.inner.borrow_mut();
+        let s = i.segs.back_mut().expect("an active segment exists");
+        assert_eq!(s.base, base, "the active segment cannot change while its writer opens");
+        s.wfile = Some(w.clone());
+        Ok(w)
+    }
+
     async fn commit_once(&self) -> Result<(), LogError> {
         // Take whole append groups up to commit_bytes_max (at least one) and encode the
         // commit straight into the DMA buffer: header, the queued records, zero padding.
@@ -772,12 +850,22 @@ impl Log {
             assert_eq!(h.first_offset, i.written, "commits must be contiguous");
             let span = align_up(h.span());
             let seg = i.segs.back().expect("an active segment exists");
-            // DMA buffers are not tied to a file: one allocated here serves a new segment too.
-            let mut buf = seg.file.alloc_dma_buffer(span);
-            let out = buf.as_bytes_mut();
-            out[..COMMIT_HEADER_BYTES].copy_from_slice(&h.encode());
-            out[COMMIT_HEADER_BYTES..h.span()].copy_from_slice(&i.pending[..end]);
-            out[h.span()..].fill(0);
+            // The same bytes either way: header, records, zero padding to the block.
+            let fill = |out: &mut [u8]| {
+                out[..COMMIT_HEADER_BYTES].copy_from_slice(&h.encode());
+                out[COMMIT_HEADER_BYTES..h.span()].copy_from_slice(&i.pending[..end]);
+                out[h.span()..].fill(0);
+            };
+            let buf = if i.cfg.fsync == FsyncMode::OnCommit {
+                // DMA buffers are not tied to a file: one allocated here serves a new segment too.
+                let mut b = seg.file.alloc_dma_buffer(span);
+                fill(b.as_bytes_mut());
+                CommitBuf::Direct(b)
+            } else {
+                let mut b = vec![0u8; span];
+                fill(&mut b);
+                CommitBuf::Cached(b)
+            };
             let need_roll = seg.sealed
                 || (seg.end_offset > seg.base
                     && seg.write_pos + span as u64 > i.cfg.segment_bytes_max);
@@ -796,10 +884,29 @@ impl Log {
             (s.file.clone(), s.write_pos, i.fault(FaultPoint::Write))
         };
         fault?;
-        let n = file
-            .write_at(buf, pos)
-            .await
-            .map_err(|e| LogError::Failed(format!("write: {e}")))?;
+        let n = match buf {
+            CommitBuf::Direct(b) => file.write_at(b, pos).await,
+            CommitBuf::Cached(b) => {
+                let w = self.cached_writer().await?;
+                // First without blocking: a page-cache copy that needs no I/O is done in
+                // place (RWF_NOWAIT). Only what would block — dirty throttling, a page to read
+                // in — goes to io_uring, whose buffered writes run on a kernel worker thread:
+                // a context switch per commit on this pinned core.
+                let done = if NOWAIT_UNSUPPORTED.with(|c| c.get()) {
+                    0
+                } else {
+                    write_nowait(w.as_raw_fd(), &b, pos)
+                };
+                if done == b.len() {
+                    Ok(done)
+                } else {
+                    w.write_at(b[done..].to_vec(), pos + done as u64)
+                        .await
+                        .map(|n| n + done)
+                }
+            }
+        }
+        .map_err(|e| LogError::Failed(format!("write: {e}")))?;
         if n != len {
             return Err(LogError::Failed(format!("short write: {n} of {len} bytes")));
         }
@@ -865,10 +972,18 @@ impl Log {
         write_index(&dir, &idx)
             .await
             .map_err(|e| LogError::Failed(e.to_string()))?;
-        let mut i = self.inner.borrow_mut();
-        let written = i.written;
-        i.synced = i.synced.max(written);
-        i.segs.back_mut().unwrap().sealed = true;
+        let w = {
+            let mut i = self.inner.borrow_mut();
+            let written = i.written;
+            i.synced = i.synced.max(written);
+            let s = i.segs.back_mut().unwrap();
+            s.sealed = true;
+            s.wfile.take()
+        };
+        // Sealed: no more writes. Close the page-cache writer (its data was just synced).
+        if let Some(w) = w.and_then(|w| Rc::try_unwrap(w).ok()) {
+            let _ = w.close().await;
+        }
         Ok(())
     }
 
