@@ -71,6 +71,11 @@ fn figures(d: &serde_json::Value) -> Vec<(&'static str, f64)> {
     let mode = d["mode"].as_str().unwrap_or("");
     if d["tool"] == "felix-loadgen" {
         match mode {
+            // Empty records move no bytes: count them.
+            "throughput" if d["payload"] == 0 => pick([
+                ("msgs/s per sub", f(&d["per_sub_msgs_per_s_avg"])),
+                ("lost", f(&d["lost"])),
+            ]),
             "throughput" => pick([
                 ("MB/s per sub", f(&d["per_sub_mb_per_s_avg"])),
                 ("lost", f(&d["lost"])),
@@ -250,6 +255,7 @@ mod tests {
             "not json".to_string(),
             lat("felix", 90),
             lat("nats-tls", 60),
+            r#"{"tool":"felix-loadgen","mode":"throughput","payload":0,"per_sub_msgs_per_s_avg":2e6,"per_sub_mb_per_s_avg":0.0,"lost":0,"case":"felix tp-0"}"#.to_string(),
             r#"{"tool":"felix-loadgen","mode":"ingest","acks_per_s":30000.0,"ack":{"p99":900},"case":"felix ingest"}"#.to_string(),
             r#"{"tool":"peer-bench","mode":"js-publish","result":{"publishes_per_s":20000.0,"ack_latency":{"p99_us":1800.0}},"case":"nats-tls ingest"}"#.to_string(),
         ]
@@ -270,6 +276,10 @@ mod tests {
         );
         assert!(
             s.contains("| lat-f1 | p50 us | 10.0 | 20.0 | 0.50 | - | - | 1 |"),
+            "{s}"
+        );
+        assert!(
+            s.contains("| tp-0 | msgs/s per sub | 2000000.0 | - | - | - | - | 1 |"),
             "{s}"
         );
         assert!(
