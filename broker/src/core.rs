@@ -618,6 +618,7 @@ pub fn log_config(cfg: &Config, def: &crate::catalog::StreamDef) -> LogConfig {
                 .or(cfg.durable_retention_seconds)
                 .map(|s| s.saturating_mul(1000)),
         },
+        inline_write_slow_us: cfg.durable_inline_write_slow_us,
         ..LogConfig::default()
     }
 }

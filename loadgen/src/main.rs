@@ -93,6 +93,7 @@ struct Args {
     queue_policy: QueuePolicy,
     /// Runtime worker threads; default: the CPUs this process may run on (so `taskset -c 1`
     /// gives one thread — two threads time-sharing one core wait on each other's wakeups).
+    /// With one, the runtime is tokio's current-thread one: everything on the main thread.
     #[arg(long)]
     threads: Option<usize>,
     /// Competing consumers, each on its own connection (group).
@@ -194,7 +195,10 @@ fn machine_facts() -> serde_json::Value {
         })
         .unwrap_or_default();
     serde_json::json!({
-        "cores_online": std::thread::available_parallelism().map_or(0, |n| n.get()),
+        // The machine's online cores, and the ones this process may use (taskset).
+        // SAFETY: sysconf has no preconditions.
+        "cores_online": unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(0),
+        "cores_allowed": std::thread::available_parallelism().map_or(0, |n| n.get()),
         "cpu": cpu,
         "kernel": read("/proc/sys/kernel/osrelease").trim(),
     })
@@ -252,11 +256,21 @@ fn main() {
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
         .clamp(1, 64);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    // One thread: a current-thread runtime, so the mode's own loop and the connection tasks
+    // share that thread (under a multi-thread runtime the loop would run on the main thread
+    // beside one worker, and every hand-off between them is a futex wake-up and a context
+    // switch on the same core).
+    let rt = if threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .enable_all()
+            .build()
+    }
+    .expect("tokio runtime");
     rt.block_on(run(a));
 }
 

@@ -170,8 +170,17 @@ async fn run<H: Handler>(
                         h.on_established(&mut conn);
                     }
                     conn.poll_readable(&mut events);
+                    let delivered = !events.is_empty();
                     for ev in events.drain(..) {
                         h.on_event(&mut conn, ev);
+                    }
+                    if delivered {
+                        // Let the application take what was just handed over before this
+                        // task builds and sends its ACK packets: quiche acknowledges every
+                        // ack-eliciting packet, and on a one-thread runtime those sends
+                        // (one syscall per connection) would otherwise sit between the
+                        // arrival and its reader.
+                        tokio::task::yield_now().await;
                     }
                 }
             }

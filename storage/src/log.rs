@@ -15,6 +15,7 @@
 //! - Each append call lands in one commit (an append larger than `commit_bytes_max` is
 //!   refused), so recovery keeps or cuts a batch whole.
 
+use crate::write_path::{WritePath, WriteWay};
 use crate::record::{encode_into, RecordIn, RECORD_BYTES_MAX};
 use crate::recovery::{
     must_scan, plan_recovery, Action, Active, DiskView, Plan, SegmentView, Verdict,
@@ -100,7 +101,15 @@ pub struct LogConfig {
     pub faults: Option<FaultHook>,
     /// Fsync latency observer (metrics).
     pub on_sync: Option<SyncObserver>,
+    /// Page-cache commits (`periodic`, `none`) are written with a plain `pwrite` on the
+    /// core while such writes take at most this long, microseconds; after a slower one they
+    /// go through io_uring for [`INLINE_WRITE_BACKOFF_MS`]. 0: always io_uring. See
+    /// [`crate::write_path`].
+    pub inline_write_slow_us: u64,
 }
+
+/// How long page-cache commits go through io_uring after an inline write was slow.
+pub const INLINE_WRITE_BACKOFF_MS: u64 = 1000;
 
 impl Default for LogConfig {
     fn default() -> Self {
@@ -114,6 +123,7 @@ impl Default for LogConfig {
             first_offset: 0,
             faults: None,
             on_sync: None,
+            inline_write_slow_us: 1000,
         }
     }
 }
@@ -242,6 +252,43 @@ fn write_nowait(fd: std::os::fd::RawFd, buf: &[u8], pos: u64) -> usize {
     0
 }
 
+/// Milliseconds on a monotonic clock (since this thread first asked): the write path's
+/// back-off must not stretch or vanish when the wall clock jumps.
+fn mono_ms() -> u64 {
+    thread_local! {
+        static BASE: std::time::Instant = std::time::Instant::now();
+    }
+    BASE.with(|b| b.elapsed().as_millis() as u64)
+}
+
+/// A plain `pwrite` of all of `buf` at `pos` (blocking; retried on EINTR and short writes).
+fn write_inline(fd: std::os::fd::RawFd, buf: &[u8], pos: u64) -> std::io::Result<usize> {
+    let mut done = 0usize;
+    while done < buf.len() {
+        // SAFETY: a live buffer slice, on an fd the caller keeps open for the call.
+        let n = unsafe {
+            libc::pwrite(
+                fd,
+                buf[done..].as_ptr() as *const libc::c_void,
+                buf.len() - done,
+                (pos + done as u64) as libc::off_t,
+            )
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            break;
+        }
+        done += n as usize;
+    }
+    Ok(done)
+}
+
 thread_local! {
     /// Set once the filesystem refused RWF_NOWAIT buffered writes (ext4 does): later commits
     /// on this core go straight to io_uring instead of paying a refused syscall each.
@@ -279,6 +326,7 @@ struct Inner {
     committer_done: bool,
     committer: Option<Waker>,
     waiters: Vec<Waker>,
+    write_path: WritePath,
 }
 
 impl Inner {
@@ -552,6 +600,7 @@ impl Log {
             committer_done: false,
             committer: None,
             waiters: Vec::new(),
+            write_path: WritePath::new(cfg.inline_write_slow_us, INLINE_WRITE_BACKOFF_MS),
         };
         let log = Log {
             inner: Rc::new(RefCell::new(inner)),
@@ -885,24 +934,40 @@ impl Log {
         };
         fault?;
         let n = match buf {
-            CommitBuf::Direct(b) => file.write_at(b, pos).await,
+            CommitBuf::Direct(b) => file.write_at(b, pos).await.map_err(|e| e.to_string()),
             CommitBuf::Cached(b) => {
                 let w = self.cached_writer().await?;
                 // First without blocking: a page-cache copy that needs no I/O is done in
                 // place (RWF_NOWAIT). Only what would block — dirty throttling, a page to read
-                // in — goes to io_uring, whose buffered writes run on a kernel worker thread:
-                // a context switch per commit on this pinned core.
+                // in — goes further.
                 let done = if NOWAIT_UNSUPPORTED.with(|c| c.get()) {
                     0
                 } else {
                     write_nowait(w.as_raw_fd(), &b, pos)
                 };
+                // Where RWF_NOWAIT is refused, a plain pwrite while those stay fast (no
+                // io-wq round trip), io_uring otherwise: crate::write_path.
+                let now = mono_ms();
+                let way = self.inner.borrow().write_path.choose(now);
                 if done == b.len() {
                     Ok(done)
+                } else if way == WriteWay::Inline {
+                    let t = std::time::Instant::now();
+                    let r = write_inline(w.as_raw_fd(), &b[done..], pos + done as u64);
+                    let took_us = t.elapsed().as_micros() as u64;
+                    let mut i = self.inner.borrow_mut();
+                    let before = i.write_path.stalls;
+                    i.write_path.observe_inline(took_us, now);
+                    if i.write_path.stalls != before {
+                        tracing::debug!(took_us, dir = %i.dir.display(),
+                            "inline page-cache write was slow: io_uring for a while");
+                    }
+                    r.map(|n| n + done).map_err(|e| e.to_string())
                 } else {
                     w.write_at(b[done..].to_vec(), pos + done as u64)
                         .await
                         .map(|n| n + done)
+                        .map_err(|e| e.to_string())
                 }
             }
         }

@@ -115,6 +115,32 @@ fn append_read_roll_and_reopen() {
     });
 }
 
+/// Page-cache commits written inline (plain pwrite; `u64::MAX` never backs off) and through
+/// io_uring (`0`) leave the same log: every record reads back before and after a reopen,
+/// across segment rolls.
+#[test]
+fn page_cache_commits_inline_or_through_io_uring_read_back_alike() {
+    for slow_us in [u64::MAX, 0] {
+        let (_t, d) = dir();
+        run(move || async move {
+            let cfg = LogConfig {
+                inline_write_slow_us: slow_us,
+                ..small(FsyncMode::None)
+            };
+            let (log, _) = Log::open(&d, cfg.clone()).await.unwrap();
+            assert_eq!(append_n(&log, 0, 300, 7).await, 300);
+            assert!(log.segment_count() > 3, "small segments roll");
+            check_all(&log, 0, 300).await;
+            log.close().await.unwrap();
+            let (log, rep) = Log::open(&d, cfg).await.unwrap();
+            assert_eq!(rep.verdict, Verdict::Clean, "slow_us {slow_us}: {:?}", rep.actions);
+            assert_eq!(rep.next_offset, 300);
+            check_all(&log, 0, 300).await;
+            log.close().await.unwrap();
+        });
+    }
+}
+
 #[test]
 fn group_commit_batches_concurrent_appends() {
     let (_t, d) = dir();

@@ -364,6 +364,7 @@ impl CoreState {
             pending_bytes_max: cfg.durable_pending_bytes_max.max(commit_bytes_max(cfg)),
             fsync: FsyncMode::parse(&cfg.durable_fsync, cfg.durable_fsync_interval_ms)
                 .expect("validated at start"),
+            inline_write_slow_us: cfg.durable_inline_write_slow_us,
             ..LogConfig::default()
         }
     }
