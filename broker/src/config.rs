@@ -405,7 +405,10 @@ mod tests {
                 ..Default::default()
             };
             let e = Config::resolve(&f).unwrap_err();
-            assert!(e.contains("udp_payload_max_bytes must be 1200..=16383"), "{e}");
+            assert!(
+                e.contains("udp_payload_max_bytes must be 1200..=16383"),
+                "{e}"
+            );
         }
         let f = Flags {
             sub_queue_records_max: Some(0),

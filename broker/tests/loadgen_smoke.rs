@@ -60,9 +60,26 @@ fn every_mode_runs_and_accounts_for_every_record() {
     // one use one thread, as campaigns pinned to one core do (tokio's current-thread runtime).
     let empty = loadgen(
         &b,
-        &["--mode", "throughput", "--payload", "0", "--count", "500", "--batch", "8", "--queue-policy", "block", "--threads", "1"],
+        &[
+            "--mode",
+            "throughput",
+            "--payload",
+            "0",
+            "--count",
+            "500",
+            "--batch",
+            "8",
+            "--queue-policy",
+            "block",
+            "--threads",
+            "1",
+        ],
     );
-    assert_eq!((empty["count"].as_u64(), empty["lost"].as_u64()), (Some(500), Some(0)), "{empty}");
+    assert_eq!(
+        (empty["count"].as_u64(), empty["lost"].as_u64()),
+        (Some(500), Some(0)),
+        "{empty}"
+    );
     assert_eq!(empty["out_of_order"], 0, "{empty}");
 
     let lat = loadgen(

@@ -372,7 +372,11 @@ async fn throughput(a: &Args) -> Result<(), felix_client::Error> {
                             got += n;
                             let (from, len) = match ev {
                                 Event::Records { first_offset, .. } => (first_offset, n),
-                                Event::Lag { from_offset, lost: l, .. } => {
+                                Event::Lag {
+                                    from_offset,
+                                    lost: l,
+                                    ..
+                                } => {
                                     lost += l;
                                     (from_offset, l)
                                 }

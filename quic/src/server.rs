@@ -285,7 +285,10 @@ impl TxBatch {
         Some(&mut self.buf[self.used..self.used + crate::UDP_PAYLOAD_SLOT])
     }
     fn commit(&mut self, n: usize, to: SocketAddr) {
-        assert!(n <= crate::UDP_PAYLOAD_SLOT, "packet of {n} bytes exceeds its slot");
+        assert!(
+            n <= crate::UDP_PAYLOAD_SLOT,
+            "packet of {n} bytes exceeds its slot"
+        );
         self.packets.push((self.used, n, to));
         self.used += n;
     }

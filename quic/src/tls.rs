@@ -285,8 +285,10 @@ mod tests {
         let (p, _) = ensure_dev_cert(dir.path()).unwrap();
         let mut sc = server_config(&p, t).unwrap();
         let mut cc = client_config(&Verify::CaFile(p.cert.clone()), t).unwrap();
-        let (ca, sa): (std::net::SocketAddr, std::net::SocketAddr) =
-            ("127.0.0.1:1000".parse().unwrap(), "127.0.0.1:2000".parse().unwrap());
+        let (ca, sa): (std::net::SocketAddr, std::net::SocketAddr) = (
+            "127.0.0.1:1000".parse().unwrap(),
+            "127.0.0.1:2000".parse().unwrap(),
+        );
         let cid = quiche::ConnectionId::from_ref(&[7; 16]);
         let scid = quiche::ConnectionId::from_ref(&[9; 16]);
         let mut c = quiche::connect(Some("localhost"), &cid, ca, sa, &mut cc).unwrap();
@@ -335,7 +337,10 @@ mod tests {
         assert_eq!(sizes.iter().max(), Some(&crate::DEFAULT_UDP_PAYLOAD_MAX));
         let big: usize = sizes.iter().filter(|&&n| n > 8_000).sum();
         let all: usize = sizes.iter().sum();
-        assert!(big * 10 > all * 8, "most bytes travel in large packets: {big} of {all}");
+        assert!(
+            big * 10 > all * 8,
+            "most bytes travel in large packets: {big} of {all}"
+        );
 
         // Datagrams over 1,400 bytes vanish: only the probes are lost, a bounded handful, and
         // the search ends within a few bytes of the real limit.

@@ -103,10 +103,22 @@ pub fn set_pmtu_probe(fd: RawFd, ipv6: bool) -> bool {
     };
     if ipv6 {
         // A dual-stack socket also carries IPv4; the IPv4 option may be refused there.
-        let _ = set(libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_PROBE);
-        set(libc::IPPROTO_IPV6, libc::IPV6_MTU_DISCOVER, libc::IPV6_PMTUDISC_PROBE)
+        let _ = set(
+            libc::IPPROTO_IP,
+            libc::IP_MTU_DISCOVER,
+            libc::IP_PMTUDISC_PROBE,
+        );
+        set(
+            libc::IPPROTO_IPV6,
+            libc::IPV6_MTU_DISCOVER,
+            libc::IPV6_PMTUDISC_PROBE,
+        )
     } else {
-        set(libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_PROBE)
+        set(
+            libc::IPPROTO_IP,
+            libc::IP_MTU_DISCOVER,
+            libc::IP_PMTUDISC_PROBE,
+        )
     }
 }
 
@@ -432,7 +444,10 @@ mod tests {
 
     /// A fake `sendmsg` for a path whose device MTU is `mtu`: a GSO run whose segments exceed
     /// it is EINVAL (what Linux answers), a lone datagram over it EMSGSIZE.
-    fn device(mtu: usize, sent: &mut Vec<usize>) -> impl FnMut(&[&[u8]], SocketAddr, Option<u16>) -> io::Result<usize> + '_ {
+    fn device(
+        mtu: usize,
+        sent: &mut Vec<usize>,
+    ) -> impl FnMut(&[&[u8]], SocketAddr, Option<u16>) -> io::Result<usize> + '_ {
         move |bufs, _to, seg| {
             if bufs.len() > 1 && seg.is_some_and(|s| s as usize > mtu) {
                 return Err(io::Error::from_raw_os_error(libc::EINVAL));

@@ -15,7 +15,6 @@
 //! - Each append call lands in one commit (an append larger than `commit_bytes_max` is
 //!   refused), so recovery keeps or cuts a batch whole.
 
-use crate::write_path::{WritePath, WriteWay};
 use crate::record::{encode_into, RecordIn, RECORD_BYTES_MAX};
 use crate::recovery::{
     must_scan, plan_recovery, Action, Active, DiskView, Plan, SegmentView, Verdict,
@@ -25,13 +24,14 @@ use crate::segment::{
     align_up, index_file_name, parse_file_name, segment_file_name, CommitHeader, IndexEntry,
     SegmentHeader, SegmentIndex, BLOCK, COMMIT_HEADER_BYTES,
 };
+use crate::write_path::{WritePath, WriteWay};
 use bytes::Bytes;
 use glommio::io::{BufferedFile, DmaFile, OpenOptions};
-use std::os::fd::AsRawFd;
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::future::poll_fn;
 use std::ops::Range;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::task::{Poll, Waker};
@@ -862,11 +862,16 @@ impl Log {
                 .write(true)
                 .buffered_open(&path)
                 .await
-                .map_err(|e| LogError::Failed(format!("open {} for writing: {e}", path.display())))?,
+                .map_err(|e| {
+                    LogError::Failed(format!("open {} for writing: {e}", path.display()))
+                })?,
         );
         let mut i = self.inner.borrow_mut();
         let s = i.segs.back_mut().expect("an active segment exists");
-        assert_eq!(s.base, base, "the active segment cannot change while its writer opens");
+        assert_eq!(
+            s.base, base,
+            "the active segment cannot change while its writer opens"
+        );
         s.wfile = Some(w.clone());
         Ok(w)
     }

@@ -133,7 +133,12 @@ fn page_cache_commits_inline_or_through_io_uring_read_back_alike() {
             check_all(&log, 0, 300).await;
             log.close().await.unwrap();
             let (log, rep) = Log::open(&d, cfg).await.unwrap();
-            assert_eq!(rep.verdict, Verdict::Clean, "slow_us {slow_us}: {:?}", rep.actions);
+            assert_eq!(
+                rep.verdict,
+                Verdict::Clean,
+                "slow_us {slow_us}: {:?}",
+                rep.actions
+            );
             assert_eq!(rep.next_offset, 300);
             check_all(&log, 0, 300).await;
             log.close().await.unwrap();
