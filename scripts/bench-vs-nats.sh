@@ -5,11 +5,13 @@
 #   throughput  payload 8 / 256 / 1024 / 4096 B × fanout 1 and 10, batch 64 (Felix; NATS
 #               core publishes are fire-and-forget and have no batch), plus 1 KiB batch 1
 #               and 0 B (Felix only: peer-bench payloads carry an 8-byte sequence)
-#   latency     128 B, fanout 1 and 10, one message in flight
-#   ingest      acked durable publishes, 1 KiB, 32 in flight: Felix `periodic` vs JetStream
-#               file storage with the server-default sync
-#   before      the 1 KiB / 4 KiB throughput and f1 latency cases again with Felix's packet
-#               ceiling at 1,350 bytes (side `felix-1350`: the transport before PMTUD)
+#   latency     128 B, fanout 1 and 10, one message in flight, 20,000 samples (p99 = the
+#               200th worst)
+#   ingest      acked durable publishes, 1 KiB, 32 in flight, 200,000 per run: Felix
+#               `periodic` (fdatasync every 250 ms) vs JetStream file storage with the
+#               server-default sync (every 2 minutes)
+# (The PMTUD before/after side `felix-1350` ran in the 2026-12-04 matrix campaigns; felix-loadgen
+# --udp-payload-max-bytes 1350 and the broker flag of the same name reproduce it.)
 # Appends one JSON line per run to OUT, tagged "case": "SIDE CASE", then writes the summary
 # (felix-loadgen --mode summarize) to bench-results/SUMMARY.md beside OUT and, when
 # python3-matplotlib is installed, the chart bench-results/SUMMARY.png.
@@ -31,10 +33,6 @@ for l in sys.stdin:
 felix() { # $1 = case; rest: felix-loadgen args
   local C=$1; shift
   felix_run "$OUT" "felix $C" -- --max-secs 120 "$@"
-}
-felix_before() { # $1 = case; rest: felix-loadgen args; both ends capped at 1,350-byte packets
-  local C=$1; shift
-  felix_run "$OUT" "felix-1350 $C" --udp-payload-max-bytes 1350 -- --max-secs 120 --udp-payload-max-bytes 1350 "$@"
 }
 felix_ingest() { # $1 = case; rest: felix-loadgen args; a durable periodic stream
   local C=$1; shift
@@ -65,15 +63,12 @@ for i in $(seq 1 "$RUNS"); do
   felix tp-0-f1 --mode throughput --payload 0 --fanout 1 --count 1000000 --batch 64 --inflight 32
   felix tp-1k-f1-b1 --mode throughput --payload 1024 --fanout 1 --count 100000 --batch 1 --inflight 32
   nats tp-1k-f1-b1 --mode core-throughput --payload 1024 --fanout 1 --count 100000
-  felix lat-128-f1 --mode latency --payload 128 --fanout 1 --count 5000
-  nats lat-128-f1 --mode core-latency --payload 128 --fanout 1 --count 5000
-  felix lat-128-f10 --mode latency --payload 128 --fanout 10 --count 5000
-  nats lat-128-f10 --mode core-latency --payload 128 --fanout 10 --count 5000
-  felix_ingest ingest-1k-32 --mode ingest --stream periodic --payload 1024 --inflight 32 --count 30000
-  nats ingest-1k-32 --mode js-publish --payload 1024 --inflight 32 --count 30000
-  felix_before tp-1k-f1 --mode throughput --payload 1024 --fanout 1 --count 500000 --batch 64 --inflight 32
-  felix_before tp-4k-f1 --mode throughput --payload 4096 --fanout 1 --count 200000 --batch 64 --inflight 32
-  felix_before lat-128-f1 --mode latency --payload 128 --fanout 1 --count 5000
+  felix lat-128-f1 --mode latency --payload 128 --fanout 1 --count 20000
+  nats lat-128-f1 --mode core-latency --payload 128 --fanout 1 --count 20000
+  felix lat-128-f10 --mode latency --payload 128 --fanout 10 --count 20000
+  nats lat-128-f10 --mode core-latency --payload 128 --fanout 10 --count 20000
+  felix_ingest ingest-1k-32 --mode ingest --stream periodic --payload 1024 --inflight 32 --count 200000
+  nats ingest-1k-32 --mode js-publish --payload 1024 --inflight 32 --count 200000
 done
 # The summary, printed and written to bench-results/SUMMARY.md (source file, date, machine).
 DIR=$(dirname "$OUT")

@@ -864,6 +864,17 @@ async fn flusher(state: Rc<RefCell<CoreState>>, sock: Rc<GlommioUdp>, wake_rx: W
             },
         );
         wake_rx.wait(Some(timeout.unwrap_or(cap).min(cap))).await;
+        // Publishes on this core's durable shards wait for their commit: let the committer
+        // (an inline page-cache write finishes in its turn) and then the commit watcher run
+        // before flushing, so the QUIC ACK of the publish packets and the PublishAcks leave
+        // together (one sendmsg and one wake-up of the client instead of two). Bounded: a
+        // commit still in flight after two turns is not waited for.
+        for _ in 0..2 {
+            if !state.borrow().commit_pending() {
+                break;
+            }
+            futures_lite::future::yield_now().await;
+        }
     }
 }
 
@@ -878,6 +889,11 @@ fn pub_error_stream(stream: u64) -> u64 {
 }
 
 impl CoreState {
+    /// Some publish on a durable shard this core owns waits for its commit.
+    fn commit_pending(&self) -> bool {
+        self.durable.values().any(|d| !d.pending.is_empty())
+    }
+
     /// Nothing this core must still answer: no acked publish of its connections unanswered,
     /// nothing held or waiting for a commit on the shards it owns.
     fn drain_idle(&self) -> bool {

@@ -327,6 +327,8 @@ struct Inner {
     committer: Option<Waker>,
     waiters: Vec<Waker>,
     write_path: WritePath,
+    /// A page-cache commit's buffer, kept between inline commits.
+    scratch: Vec<u8>,
 }
 
 impl Inner {
@@ -601,6 +603,7 @@ impl Log {
             committer: None,
             waiters: Vec::new(),
             write_path: WritePath::new(cfg.inline_write_slow_us, INLINE_WRITE_BACKOFF_MS),
+            scratch: Vec::new(),
         };
         let log = Log {
             inner: Rc::new(RefCell::new(inner)),
@@ -903,6 +906,9 @@ impl Log {
             };
             assert_eq!(h.first_offset, i.written, "commits must be contiguous");
             let span = align_up(h.span());
+            // The previous page-cache commit's buffer, reused (one large allocation less per
+            // commit; taken before `i` is borrowed below).
+            let mut scratch = std::mem::take(&mut i.scratch);
             let seg = i.segs.back().expect("an active segment exists");
             // The same bytes either way: header, records, zero padding to the block.
             let fill = |out: &mut [u8]| {
@@ -916,9 +922,10 @@ impl Log {
                 fill(b.as_bytes_mut());
                 CommitBuf::Direct(b)
             } else {
-                let mut b = vec![0u8; span];
-                fill(&mut b);
-                CommitBuf::Cached(b)
+                scratch.clear();
+                scratch.resize(span, 0);
+                fill(&mut scratch);
+                CommitBuf::Cached(scratch)
             };
             let need_roll = seg.sealed
                 || (seg.end_offset > seg.base
@@ -967,6 +974,7 @@ impl Log {
                         tracing::debug!(took_us, dir = %i.dir.display(),
                             "inline page-cache write was slow: io_uring for a while");
                     }
+                    i.scratch = b;
                     r.map(|n| n + done).map_err(|e| e.to_string())
                 } else {
                     w.write_at(b[done..].to_vec(), pos + done as u64)

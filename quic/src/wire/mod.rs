@@ -509,7 +509,14 @@ impl Frame {
 
     /// Encode header and body into one buffer.
     pub fn encode(&self) -> Bytes {
-        let mut body = BytesMut::new();
+        // One buffer, header first (patched at the end): no growth from an empty buffer and
+        // no second copy of the body (a publish's records were copied twice).
+        let records_len = match self {
+            Frame::Publish { records, .. } => records.region_len(),
+            _ => 0,
+        };
+        let mut body = BytesMut::with_capacity(HEADER_LEN + 96 + records_len);
+        body.put_bytes(0, HEADER_LEN);
         let mut flags = 0u16;
         match self {
             Frame::Hello {
@@ -669,11 +676,12 @@ impl Frame {
                 body.put_slice(b);
             }
         }
-        let mut out = BytesMut::with_capacity(HEADER_LEN + body.len());
-        header(&mut out, self.kind(), body.len());
-        out[4..6].copy_from_slice(&flags.to_le_bytes());
-        out.put_slice(&body);
-        out.freeze()
+        let body_len = body.len() - HEADER_LEN;
+        let mut head = BytesMut::with_capacity(HEADER_LEN);
+        header(&mut head, self.kind(), body_len);
+        head[4..6].copy_from_slice(&flags.to_le_bytes());
+        body[..HEADER_LEN].copy_from_slice(&head);
+        body.freeze()
     }
 }
 
