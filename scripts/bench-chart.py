@@ -21,7 +21,8 @@ def figure(d):
     m, r = d.get("mode"), d.get("result", {})
     if d.get("tool") == "felix-loadgen":
         if m == "throughput":
-            return "tp", d.get("per_sub_mb_per_s_avg")
+            # 0-byte records carry no MB/s (SUMMARY.md has their msgs/s): not charted.
+            return ("tp", d.get("per_sub_mb_per_s_avg")) if d.get("payload") else None
         if m == "latency":
             return "lat", d.get("all_f", {}).get("p99")
         if m == "ingest":

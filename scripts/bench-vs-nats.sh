@@ -7,6 +7,9 @@
 #               and 0 B (Felix only: peer-bench payloads carry an 8-byte sequence)
 #   latency     128 B, fanout 1 and 10, one message in flight, 20,000 samples (p99 = the
 #               200th worst)
+#   rtt         Felix only: 128 B acked publishes one at a time (publish → ack); peer-bench's
+#               core-rtt is a request/reply through a responder, two hops each way, so no
+#               NATS side is run against it
 #   ingest      acked durable publishes, 1 KiB, 32 in flight, 200,000 per run: Felix
 #               `periodic` (fdatasync every 250 ms) vs JetStream file storage with the
 #               server-default sync (every 2 minutes)
@@ -66,6 +69,7 @@ for i in $(seq 1 "$RUNS"); do
   felix lat-128-f1 --mode latency --payload 128 --fanout 1 --count 20000
   nats lat-128-f1 --mode core-latency --payload 128 --fanout 1 --count 20000
   felix lat-128-f10 --mode latency --payload 128 --fanout 10 --count 20000
+  felix rtt-128 --mode rtt --payload 128 --count 20000
   nats lat-128-f10 --mode core-latency --payload 128 --fanout 10 --count 20000
   felix_ingest ingest-1k-32 --mode ingest --stream periodic --payload 1024 --inflight 32 --count 200000
   nats ingest-1k-32 --mode js-publish --payload 1024 --inflight 32 --count 200000

@@ -105,6 +105,29 @@ fn every_mode_runs_and_accounts_for_every_record() {
     );
     assert!(p50 > 0 && p50 <= p99, "{lat}");
 
+    // The request round trip is its own mode: every acked publish is one sample.
+    let rtt = loadgen(
+        &b,
+        &[
+            "--mode",
+            "rtt",
+            "--payload",
+            "64",
+            "--count",
+            "40",
+            "--threads",
+            "1",
+        ],
+    );
+    assert_eq!(rtt["mode"], "rtt");
+    assert_eq!(rtt["rtt"]["samples"], 40, "{rtt}");
+    let (p50, p99) = (
+        rtt["rtt"]["p50"].as_u64().unwrap(),
+        rtt["rtt"]["p99"].as_u64().unwrap(),
+    );
+    assert!(p50 > 0 && p50 <= p99, "{rtt}");
+    assert!(rtt["requests_per_s"].as_f64().unwrap() > 0.0, "{rtt}");
+
     let ing = loadgen(
         &b,
         &[

@@ -48,7 +48,10 @@ use std::time::{Duration, Instant};
 #[derive(Clone, Copy, ValueEnum, Debug)]
 enum Mode {
     Throughput,
+    /// Publish → delivered-to-all-F, fire-and-forget publishes, one record in flight.
     Latency,
+    /// Request round trip: one acked publish at a time, publish → its ack (no subscriber).
+    Rtt,
     Ingest,
     Group,
     FanoutScale,
@@ -117,7 +120,7 @@ struct Args {
     /// Cache name (cache).
     #[arg(long, default_value = "kv")]
     cache: String,
-    /// A progress line on stderr every second (throughput).
+    /// A progress line on stderr every second (throughput, latency, ingest, fanout-scale).
     #[arg(long)]
     progress: bool,
     /// The JSONL file to summarize (summarize).
@@ -218,6 +221,22 @@ fn git_rev() -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
+/// A `--progress` ticker that stops when dropped (so every return path ends it).
+struct Ticker(Option<tokio::task::JoinHandle<()>>);
+impl Drop for Ticker {
+    fn drop(&mut self) {
+        if let Some(t) = self.0.take() {
+            t.abort();
+        }
+    }
+}
+
+/// With `--progress`, a line on stderr every second: `label`, the count so far, its rate.
+fn ticker(on: bool, label: &'static str) -> (Ticker, std::sync::Arc<std::sync::atomic::AtomicU64>) {
+    let n = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    (Ticker(progress(on, label, n.clone())), n)
+}
+
 /// With `--progress`, a line on stderr every second: `label`, the count so far, its rate.
 fn progress(
     on: bool,
@@ -300,6 +319,7 @@ async fn run(a: Args) {
         Mode::Throughput => throughput(&a).await,
         Mode::Latency => latency(&a).await,
         Mode::Ingest => ingest(&a).await,
+        Mode::Rtt => rtt(&a).await,
         Mode::Group => group(&a).await,
         Mode::FanoutScale => fanout_scale(&a).await,
         Mode::Cache => cache(&a).await,
@@ -466,11 +486,13 @@ async fn latency(a: &Args) -> Result<(), felix_client::Error> {
     let mut all = each.clone();
     let payload = Bytes::from(vec![b'x'; a.payload]);
     let mut truncated = false;
+    let (_ticker, shown) = ticker(a.progress, "samples");
     for i in 0..count + warmup {
         if Instant::now() > deadline {
             truncated = true;
             break;
         }
+        shown.store(i, std::sync::atomic::Ordering::Relaxed);
         let t0 = Instant::now();
         // Fire-and-forget: the publish→delivery path, no ack round trip in the loop.
         publisher.publish_fire(
@@ -510,6 +532,51 @@ async fn latency(a: &Args) -> Result<(), felix_client::Error> {
     Ok(())
 }
 
+/// One acked publish at a time on `--stream` (ephemeral or durable): the request round trip,
+/// kept apart from `latency` (publish → delivery, fire-and-forget) by its mode name.
+async fn rtt(a: &Args) -> Result<(), felix_client::Error> {
+    let count = a.count.unwrap_or(10_000).min(COUNT_MAX);
+    let warmup = (count / 10).min(1000);
+    let deadline = Instant::now() + Duration::from_secs(a.max_secs);
+    let load = load1();
+    let c = Client::connect(cfg(a)).await?;
+    let info = c.describe_stream(&name(a)).await?;
+    let p = c.publisher();
+    let (stream, payload) = (name(a), Bytes::from(vec![b'x'; a.payload]));
+    let mut hist = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
+    let (_ticker, shown) = ticker(a.progress, "requests");
+    let mut truncated = false;
+    let mut start = Instant::now();
+    for i in 0..count + warmup {
+        if Instant::now() > deadline {
+            truncated = true;
+            break;
+        }
+        if i == warmup {
+            start = Instant::now();
+        }
+        shown.store(i, std::sync::atomic::Ordering::Relaxed);
+        let t0 = Instant::now();
+        p.publish_batch(
+            &stream,
+            ShardSelector::Shard(a.shard),
+            vec![payload.clone()],
+        )
+        .await?;
+        if i >= warmup {
+            hist.record(t0.elapsed().as_micros().max(1) as u64).unwrap();
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    emit(serde_json::json!({
+        "tool": "felix-loadgen", "mode": "rtt", "stream": a.stream, "durable": info.durable,
+        "payload": a.payload, "count": hist.len(), "load1": load, "truncated": truncated,
+        "requests_per_s": hist.len() as f64 / secs, "unit": "us", "rtt": stats::pct(&hist),
+    }));
+    let _ = c.close().await;
+    Ok(())
+}
+
 async fn ingest(a: &Args) -> Result<(), felix_client::Error> {
     let count = a.count.unwrap_or(100_000).min(COUNT_MAX);
     let warmup = (count / 20).min(2000);
@@ -525,7 +592,9 @@ async fn ingest(a: &Args) -> Result<(), felix_client::Error> {
     let mut start = Instant::now();
     let mut acked = 0u64;
     let mut sent = 0u64;
+    let (_ticker, shown) = ticker(a.progress, "acked");
     while sent < count + warmup {
+        shown.store(acked, std::sync::atomic::Ordering::Relaxed);
         if Instant::now() > deadline {
             truncated = true;
             break;
@@ -725,6 +794,7 @@ async fn fanout_scale(a: &Args) -> Result<(), felix_client::Error> {
     let rss1 = a.broker_pid.and_then(rss_bytes);
     let epoch = Instant::now();
     let sent = Arc::new(AtomicU64::new(0));
+    let _ticker = Ticker(progress(a.progress, "published", sent.clone()));
     let done = Arc::new(AtomicBool::new(false));
     let hists: Vec<_> = (0..conns_n)
         .map(|_| {

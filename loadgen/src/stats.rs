@@ -88,6 +88,10 @@ fn figures(d: &serde_json::Value) -> Vec<(&'static str, f64)> {
                 ("acks/s", f(&d["acks_per_s"])),
                 ("ack p99 us", f(&d["ack"]["p99"])),
             ]),
+            "rtt" => pick([
+                ("rtt p50 us", f(&d["rtt"]["p50"])),
+                ("rtt p99 us", f(&d["rtt"]["p99"])),
+            ]),
             _ => vec![],
         }
     } else {
@@ -258,6 +262,8 @@ mod tests {
             r#"{"tool":"felix-loadgen","mode":"throughput","payload":0,"per_sub_msgs_per_s_avg":2e6,"per_sub_mb_per_s_avg":0.0,"lost":0,"case":"felix tp-0"}"#.to_string(),
             r#"{"tool":"felix-loadgen","mode":"ingest","acks_per_s":30000.0,"ack":{"p99":900},"case":"felix ingest"}"#.to_string(),
             r#"{"tool":"peer-bench","mode":"js-publish","result":{"publishes_per_s":20000.0,"ack_latency":{"p99_us":1800.0}},"case":"nats-tls ingest"}"#.to_string(),
+            r#"{"tool":"felix-loadgen","mode":"rtt","rtt":{"p50":40,"p99":70},"case":"felix rtt"}"#.to_string(),
+            r#"{"tool":"felix-loadgen","mode":"rtt","rtt":{"p50":60,"p99":90},"case":"felix rtt"}"#.to_string(),
         ]
         .join("\n");
         let s = summarize(&text);
@@ -288,6 +294,15 @@ mod tests {
         );
         assert!(
             s.contains("| ingest | ack p99 us | 900.0 | 1800.0 | 0.50 | - | - | 1 |"),
+            "{s}"
+        );
+        // Felix-only request round trips: medians, no ratio.
+        assert!(
+            s.contains("| rtt | rtt p50 us | 50.0 | - | - | - | - | 2 |"),
+            "{s}"
+        );
+        assert!(
+            s.contains("| rtt | rtt p99 us | 80.0 | - | - | - | - | 2 |"),
             "{s}"
         );
     }
