@@ -69,8 +69,8 @@ for i in $(seq 1 "$RUNS"); do
   felix lat-128-f1 --mode latency --payload 128 --fanout 1 --count 20000
   nats lat-128-f1 --mode core-latency --payload 128 --fanout 1 --count 20000
   felix lat-128-f10 --mode latency --payload 128 --fanout 10 --count 20000
-  felix rtt-128 --mode rtt --payload 128 --count 20000
   nats lat-128-f10 --mode core-latency --payload 128 --fanout 10 --count 20000
+  felix rtt-128 --mode rtt --payload 128 --count 20000
   felix_ingest ingest-1k-32 --mode ingest --stream periodic --payload 1024 --inflight 32 --count 200000
   nats ingest-1k-32 --mode js-publish --payload 1024 --inflight 32 --count 200000
 done

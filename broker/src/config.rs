@@ -102,7 +102,7 @@ settings! {
         durable_fsync: String = "periodic".into(), "FELIX_DURABLE_FSYNC";
         /// Interval of the periodic fsync mode, milliseconds.
         durable_fsync_interval_ms: u64 = 250, "FELIX_DURABLE_FSYNC_INTERVAL_MS";
-        /// Commits of periodic/none logs are written with a plain pwrite on the core while such writes take at most this long, microseconds; after a slower one (the kernel blocked it) they go through io_uring for a second. 0: always io_uring (never blocks the core, but costs a kernel worker round trip per commit where RWF_NOWAIT is refused, as on ext4).
+        /// Where the filesystem refuses RWF_NOWAIT buffered writes (ext4), commits of periodic/none logs up to 256 KiB are written with a plain pwrite on the core while such writes take at most this long, microseconds; after a slower one (the kernel blocked it) the core's commits go through io_uring for a second. 0: always io_uring (never blocks the core, but costs a kernel worker round trip per commit).
         durable_inline_write_slow_us: u64 = 1000, "FELIX_DURABLE_INLINE_WRITE_SLOW_US";
         /// Segment size of durable logs before rolling, bytes.
         durable_segment_bytes: u64 = 64 << 20, "FELIX_DURABLE_SEGMENT_BYTES";

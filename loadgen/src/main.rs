@@ -418,8 +418,7 @@ async fn throughput(a: &Args) -> Result<(), felix_client::Error> {
     let mut sent = 0u64;
     let mut truncated = false;
     let p = publisher.publisher();
-    let shown = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let ticker = progress(a.progress, "published", shown.clone());
+    let (tick, shown) = ticker(a.progress, "published");
     while sent < count {
         if Instant::now() > deadline {
             truncated = true;
@@ -439,9 +438,7 @@ async fn throughput(a: &Args) -> Result<(), felix_client::Error> {
     while let Some(r) = inflight.join_next().await {
         r.unwrap()?;
     }
-    if let Some(t) = ticker {
-        t.abort();
-    }
+    drop(tick);
     let pub_secs = start.elapsed().as_secs_f64();
     let mut per_sub = Vec::new();
     let mut lost_total = 0;
@@ -571,7 +568,8 @@ async fn rtt(a: &Args) -> Result<(), felix_client::Error> {
     emit(serde_json::json!({
         "tool": "felix-loadgen", "mode": "rtt", "stream": a.stream, "durable": info.durable,
         "payload": a.payload, "count": hist.len(), "load1": load, "truncated": truncated,
-        "requests_per_s": hist.len() as f64 / secs, "unit": "us", "rtt": stats::pct(&hist),
+        "requests_per_s": if secs > 0.0 { hist.len() as f64 / secs } else { 0.0 },
+        "unit": "us", "rtt": stats::pct(&hist),
     }));
     let _ = c.close().await;
     Ok(())

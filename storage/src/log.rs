@@ -24,7 +24,7 @@ use crate::segment::{
     align_up, index_file_name, parse_file_name, segment_file_name, CommitHeader, IndexEntry,
     SegmentHeader, SegmentIndex, BLOCK, COMMIT_HEADER_BYTES,
 };
-use crate::write_path::{WritePath, WriteWay};
+use crate::write_path::{Backoff, NoWait, WritePath, WriteWay};
 use bytes::Bytes;
 use glommio::io::{BufferedFile, DmaFile, OpenOptions};
 use std::cell::RefCell;
@@ -101,9 +101,10 @@ pub struct LogConfig {
     pub faults: Option<FaultHook>,
     /// Fsync latency observer (metrics).
     pub on_sync: Option<SyncObserver>,
-    /// Page-cache commits (`periodic`, `none`) are written with a plain `pwrite` on the
-    /// core while such writes take at most this long, microseconds; after a slower one they
-    /// go through io_uring for [`INLINE_WRITE_BACKOFF_MS`]. 0: always io_uring. See
+    /// Where the filesystem refuses RWF_NOWAIT, page-cache commits (`periodic`, `none`) of
+    /// up to 256 KiB are written with a plain `pwrite` on the core while such writes take at
+    /// most this long, microseconds; after a slower one every commit of the core goes through
+    /// io_uring for [`INLINE_WRITE_BACKOFF_MS`]. 0: always io_uring. See
     /// [`crate::write_path`].
     pub inline_write_slow_us: u64,
 }
@@ -234,9 +235,13 @@ enum CommitBuf {
     Cached(Vec<u8>),
 }
 
-/// `pwritev2(.., RWF_NOWAIT)`: the bytes of `buf` written at `pos` without blocking (0 when
-/// the kernel would have to wait, or does not support it for this file).
-fn write_nowait(fd: std::os::fd::RawFd, buf: &[u8], pos: u64) -> usize {
+/// `pwritev2(.., RWF_NOWAIT)`: the bytes of `buf` written at `pos` without blocking
+/// (`Wrote(0)` when the kernel would have to wait), or `Unsupported` (remembered for the
+/// thread) when the filesystem refuses such writes.
+fn write_nowait(fd: std::os::fd::RawFd, buf: &[u8], pos: u64) -> NoWait {
+    if NOWAIT_UNSUPPORTED.with(|c| c.get()) {
+        return NoWait::Unsupported;
+    }
     let iov = libc::iovec {
         iov_base: buf.as_ptr() as *mut libc::c_void,
         iov_len: buf.len(),
@@ -244,12 +249,14 @@ fn write_nowait(fd: std::os::fd::RawFd, buf: &[u8], pos: u64) -> usize {
     // SAFETY: one iovec over a live buffer, on an fd the caller keeps open for the call.
     let n = unsafe { libc::pwritev2(fd, &iov, 1, pos as libc::off_t, libc::RWF_NOWAIT) };
     if n >= 0 {
-        return n as usize;
+        return NoWait::Wrote(n as usize);
     }
     if std::io::Error::last_os_error().raw_os_error() == Some(libc::EOPNOTSUPP) {
         NOWAIT_UNSUPPORTED.with(|c| c.set(true));
+        return NoWait::Unsupported;
     }
-    0
+    // EAGAIN (would block), or an error the io_uring write will meet and report.
+    NoWait::Wrote(0)
 }
 
 /// Milliseconds on a monotonic clock (since this thread first asked): the write path's
@@ -293,6 +300,11 @@ thread_local! {
     /// Set once the filesystem refused RWF_NOWAIT buffered writes (ext4 does): later commits
     /// on this core go straight to io_uring instead of paying a refused syscall each.
     static NOWAIT_UNSUPPORTED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// The core's inline-write back-off (crate::write_path): shared by every log of the core,
+    /// since what blocks one write (dirty throttling, the journal) blocks the others too.
+    static WRITE_BACKOFF: std::cell::Cell<Backoff> = const {
+        std::cell::Cell::new(Backoff { ring_until_ms: 0, stalls: 0 })
+    };
 }
 
 impl CommitBuf {
@@ -602,7 +614,10 @@ impl Log {
             committer_done: false,
             committer: None,
             waiters: Vec::new(),
-            write_path: WritePath::new(cfg.inline_write_slow_us, INLINE_WRITE_BACKOFF_MS),
+            write_path: WritePath {
+                slow_us: cfg.inline_write_slow_us,
+                backoff_ms: INLINE_WRITE_BACKOFF_MS,
+            },
             scratch: Vec::new(),
         };
         let log = Log {
@@ -952,35 +967,43 @@ impl Log {
                 // First without blocking: a page-cache copy that needs no I/O is done in
                 // place (RWF_NOWAIT). Only what would block — dirty throttling, a page to read
                 // in — goes further.
-                let done = if NOWAIT_UNSUPPORTED.with(|c| c.get()) {
-                    0
-                } else {
-                    write_nowait(w.as_raw_fd(), &b, pos)
+                let nowait = write_nowait(w.as_raw_fd(), &b, pos);
+                let done = match nowait {
+                    NoWait::Wrote(n) => n,
+                    NoWait::Unsupported => 0,
                 };
-                // Where RWF_NOWAIT is refused, a plain pwrite while those stay fast (no
-                // io-wq round trip), io_uring otherwise: crate::write_path.
-                let now = mono_ms();
-                let way = self.inner.borrow().write_path.choose(now);
-                if done == b.len() {
-                    Ok(done)
-                } else if way == WriteWay::Inline {
-                    let t = std::time::Instant::now();
-                    let r = write_inline(w.as_raw_fd(), &b[done..], pos + done as u64);
-                    let took_us = t.elapsed().as_micros() as u64;
-                    let mut i = self.inner.borrow_mut();
-                    let before = i.write_path.stalls;
-                    i.write_path.observe_inline(took_us, now);
-                    if i.write_path.stalls != before {
-                        tracing::debug!(took_us, dir = %i.dir.display(),
-                            "inline page-cache write was slow: io_uring for a while");
+                // What RWF_NOWAIT did not write: a plain pwrite or io_uring, per the core's
+                // policy (crate::write_path).
+                let path = self.inner.borrow().write_path;
+                match path.choose(&WRITE_BACKOFF.get(), b.len(), nowait, mono_ms()) {
+                    WriteWay::Done => Ok(done),
+                    WriteWay::Inline => {
+                        let t = std::time::Instant::now();
+                        let r = write_inline(w.as_raw_fd(), &b[done..], pos + done as u64);
+                        let took_us = t.elapsed().as_micros() as u64;
+                        let mut st = WRITE_BACKOFF.get();
+                        if path.observe_inline(&mut st, took_us, mono_ms()) {
+                            tracing::info!(
+                                took_us,
+                                stalls = st.stalls,
+                                backoff_ms = path.backoff_ms,
+                                "an inline page-cache write blocked the core; commits go through io_uring for a while"
+                            );
+                        }
+                        WRITE_BACKOFF.set(st);
+                        // Kept for the next commit unless a large one grew it.
+                        if b.capacity() <= crate::write_path::INLINE_WRITE_BYTES_MAX {
+                            self.inner.borrow_mut().scratch = b;
+                        }
+                        r.map(|n| n + done).map_err(|e| e.to_string())
                     }
-                    i.scratch = b;
-                    r.map(|n| n + done).map_err(|e| e.to_string())
-                } else {
-                    w.write_at(b[done..].to_vec(), pos + done as u64)
-                        .await
-                        .map(|n| n + done)
-                        .map_err(|e| e.to_string())
+                    WriteWay::Ring => {
+                        let rest = if done == 0 { b } else { b[done..].to_vec() };
+                        w.write_at(rest, pos + done as u64)
+                            .await
+                            .map(|n| n + done)
+                            .map_err(|e| e.to_string())
+                    }
                 }
             }
         }

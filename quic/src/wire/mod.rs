@@ -677,10 +677,15 @@ impl Frame {
             }
         }
         let body_len = body.len() - HEADER_LEN;
-        let mut head = BytesMut::with_capacity(HEADER_LEN);
-        header(&mut head, self.kind(), body_len);
-        head[4..6].copy_from_slice(&flags.to_le_bytes());
-        body[..HEADER_LEN].copy_from_slice(&head);
+        {
+            // The header in place (the layout `header` writes).
+            let h = &mut body[..HEADER_LEN];
+            h[..2].copy_from_slice(&MAGIC);
+            h[2] = VERSION;
+            h[3] = self.kind();
+            h[4..6].copy_from_slice(&flags.to_le_bytes());
+            h[6..10].copy_from_slice(&(body_len as u32).to_le_bytes());
+        }
         body.freeze()
     }
 }
