@@ -232,7 +232,12 @@ impl FelixConn {
 
     /// Queue one frame on `stream`.
     pub fn send_frame(&mut self, stream: u64, frame: &Frame) {
-        self.send_bytes(stream, frame.encode());
+        // Records travel as their own shared buffer (quiche keeps Bytes without copying).
+        let (head, records) = frame.encode_parts();
+        self.send_bytes(stream, head);
+        if let Some(r) = records {
+            self.send_bytes(stream, r);
+        }
     }
 
     /// Finish `stream` after everything queued on it has been written.

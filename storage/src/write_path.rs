@@ -107,7 +107,10 @@ mod tests {
     fn fast_small_writes_stay_inline() {
         let mut st = Backoff::default();
         for t in 0..100 {
-            assert_eq!(P.choose(&st, 4096, NoWait::Unsupported, t), WriteWay::Inline);
+            assert_eq!(
+                P.choose(&st, 4096, NoWait::Unsupported, t),
+                WriteWay::Inline
+            );
             assert!(!P.observe_inline(&mut st, 1000, t));
         }
         assert_eq!(st.stalls, 0);
@@ -119,9 +122,18 @@ mod tests {
         // Started at 10, ended at 1,210 (1.2 s blocked): the back-off runs from the end.
         assert!(P.observe_inline(&mut st, 1_200_000, 1_210));
         assert_eq!(st.stalls, 1);
-        assert_eq!(P.choose(&st, 10, NoWait::Unsupported, 1_210), WriteWay::Ring);
-        assert_eq!(P.choose(&st, 10, NoWait::Unsupported, 1_709), WriteWay::Ring);
-        assert_eq!(P.choose(&st, 10, NoWait::Unsupported, 1_710), WriteWay::Inline);
+        assert_eq!(
+            P.choose(&st, 10, NoWait::Unsupported, 1_210),
+            WriteWay::Ring
+        );
+        assert_eq!(
+            P.choose(&st, 10, NoWait::Unsupported, 1_709),
+            WriteWay::Ring
+        );
+        assert_eq!(
+            P.choose(&st, 10, NoWait::Unsupported, 1_710),
+            WriteWay::Inline
+        );
     }
 
     #[test]

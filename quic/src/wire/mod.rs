@@ -262,7 +262,13 @@ impl Records {
         I: IntoIterator<Item = P>,
         P: AsRef<[u8]>,
     {
-        let mut buf = BytesMut::new();
+        let payloads: Vec<P> = payloads.into_iter().collect();
+        let bytes: usize = payloads
+            .iter()
+            .map(|p| RECORD_PREFIX_LEN + p.as_ref().len())
+            .sum();
+        // Sized up front: growing from empty copied the region again at every doubling.
+        let mut buf = BytesMut::with_capacity(bytes);
         let mut count = 0u32;
         for p in payloads {
             let p = p.as_ref();
@@ -509,11 +515,38 @@ impl Frame {
 
     /// Encode header and body into one buffer.
     pub fn encode(&self) -> Bytes {
+        self.encode_with(true)
+    }
+
+    /// The frame as byte strings to send in order, without copying the records of a publish
+    /// or a delivery: the header and fixed fields, then the records region (shared, zero
+    /// copy). Other frames are one buffer. Concatenated, the parts equal [`Frame::encode`].
+    pub fn encode_parts(&self) -> (Bytes, Option<Bytes>) {
+        match self {
+            Frame::Publish { records, .. } if records.region_len() > 0 => {
+                (self.encode_with(false), Some(records.region().clone()))
+            }
+            Frame::Delivery {
+                shard,
+                first_offset,
+                records,
+            } if records.region_len() > 0 => (
+                encode_delivery_head(*shard, *first_offset, records),
+                Some(records.region().clone()),
+            ),
+            _ => (self.encode(), None),
+        }
+    }
+
+    /// `inline_records == false`: a publish's records region is left out of the buffer but
+    /// counted in the header's length (the caller sends it after the buffer).
+    fn encode_with(&self, inline_records: bool) -> Bytes {
         // One buffer, header first (patched at the end): no growth from an empty buffer and
-        // no second copy of the body (a publish's records were copied twice).
-        let records_len = match self {
-            Frame::Publish { records, .. } => records.region_len(),
-            _ => 0,
+        // no second copy of the body.
+        let (records_len, left_out) = match self {
+            Frame::Publish { records, .. } if inline_records => (records.region_len(), 0),
+            Frame::Publish { records, .. } => (0, records.region_len()),
+            _ => (0, 0),
         };
         let mut body = BytesMut::with_capacity(HEADER_LEN + 96 + records_len);
         body.put_bytes(0, HEADER_LEN);
@@ -566,7 +599,9 @@ impl Frame {
                 body.put_u8(*ack as u8);
                 body.put_u32_le(records.count());
                 body.put_u32_le(records.region_len() as u32);
-                body.put_slice(records.region());
+                if inline_records {
+                    body.put_slice(records.region());
+                }
             }
             Frame::PublishAck {
                 request_id,
@@ -676,7 +711,7 @@ impl Frame {
                 body.put_slice(b);
             }
         }
-        let body_len = body.len() - HEADER_LEN;
+        let body_len = body.len() - HEADER_LEN + left_out;
         {
             // The header in place (the layout `header` writes).
             let h = &mut body[..HEADER_LEN];

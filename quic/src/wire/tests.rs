@@ -370,6 +370,18 @@ proptest! {
         prop_assert_eq!(decode_frame(&bytes, MAX).unwrap(), f);
     }
 
+    /// What `send_frame` queues (head, then the shared records) is exactly the encoding.
+    #[test]
+    fn parts_concatenate_to_the_encoding(f in arb_frame()) {
+        let (head, rest) = f.encode_parts();
+        let mut joined = head.to_vec();
+        if let Some(r) = &rest {
+            prop_assert!(!r.is_empty());
+            joined.extend_from_slice(r);
+        }
+        prop_assert_eq!(&joined[..], &f.encode()[..]);
+    }
+
     #[test]
     fn reader_reassembles_any_chunking(frames in prop::collection::vec(arb_frame(), 1..5), cut in 1usize..17) {
         let mut all = Vec::new();
