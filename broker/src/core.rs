@@ -962,6 +962,8 @@ impl CoreState {
         c.cache_watch_queue_bytes.store(wb, Ordering::Relaxed);
         c.cache_watches_open
             .store(self.watches.len() as u64, Ordering::Relaxed);
+        c.durable_inline_write_stalls
+            .store(felix_storage::log::inline_write_stalls(), Ordering::Relaxed);
     }
 
     // ---------- catalog ----------

@@ -113,6 +113,7 @@ counters! {
         cache_watch_queue_events: "events queued for cache watches on this core",
         cache_watch_queue_bytes: "bytes queued for cache watches on this core",
         cache_watches_open: "cache watches open on this core",
+        durable_inline_write_stalls: "page-cache commit writes on this core that blocked longer than durable_inline_write_slow_us, a running count (each sends the core's commits through io_uring for a second)",
     }
 }
 

@@ -268,6 +268,12 @@ fn mono_ms() -> u64 {
     BASE.with(|b| b.elapsed().as_millis() as u64)
 }
 
+/// How many inline page-cache writes on this thread (core) blocked longer than their log's
+/// `inline_write_slow_us` ([`crate::write_path`]): a running count, for metrics.
+pub fn inline_write_stalls() -> u64 {
+    WRITE_BACKOFF.get().stalls
+}
+
 /// A plain `pwrite` of all of `buf` at `pos` (blocking; retried on EINTR and short writes).
 fn write_inline(fd: std::os::fd::RawFd, buf: &[u8], pos: u64) -> std::io::Result<usize> {
     let mut done = 0usize;
