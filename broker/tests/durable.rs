@@ -664,9 +664,6 @@ fn metrics_move_by_the_right_amounts() {
     );
 }
 
-/// The queue gauges: a stalled subscriber's queued records show in
-/// `felix_sub_queue_records` (refreshed about once a second), open subscriptions and watches
-/// are counted, and all fall back to zero once they close.
 /// An inline page-cache write slower than `--durable-inline-write-slow-us` is counted and
 /// sends the core's commits through io_uring; every publish is still acknowledged and read
 /// back in order. (A 1 µs threshold: copying a 64 KiB commit into the page cache takes
@@ -699,25 +696,28 @@ fn a_slow_inline_write_is_counted_and_loses_nothing() {
         }
         c.close().await.unwrap();
     });
+    until("an inline-write stall counted", &|| {
+        b.total("durable_inline_write_stalls") > 0
+    });
+}
+
+/// Wait until `f` holds (metrics gauges refresh about once a second); fails after 30 s.
+fn until(what: &str, f: &dyn Fn() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(30);
-    while b.total("durable_inline_write_stalls") == 0 {
-        assert!(Instant::now() < deadline, "no inline-write stall counted");
+    while !f() {
+        assert!(Instant::now() < deadline, "{what}");
         std::thread::sleep(Duration::from_millis(50));
     }
 }
 
+/// The queue gauges: a stalled subscriber's queued records show in
+/// `felix_sub_queue_records` (refreshed about once a second), open subscriptions and watches
+/// are counted, and all fall back to zero once they close.
 #[test]
 fn queue_gauges_show_a_stalled_subscriber_and_open_watches() {
     use felix_client::{WatchFilter, WatchOptions, WatchStart};
     let rt = tokio::runtime::Runtime::new().unwrap();
     let b = start(tempfile::tempdir().unwrap(), &[]);
-    let until = |what: &str, f: &dyn Fn() -> bool| {
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while !f() {
-            assert!(std::time::Instant::now() < deadline, "{what}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    };
     rt.block_on(async {
         let c = b.client().await;
         let stalled = SubscribeOptions {
