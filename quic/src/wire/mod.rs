@@ -458,12 +458,15 @@ fn put_stream(b: &mut BytesMut, s: &StreamName) {
     put_str(b, &s.stream);
 }
 
-fn header(b: &mut BytesMut, kind: u8, body_len: usize) {
-    b.put_slice(&MAGIC);
-    b.put_u8(VERSION);
-    b.put_u8(kind);
-    b.put_u16_le(0);
-    b.put_u32_le(body_len as u32);
+/// A frame header: `magic | version | kind | flags LE | length LE`.
+fn header_bytes(kind: u8, flags: u16, body_len: usize) -> [u8; HEADER_LEN] {
+    let mut h = [0u8; HEADER_LEN];
+    h[..2].copy_from_slice(&MAGIC);
+    h[2] = VERSION;
+    h[3] = kind;
+    h[4..6].copy_from_slice(&flags.to_le_bytes());
+    h[6..10].copy_from_slice(&(body_len as u32).to_le_bytes());
+    h
 }
 
 /// Encode the header and fixed fields of a delivery frame; the record region follows it on
@@ -472,7 +475,7 @@ fn header(b: &mut BytesMut, kind: u8, body_len: usize) {
 pub fn encode_delivery_head(shard: u32, first_offset: u64, records: &Records) -> Bytes {
     let body_len = 4 + 8 + 4 + 4 + records.region_len();
     let mut b = BytesMut::with_capacity(HEADER_LEN + 20);
-    header(&mut b, kind::DELIVERY, body_len);
+    b.put_slice(&header_bytes(kind::DELIVERY, 0, body_len));
     b.put_u32_le(shard);
     b.put_u64_le(first_offset);
     b.put_u32_le(records.count());
@@ -712,15 +715,7 @@ impl Frame {
             }
         }
         let body_len = body.len() - HEADER_LEN + left_out;
-        {
-            // The header in place (the layout `header` writes).
-            let h = &mut body[..HEADER_LEN];
-            h[..2].copy_from_slice(&MAGIC);
-            h[2] = VERSION;
-            h[3] = self.kind();
-            h[4..6].copy_from_slice(&flags.to_le_bytes());
-            h[6..10].copy_from_slice(&(body_len as u32).to_le_bytes());
-        }
+        body[..HEADER_LEN].copy_from_slice(&header_bytes(self.kind(), flags, body_len));
         body.freeze()
     }
 }
