@@ -344,7 +344,6 @@ struct Inner {
     committer_done: bool,
     committer: Option<Waker>,
     waiters: Vec<Waker>,
-    write_path: WritePath,
     /// A page-cache commit's buffer, kept between inline commits.
     scratch: Vec<u8>,
 }
@@ -620,10 +619,6 @@ impl Log {
             committer_done: false,
             committer: None,
             waiters: Vec::new(),
-            write_path: WritePath {
-                slow_us: cfg.inline_write_slow_us,
-                backoff_ms: INLINE_WRITE_BACKOFF_MS,
-            },
             scratch: Vec::new(),
         };
         let log = Log {
@@ -980,7 +975,10 @@ impl Log {
                 };
                 // What RWF_NOWAIT did not write: a plain pwrite or io_uring, per the core's
                 // policy (crate::write_path).
-                let path = self.inner.borrow().write_path;
+                let path = WritePath {
+                    slow_us: self.inner.borrow().cfg.inline_write_slow_us,
+                    backoff_ms: INLINE_WRITE_BACKOFF_MS,
+                };
                 match path.choose(&WRITE_BACKOFF.get(), b.len(), nowait, mono_ms()) {
                     WriteWay::Done => Ok(done),
                     WriteWay::Inline => {
