@@ -82,6 +82,8 @@ settings! {
         conn_unacked_max: u32 = 4096, "FELIX_CONN_UNACKED_MAX";
         /// Connection idle timeout, milliseconds.
         idle_timeout_ms: u64 = 30_000, "FELIX_IDLE_TIMEOUT_MS";
+        /// How long a new connection has to send its Hello before it is closed, milliseconds (the idle timeout, if shorter, applies instead).
+        hello_timeout_ms: u64 = 10_000, "FELIX_HELLO_TIMEOUT_MS";
         /// Ceiling of QUIC packet (UDP payload) size, bytes, 1200..=16383; path MTU discovery finds what each path carries below it (1200 turns discovery off).
         udp_payload_max_bytes: usize = felix_quic::DEFAULT_UDP_PAYLOAD_MAX, "FELIX_UDP_PAYLOAD_MAX_BYTES";
         /// How long a publish may wait on a full Block-policy subscriber, milliseconds.
@@ -90,9 +92,9 @@ settings! {
         ring_records_max: u32 = 65_536, "FELIX_RING_RECORDS_MAX";
         /// Replay ring of an ephemeral shard: bytes kept.
         ring_bytes_max: u64 = 64 << 20, "FELIX_RING_BYTES_MAX";
-        /// Default subscriber queue bound, records (a subscribe may ask for less or more).
+        /// Subscriber queue bound, records: the default, and the most a Subscribe is granted (a larger ask gets this; SubscribeOk reports the grant).
         sub_queue_records_max: u32 = 4096, "FELIX_SUB_QUEUE_RECORDS_MAX";
-        /// Default subscriber queue bound, bytes.
+        /// Subscriber queue bound, bytes: the default, and the most a Subscribe is granted.
         sub_queue_bytes_max: u64 = 16 << 20, "FELIX_SUB_QUEUE_BYTES_MAX";
         /// How long an idle core polls for work before it sleeps, microseconds (0: sleep at once). Waking a sleeping core costs tens of µs per message (more on a VM); polling briefly trades idle CPU for tail latency.
         spin_before_park_us: u64 = 200, "FELIX_SPIN_BEFORE_PARK_US";
@@ -191,12 +193,16 @@ impl Config {
         }
         // 1 KiB of room keeps any one record inside every frame that carries it (a delivery,
         // a consumer-group answer) whatever the names around it.
-        if c.max_payload_bytes == 0 || c.max_payload_bytes as usize > c.max_frame_bytes - 1024 {
+        let room = felix_quic::wire::FRAME_OVERHEAD_BYTES;
+        if c.max_payload_bytes == 0 || c.max_payload_bytes as usize > c.max_frame_bytes - room {
             return Err(format!(
-                "max_payload_bytes must be 1..=max_frame_bytes - 1024 ({}), got {}",
-                c.max_frame_bytes - 1024,
+                "max_payload_bytes must be 1..=max_frame_bytes - {room} ({}), got {}",
+                c.max_frame_bytes - room,
                 c.max_payload_bytes
             ));
+        }
+        if c.hello_timeout_ms == 0 {
+            return Err("hello_timeout_ms must be positive".into());
         }
         for (name, v) in [
             ("max_subscriptions", c.max_subscriptions as u64),

@@ -26,8 +26,10 @@ use felix_quic::glommio_driver::{wake_pair, DatagramIo, GlommioUdp, Wake, WakeRx
 use felix_quic::idmap::IdMap;
 use felix_quic::server::{ConnKey, Endpoint, Route, TxBatch};
 use felix_quic::wire::{
-    features, ErrorCode, Frame, Limits, QueuePolicy, Records, ShardSelector, StartAt,
+    admit, answer_stream, features, streams, ErrorCode, Frame, Limits, QueuePolicy, Records,
+    ShardSelector, StartAt, Verdict,
 };
+use felix_quic::wire::{FrameError, FRAME_OVERHEAD_BYTES};
 use felix_storage::{FsyncMode, Log, LogConfig, LogError, RecordIn};
 use glommio::channels::channel_mesh::{Receivers, Senders};
 use std::cell::RefCell;
@@ -359,6 +361,8 @@ struct CoreState {
     next_cache_epoch: u64,
     /// When the queue gauges were last refreshed.
     gauges_at: Instant,
+    /// Connections that have not said Hello yet, with their deadline (FIFO: one timeout).
+    hello_waits: VecDeque<(Instant, ConnKey)>,
 }
 
 /// Run one core until shutdown. `sock` is this core's SO_REUSEPORT socket.
@@ -419,6 +423,7 @@ pub async fn run_core(
         cache_closing: HashMap::new(),
         next_cache_epoch: 0,
         gauges_at: Instant::now(),
+        hello_waits: VecDeque::new(),
     }));
     state.borrow_mut().me = Rc::downgrade(&state);
     open_durable_shards(&state).await;
@@ -813,6 +818,7 @@ async fn flusher(state: Rc<RefCell<CoreState>>, sock: Rc<GlommioUdp>, wake_rx: W
                 st.groups_tick();
                 st.caches_tick();
                 st.gauges_tick(now);
+                st.expire_hellos(now);
                 st.drain_inbox();
                 st.ep.on_timeouts(now);
                 // Round robin over the connections dirty at the start of this round (those
@@ -875,16 +881,6 @@ async fn flusher(state: Rc<RefCell<CoreState>>, sock: Rc<GlommioUdp>, wake_rx: W
             }
             futures_lite::future::yield_now().await;
         }
-    }
-}
-
-fn pub_error_stream(stream: u64) -> u64 {
-    // Acked publishes (client bidi streams) are answered on their stream; fire-and-forget
-    // ones (client uni streams) on the control stream.
-    if stream.is_multiple_of(4) {
-        stream
-    } else {
-        0
     }
 }
 
@@ -1841,10 +1837,23 @@ impl CoreState {
         }
         sub.next_offset = Some(b.end());
         let key = (sub.stream, sub.shard);
-        match sub.queue.offer(b) {
+        let c = &self.s.counters;
+        let dropped_before = sub.queue.dropped_records;
+        let offer = sub.queue.offer(b);
+        // Losses are counted when they happen (the queue's own count of records it lost, not
+        // the notice, which folds older losses in and may wait behind a stalled subscriber's
+        // full stream for a long time).
+        let lost = sub.queue.dropped_records - dropped_before;
+        match offer {
             Offer::Queued | Offer::Parked { first: false } => {}
-            Offer::Dropped => {}
-            Offer::Evicted(_) => {}
+            Offer::Dropped => {
+                CoreCounters::add(&c.records_dropped, lost);
+                CoreCounters::add(&c.records_dropped_new, lost);
+            }
+            Offer::Evicted(_) => {
+                CoreCounters::add(&c.records_dropped, lost);
+                CoreCounters::add(&c.records_dropped_old, lost);
+            }
             Offer::Parked { first: true } => {
                 let n = self.parked_subs.entry(key).or_default();
                 *n += 1;
@@ -1899,7 +1908,6 @@ impl CoreState {
                 return;
             }
             let (item, unparked) = sub.queue.pop();
-            let policy = sub.queue.policy;
             let (conn, qs, key) = (sub.conn, sub.quic_stream, (sub.stream, sub.shard));
             let c = &self.s.counters;
             match item {
@@ -1907,16 +1915,14 @@ impl CoreState {
                     CoreCounters::inc(&c.batches_delivered);
                     CoreCounters::add(&c.records_delivered, b.count as u64);
                     CoreCounters::add(&c.bytes_delivered, b.bytes());
-                    e.conn.send_bytes(qs, b.head);
-                    e.conn.send_bytes(qs, b.region);
+                    // Each side sends at most the other's maximum (Hello.max_frame_bytes).
+                    for piece in b.split_to_fit(key.1, e.conn.peer_max_frame_bytes()) {
+                        e.conn.send_bytes(qs, piece.head);
+                        e.conn.send_bytes(qs, piece.region);
+                    }
                 }
                 Some(Item::Lag(l)) => {
                     CoreCounters::inc(&c.lag_notices);
-                    CoreCounters::add(&c.records_dropped, l.lost);
-                    match policy {
-                        QueuePolicy::DropOld => CoreCounters::add(&c.records_dropped_old, l.lost),
-                        _ => CoreCounters::add(&c.records_dropped_new, l.lost),
-                    }
                     e.conn.send_frame(
                         qs,
                         &Frame::Lag {
@@ -2002,19 +2008,20 @@ impl CoreState {
                     sub.queue.offer_lag(l);
                     sub.next_offset = Some(l.from_offset + l.lost);
                 }
+                let (records_max, bytes_max) = sub.queue.bounds();
                 for b in replay {
                     self.offer_to_sub(sid, b);
                 }
+                let ok = Frame::SubscribeOk {
+                    request_id: rid,
+                    subscription_id: sid,
+                    shard,
+                    next_offset: from,
+                    queue_records_max: records_max as u32,
+                    queue_bytes_max: bytes_max,
+                };
                 if let Some(e) = self.ep.get(conn) {
-                    e.conn.send_frame(
-                        reply,
-                        &Frame::SubscribeOk {
-                            request_id: rid,
-                            subscription_id: sid,
-                            shard,
-                            next_offset: from,
-                        },
-                    );
+                    e.conn.send_frame(reply, &ok);
                 }
                 self.ep.mark_dirty(conn);
                 self.pump_sub(sid);
@@ -2129,6 +2136,10 @@ impl CoreState {
         if new {
             CoreCounters::inc(&self.s.counters.connections_accepted);
             self.sessions.insert(key, Session::default());
+            let cfg = &self.s.cfg;
+            let wait_ms = cfg.hello_timeout_ms.min(cfg.idle_timeout_ms);
+            let deadline = Instant::now() + Duration::from_millis(wait_ms);
+            self.hello_waits.push_back((deadline, key));
         }
         let mut events = Vec::new();
         let Some(e) = self.ep.get(key) else { return };
@@ -2138,6 +2149,101 @@ impl CoreState {
         }
         // Streams quiche could not take earlier may have room now (peer acked, window grew).
         self.ep.mark_dirty(key);
+    }
+
+    /// Take a Hello: record the client's frame maximum and answer HelloOk, or refuse a maximum
+    /// that could not carry every record this broker accepts and close.
+    fn on_hello(&mut self, key: ConnKey, stream: u64, f: u64, peer_max_frame_bytes: u32) {
+        let cfg = self.s.cfg.clone();
+        let floor = cfg.max_payload_bytes as usize + FRAME_OVERHEAD_BYTES;
+        if (peer_max_frame_bytes as usize) < floor {
+            let msg = format!(
+                "Hello.max_frame_bytes {peer_max_frame_bytes} is below {floor}, the smallest frame that carries every record this broker accepts (max_payload_bytes {} + {FRAME_OVERHEAD_BYTES}); the connection is closed",
+                cfg.max_payload_bytes
+            );
+            self.close_with(key, stream, ErrorCode::InvalidRequest, msg);
+            return;
+        }
+        let Some(session) = self.sessions.get_mut(&key) else {
+            return;
+        };
+        session.hello_done = true;
+        let hello = Frame::HelloOk {
+            features: f & features::ALL,
+            limits: Limits {
+                max_frame_bytes: cfg.max_frame_bytes as u32,
+                max_payload_bytes: cfg.max_payload_bytes,
+                max_subscriptions: cfg.max_subscriptions,
+            },
+            core: self.id as u16,
+            server: concat!("felix-broker/", env!("CARGO_PKG_VERSION")).into(),
+        };
+        if let Some(e) = self.ep.get(key) {
+            // Each side sends at most the other's maximum.
+            e.conn
+                .set_peer_max_frame_bytes(peer_max_frame_bytes as usize);
+            e.conn.send_frame(stream, &hello);
+        }
+    }
+
+    /// Answer a frame that could not be taken off `stream`.
+    fn on_bad_frame(&mut self, key: ConnKey, stream: u64, err: FrameError) {
+        let code = err.error.code();
+        let what = match err.kind {
+            Some(k) => format!("{}: {}", streams::kind_name(k), err.error),
+            None => err.error.to_string(),
+        };
+        if err.fatal && stream == 0 {
+            // Nothing more can be read on the control stream and a client cannot open
+            // another, so no request could be made on this connection again: end it.
+            let msg = format!(
+                "{what}; the control stream's framing is lost, so the connection is closed"
+            );
+            self.close_with(key, 0, code, msg);
+            return;
+        }
+        let msg = if err.fatal {
+            format!("{what}; the stream's framing is lost and the stream was stopped")
+        } else if code == ErrorCode::FrameTooLarge {
+            format!("{what}; the frame is discarded and the stream goes on")
+        } else {
+            format!("{what}; the frame was skipped and the stream goes on")
+        };
+        self.send_err(
+            key,
+            answer_stream(stream),
+            err.request_id.unwrap_or(0),
+            code,
+            msg,
+        );
+    }
+
+    /// Send `Error code msg` on `stream`, then close the connection with the code's number as
+    /// the QUIC application error and the same text as the reason.
+    fn close_with(&mut self, key: ConnKey, stream: u64, code: ErrorCode, msg: String) {
+        CoreCounters::inc(&self.s.counters.connections_closed_hello);
+        tracing::debug!(conn = key, code = code.name(), "{msg}");
+        self.send_err(key, stream, 0, code, msg.clone());
+        if let Some(e) = self.ep.get(key) {
+            e.conn
+                .close_after_flush(code.number() as u64, &format!("{}: {msg}", code.name()));
+        }
+        self.ep.mark_dirty(key);
+    }
+
+    /// Close the connections that said no Hello within `hello_timeout_ms`.
+    fn expire_hellos(&mut self, now: Instant) {
+        while let Some(&(at, key)) = self.hello_waits.front() {
+            if at > now {
+                break;
+            }
+            self.hello_waits.pop_front();
+            if self.sessions.get(&key).is_some_and(|s| !s.hello_done) {
+                let ms = self.s.cfg.hello_timeout_ms.min(self.s.cfg.idle_timeout_ms);
+                let msg = format!("no Hello within {ms} ms (hello_timeout_ms) of the connection's first packet; the connection is closed");
+                self.close_with(key, 0, ErrorCode::InvalidRequest, msg);
+            }
+        }
     }
 
     fn send_err(&mut self, key: ConnKey, stream: u64, rid: u64, code: ErrorCode, msg: String) {
@@ -2152,39 +2258,36 @@ impl CoreState {
         match ev {
             ConnEvent::Frame { stream, frame } => {
                 CoreCounters::inc(&counters.frames_received);
-                let Some(session) = self.sessions.get_mut(&key) else {
+                let Some(session) = self.sessions.get(&key) else {
                     return;
                 };
-                if !session.hello_done {
-                    match frame {
-                        Frame::Hello { features: f, .. } => {
-                            session.hello_done = true;
-                            let cfg = &self.s.cfg;
-                            let hello = Frame::HelloOk {
-                                features: f & features::ALL,
-                                limits: Limits {
-                                    max_frame_bytes: cfg.max_frame_bytes as u32,
-                                    max_payload_bytes: cfg.max_payload_bytes,
-                                    max_subscriptions: cfg.max_subscriptions,
-                                },
-                                core: self.id as u16,
-                                server: concat!("felix-broker/", env!("CARGO_PKG_VERSION")).into(),
-                            };
-                            if let Some(e) = self.ep.get(key) {
-                                e.conn.send_frame(stream, &hello);
-                            }
-                        }
-                        _ => self.send_err(
-                            key,
-                            pub_error_stream(stream),
-                            0,
-                            ErrorCode::InvalidRequest,
-                            "the first frame must be Hello".into(),
-                        ),
+                // Which stream carries what (docs/protocol.md, conformance table).
+                let ack = matches!(frame, Frame::Publish { ack: true, .. });
+                match admit(frame.kind(), stream, ack, session.hello_done) {
+                    Verdict::Serve => {}
+                    Verdict::Skip => return,
+                    Verdict::Refuse {
+                        answer_on,
+                        code,
+                        message,
+                    } => {
+                        CoreCounters::inc(&counters.frames_refused);
+                        // A refused request is named by its id; a broker-only frame is no
+                        // request of the client's, so its refusal carries 0.
+                        let rid = match streams::kind_info(frame.kind()) {
+                            Some((_, streams::Placement::BrokerOnly)) => 0,
+                            _ => frame.request_id().unwrap_or(0),
+                        };
+                        self.send_err(key, answer_on, rid, code, message);
+                        return;
                     }
-                    return;
                 }
                 match frame {
+                    Frame::Hello {
+                        features: f,
+                        max_frame_bytes,
+                        ..
+                    } => self.on_hello(key, stream, f, max_frame_bytes),
                     Frame::DescribeStream {
                         request_id,
                         stream: name,
@@ -2212,7 +2315,7 @@ impl CoreState {
                             self.on_publish(key, stream, request_id, &name, shard, ack, records)
                         {
                             CoreCounters::inc(&counters.publishes_refused);
-                            self.send_err(key, pub_error_stream(stream), request_id, code, msg);
+                            self.send_err(key, answer_stream(stream), request_id, code, msg);
                         }
                     }
                     Frame::Subscribe {
@@ -2272,33 +2375,22 @@ impl CoreState {
                             self.send_err(key, stream, rid, code, msg);
                         }
                     }
-                    Frame::Unknown { .. } => {}
-                    Frame::Hello { .. } => self.send_err(
-                        key,
-                        pub_error_stream(stream),
-                        0,
-                        ErrorCode::InvalidRequest,
-                        "Hello sent twice".into(),
-                    ),
-                    other => self.send_err(
-                        key,
-                        pub_error_stream(stream),
-                        0,
-                        ErrorCode::InvalidRequest,
-                        format!("unexpected frame kind {}", other.kind()),
-                    ),
+                    other => {
+                        // `admit` serves only the kinds above; anything else is a table defect.
+                        tracing::error!(kind = other.kind(), "admitted frame has no handler");
+                        self.send_err(
+                            key,
+                            answer_stream(stream),
+                            other.request_id().unwrap_or(0),
+                            ErrorCode::Internal,
+                            format!("{} has no handler", streams::kind_name(other.kind())),
+                        );
+                    }
                 }
             }
             ConnEvent::BadFrame { stream, error } => {
                 CoreCounters::inc(&counters.bad_frames);
-                // Answer on the offending bidi stream, else on the control stream.
-                self.send_err(
-                    key,
-                    pub_error_stream(stream),
-                    0,
-                    error.code(),
-                    error.to_string(),
-                );
+                self.on_bad_frame(key, stream, error);
             }
             ConnEvent::Finished { stream } => {
                 if stream % 4 == 0 && stream != 0 {

@@ -51,6 +51,40 @@ impl Batch {
     }
 }
 
+impl Batch {
+    /// The batch as delivery frames of at most `frame_bytes_max` each (a peer that announced a
+    /// smaller maximum than the broker's gets a big batch in pieces). Each piece holds at
+    /// least one record: the broker refuses a Hello whose maximum cannot carry its largest
+    /// record. A batch that fits is returned whole (the shared encoding, no copy).
+    pub fn split_to_fit(&self, shard: u32, frame_bytes_max: usize) -> Vec<Batch> {
+        if self.bytes() as usize <= frame_bytes_max {
+            return vec![self.clone()];
+        }
+        let fixed = self.head.len();
+        let mut out = Vec::new();
+        let (mut start, mut pos, mut n, mut first) = (0usize, 0usize, 0u32, self.first_offset);
+        while pos < self.region.len() {
+            let len = u32::from_le_bytes(self.region[pos..pos + 4].try_into().unwrap()) as usize;
+            let end = pos + 4 + len;
+            if n > 0 && fixed + (end - start) > frame_bytes_max {
+                out.push(Self::piece(shard, first, n, self.region.slice(start..pos)));
+                first += n as u64;
+                (start, n) = (pos, 0);
+            }
+            pos = end;
+            n += 1;
+        }
+        out.push(Self::piece(shard, first, n, self.region.slice(start..)));
+        debug_assert_eq!(out.iter().map(|b| b.count).sum::<u32>(), self.count);
+        out
+    }
+
+    fn piece(shard: u32, first_offset: u64, count: u32, region: Bytes) -> Batch {
+        let records = Records::from_region(count, region).expect("a run of a valid region");
+        Batch::new(shard, first_offset, &records)
+    }
+}
+
 /// A range of records a subscriber lost.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Lag {
@@ -208,6 +242,11 @@ impl SubQueue {
             dropped_records: 0,
             next_expected: None,
         }
+    }
+
+    /// The bounds granted: `(records_max, bytes_max)`.
+    pub fn bounds(&self) -> (u64, u64) {
+        (self.records_max, self.bytes_max)
     }
 
     fn fits(&self, b: &Batch) -> bool {
@@ -574,6 +613,38 @@ mod tests {
     }
 
     proptest! {
+        /// A batch cut to a peer's frame maximum: contiguous pieces, each under the bound
+        /// unless it is one record, that decode to the same payloads in order.
+        #[test]
+        fn split_to_fit_keeps_every_record_in_order_under_the_bound(
+            sizes in proptest::collection::vec(0usize..300, 1..40),
+            max in 64usize..2000,
+        ) {
+            let payloads: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(i, n)| vec![i as u8; *n]).collect();
+            let records = Records::encode(&payloads);
+            let b = Batch::new(3, 100, &records);
+            let pieces = b.split_to_fit(3, max);
+            let mut next = 100u64;
+            let mut got: Vec<Vec<u8>> = Vec::new();
+            for p in &pieces {
+                prop_assert_eq!(p.first_offset, next, "pieces are contiguous");
+                next = p.end();
+                let one_record = p.count == 1;
+                prop_assert!(p.bytes() as usize <= max || one_record, "over the bound only with one record");
+                let frame = [p.head.clone(), p.region.clone()].concat();
+                match felix_quic::wire::decode_frame(&frame, usize::MAX >> 1).unwrap() {
+                    felix_quic::wire::Frame::Delivery { shard, first_offset, records } => {
+                        prop_assert_eq!(shard, 3);
+                        prop_assert_eq!(first_offset, p.first_offset);
+                        got.extend(records.iter().map(|r| r.to_vec()));
+                    }
+                    other => prop_assert!(false, "not a delivery: {:?}", other),
+                }
+            }
+            prop_assert_eq!(next, b.end());
+            prop_assert_eq!(got, payloads);
+        }
+
         /// Under every policy, with arbitrary batches and arbitrary interleaved pops, what the
         /// subscriber receives plus what the notices announce covers every offset exactly
         /// once, in order; the bounds hold (beyond a lone oversized batch); Block loses nothing.

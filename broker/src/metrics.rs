@@ -59,6 +59,8 @@ counters! {
     frames_received: "Felix frames decoded",
     bad_frames: "malformed frames answered with a typed error",
     errors_sent: "Error frames sent",
+    frames_refused: "whole frames refused for their stream or for coming before Hello (docs/protocol.md, conformance table)",
+    connections_closed_hello: "connections closed for a refused Hello, no Hello within hello_timeout_ms, or lost control-stream framing",
     publishes_received: "Publish frames accepted for routing on this core (connection side)",
     publishes_forwarded: "publishes sent to the owning core over the mesh",
     batches_appended: "batches appended by shards this core owns",

@@ -150,12 +150,22 @@ async fn handshake_describe_and_typed_errors_over_verified_tls() {
         (4, Frame::Error { code, .. }) => assert_eq!(code, ErrorCode::InvalidFrame.number()),
         other => panic!("expected invalid_frame on stream 4, got {other:?}"),
     }
-    // A frame declaring more than the maximum: frame_too_large, from the header alone.
+    // A frame declaring more than the maximum: frame_too_large from the header and the
+    // request id alone (the body never comes).
     let mut big = Vec::from(&b"FX\x01\x03\0\0"[..]);
     big.extend_from_slice(&(u32::MAX).to_le_bytes());
+    big.extend_from_slice(&77u64.to_le_bytes());
     tx.send(Cmd::Send(8, Bytes::from(big))).unwrap();
     match next(&mut rx).await {
-        (8, Frame::Error { code, .. }) => assert_eq!(code, ErrorCode::FrameTooLarge.number()),
+        (
+            8,
+            Frame::Error {
+                code, request_id, ..
+            },
+        ) => {
+            assert_eq!(code, ErrorCode::FrameTooLarge.number());
+            assert_eq!(request_id, 77, "the refusal names the request");
+        }
         other => panic!("expected frame_too_large, got {other:?}"),
     }
     tx.send(Cmd::Send(0, describe(3, "events"))).unwrap();

@@ -59,6 +59,11 @@ pub enum Error {
     Tls(String),
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// Refused before sending: the frame is over the broker's `max_frame_bytes` (HelloOk).
+    #[error(
+        "a frame of {len} bytes is over the broker's max_frame_bytes ({max}); nothing was sent"
+    )]
+    FrameTooLarge { len: usize, max: usize },
 }
 
 impl Error {
@@ -251,7 +256,13 @@ struct ConnHandler {
     fire_stream: Option<u64>,
     fire_errors: Arc<FireErrors>,
     closing: Vec<oneshot::Sender<()>>,
+    /// Request ids of recent poll cancels (bounded): a cancel that reaches the broker after
+    /// its poll was answered is answered `not_found`, which is no fire-and-forget refusal.
+    cancels: VecDeque<u64>,
 }
+
+/// Poll cancels remembered for their late `not_found` answers.
+const CANCELS_REMEMBERED: usize = 1024;
 
 fn request_id_of(f: &Frame) -> Option<u64> {
     match f {
@@ -375,7 +386,9 @@ impl Handler for ConnHandler {
             self.on_sub_frame(c, stream, frame);
             return;
         }
-        if let Frame::HelloOk { .. } = frame {
+        if let Frame::HelloOk { limits, .. } = &frame {
+            // Each side sends at most the other's maximum.
+            c.set_peer_max_frame_bytes(limits.max_frame_bytes as usize);
             if let Some(h) = self.hello.take() {
                 let _ = h.send(Ok(frame));
             }
@@ -426,6 +439,9 @@ impl Handler for ConnHandler {
             if let Some(h) = self.hello.take() {
                 let _ = h.send(Ok(frame));
             }
+        } else if let Some(i) = self.cancels.iter().position(|r| *r == id) {
+            // The late answer to a poll cancel (its poll had been answered).
+            self.cancels.remove(i);
         } else if let Frame::Error { code, message, .. } = frame {
             // A refused fire-and-forget publish.
             self.fire_errors.count.fetch_add(1, Ordering::Relaxed);
@@ -433,15 +449,26 @@ impl Handler for ConnHandler {
         }
     }
     fn on_command(&mut self, c: &mut FelixConn, cmd: Cmd) {
+        // A frame over the broker's maximum is refused here, before anything is sent.
+        let too_large = |e: felix_quic::wire::WireError| match e {
+            felix_quic::wire::WireError::FrameTooLarge { len, max } => {
+                Error::FrameTooLarge { len, max }
+            }
+            other => Error::Protocol(other.to_string()),
+        };
         match cmd {
             Cmd::Request {
                 frame,
                 request_id,
                 reply,
-            } => {
-                self.pending.insert(request_id, reply);
-                c.send_frame(0, &frame);
-            }
+            } => match c.try_send_frame(0, &frame) {
+                Ok(()) => {
+                    self.pending.insert(request_id, reply);
+                }
+                Err(e) => {
+                    let _ = reply.send(Err(too_large(e)));
+                }
+            },
             Cmd::Publish {
                 frame,
                 request_id,
@@ -452,10 +479,19 @@ impl Handler for ConnHandler {
                     Lane::Acked(n) => *self.pub_streams.entry(n).or_insert_with(|| c.open_bidi()),
                     Lane::Fire => *self.fire_stream.get_or_insert_with(|| c.open_uni()),
                 };
-                if let Some(reply) = reply {
-                    self.pending.insert(request_id, reply);
+                match (c.try_send_frame(stream, &frame), reply) {
+                    (Ok(()), Some(reply)) => {
+                        self.pending.insert(request_id, reply);
+                    }
+                    (Ok(()), None) => {}
+                    (Err(e), Some(reply)) => {
+                        let _ = reply.send(Err(too_large(e)));
+                    }
+                    (Err(e), None) => {
+                        self.fire_errors.count.fetch_add(1, Ordering::Relaxed);
+                        *self.fire_errors.last.lock().unwrap() = Some(too_large(e));
+                    }
                 }
-                c.send_frame(stream, &frame);
             }
             Cmd::Subscribe {
                 frame,
@@ -484,7 +520,19 @@ impl Handler for ConnHandler {
                     },
                 );
             }
-            Cmd::Send { frame } => c.send_frame(0, &frame),
+            Cmd::Send { frame } => {
+                if let Frame::Group(felix_quic::wire::GroupFrame::GroupPollCancel {
+                    request_id,
+                    ..
+                }) = &frame
+                {
+                    if self.cancels.len() == CANCELS_REMEMBERED {
+                        self.cancels.pop_front();
+                    }
+                    self.cancels.push_back(*request_id);
+                }
+                c.send_frame(0, &frame)
+            }
             Cmd::Resume => {}
             Cmd::Close { done } => {
                 c.close(0, "client close");
@@ -740,6 +788,7 @@ impl Client {
             fire_stream: None,
             fire_errors: fire_errors.clone(),
             closing: Vec::new(),
+            cancels: VecDeque::new(),
         };
         let tx = spawn_client(
             cfg.addr,

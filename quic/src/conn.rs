@@ -7,7 +7,7 @@
 //! copied on its way into quiche.
 
 use crate::idmap::{IdMap, IdSet};
-use crate::wire::{Frame, FrameReader, WireError};
+use crate::wire::{Frame, FrameError, FrameReader, WireError, DEFAULT_MAX_FRAME_BYTES};
 use bytes::{Buf, Bytes};
 use std::collections::{BTreeSet, VecDeque};
 use std::time::Duration;
@@ -51,9 +51,10 @@ pub type QuicConn = quiche::Connection<BytesFactory>;
 pub enum ConnEvent {
     /// A whole frame arrived on `stream`.
     Frame { stream: u64, frame: Frame },
-    /// The stream's bytes are not valid Felix framing; the stream has been shut down for
-    /// reading. The app should answer with an `Error` frame if it can.
-    BadFrame { stream: u64, error: WireError },
+    /// A frame on `stream` could not be taken. When `error.fatal` the framing is lost and the
+    /// stream has been shut down for reading (STOP_SENDING); otherwise the frame was skipped
+    /// and the stream goes on. The app answers with an `Error` frame.
+    BadFrame { stream: u64, error: FrameError },
     /// The peer finished its side of `stream` (after all its frames were delivered).
     Finished { stream: u64 },
     /// The peer reset `stream`.
@@ -71,7 +72,6 @@ struct OutStream {
 pub struct FelixConn {
     q: QuicConn,
     readers: IdMap<u64, FrameReader>,
-    broken: IdSet<u64>,
     paused: IdSet<u64>,
     out: IdMap<u64, OutStream>,
     dirty: BTreeSet<u64>,
@@ -80,17 +80,26 @@ pub struct FelixConn {
     next_bidi: u64,
     next_uni: u64,
     max_frame_bytes: usize,
+    /// The largest frame the peer accepts (its Hello or HelloOk); frames over it are never
+    /// queued (see [`FelixConn::try_send_frame`]).
+    peer_max_frame_bytes: usize,
+    /// Frames refused by [`FelixConn::send_frame`] for being over the peer's maximum.
+    oversized_refused: u64,
+    /// A close to start once every queued frame has gone out in a packet (see
+    /// [`FelixConn::close_after_flush`]).
+    pending_close: Option<(u64, String)>,
     scratch: Vec<u8>,
 }
 
 impl FelixConn {
     /// Wrap a quiche connection. `is_server` selects the stream-id spaces this side opens.
     pub fn new(q: QuicConn, is_server: bool, max_frame_bytes: usize) -> Self {
-        let (bidi, uni) = if is_server { (1, 3) } else { (0, 2) };
+        // A client's stream 0 is its control stream (the Hello opens it): the bidirectional
+        // streams it opens for publishers start at 4.
+        let (bidi, uni) = if is_server { (1, 3) } else { (4, 2) };
         FelixConn {
             q,
             readers: IdMap::default(),
-            broken: IdSet::default(),
             paused: IdSet::default(),
             out: IdMap::default(),
             dirty: BTreeSet::new(),
@@ -98,8 +107,26 @@ impl FelixConn {
             next_bidi: bidi,
             next_uni: uni,
             max_frame_bytes,
+            peer_max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
+            oversized_refused: 0,
+            pending_close: None,
             scratch: vec![0; 64 * 1024],
         }
+    }
+
+    /// Record the largest frame the peer accepts (from its Hello or HelloOk).
+    pub fn set_peer_max_frame_bytes(&mut self, n: usize) {
+        self.peer_max_frame_bytes = n;
+    }
+
+    /// The largest frame the peer accepts.
+    pub fn peer_max_frame_bytes(&self) -> usize {
+        self.peer_max_frame_bytes
+    }
+
+    /// Frames [`FelixConn::send_frame`] refused for being over the peer's maximum.
+    pub fn oversized_refused(&self) -> u64 {
+        self.oversized_refused
     }
 
     /// The underlying quiche connection (for stats and trace ids).
@@ -155,12 +182,6 @@ impl FelixConn {
             }
             match self.q.stream_recv(id, &mut self.scratch) {
                 Ok((n, fin)) => {
-                    if self.broken.contains(&id) {
-                        if fin {
-                            self.broken.remove(&id);
-                        }
-                        continue;
-                    }
                     let max = self.max_frame_bytes;
                     let r = self
                         .readers
@@ -172,32 +193,39 @@ impl FelixConn {
                             Ok(Some(frame)) => events.push(ConnEvent::Frame { stream: id, frame }),
                             Ok(None) => break,
                             Err(error) => {
-                                self.readers.remove(&id);
-                                self.broken.insert(id);
-                                // Stop the peer sending more on this stream; the rest of the
-                                // connection is unaffected.
-                                let _ = self.q.stream_shutdown(
-                                    id,
-                                    quiche::Shutdown::Read,
-                                    error.code().number() as u64,
-                                );
+                                if error.fatal {
+                                    // Framing is lost: stop the peer sending more on this
+                                    // stream; the reader drops whatever still arrives.
+                                    let _ = self.q.stream_shutdown(
+                                        id,
+                                        quiche::Shutdown::Read,
+                                        error.error.code().number() as u64,
+                                    );
+                                }
+                                let fatal = error.fatal;
                                 events.push(ConnEvent::BadFrame { stream: id, error });
-                                break;
+                                if fatal {
+                                    break;
+                                }
                             }
                         }
                     }
                     if fin {
-                        let leftover = self.readers.remove(&id).map(|r| r.buffered()).unwrap_or(0);
-                        if leftover > 0 && !self.broken.contains(&id) {
+                        let truncated = self.readers.remove(&id).is_some_and(|r| r.mid_frame());
+                        if truncated {
                             events.push(ConnEvent::BadFrame {
                                 stream: id,
-                                error: WireError::Truncated {
-                                    field: "frame at stream end",
-                                    needed: 1,
+                                error: FrameError {
+                                    error: WireError::Truncated {
+                                        field: "frame at stream end",
+                                        needed: 1,
+                                    },
+                                    kind: None,
+                                    request_id: None,
+                                    fatal: true,
                                 },
                             });
                         }
-                        self.broken.remove(&id);
                         events.push(ConnEvent::Finished { stream: id });
                         return;
                     }
@@ -210,7 +238,6 @@ impl FelixConn {
                 Err(quiche::Error::Done) => return,
                 Err(quiche::Error::StreamReset(code)) => {
                     self.readers.remove(&id);
-                    self.broken.remove(&id);
                     events.push(ConnEvent::Reset { stream: id, code });
                     return;
                 }
@@ -230,13 +257,32 @@ impl FelixConn {
         self.dirty.insert(stream);
     }
 
-    /// Queue one frame on `stream`.
-    pub fn send_frame(&mut self, stream: u64, frame: &Frame) {
+    /// Queue one frame on `stream`, unless it is over the peer's maximum: then nothing is
+    /// queued and `FrameTooLarge` names both sizes (a client turns it into the request's error).
+    pub fn try_send_frame(&mut self, stream: u64, frame: &Frame) -> Result<(), WireError> {
         // Records travel as their own shared buffer (quiche keeps Bytes without copying).
         let (head, records) = frame.encode_parts();
+        let len = head.len() + records.as_ref().map_or(0, |r| r.len());
+        if len > self.peer_max_frame_bytes {
+            self.oversized_refused += 1;
+            return Err(WireError::FrameTooLarge {
+                len,
+                max: self.peer_max_frame_bytes,
+            });
+        }
         self.send_bytes(stream, head);
         if let Some(r) = records {
             self.send_bytes(stream, r);
+        }
+        Ok(())
+    }
+
+    /// Queue one frame on `stream`. The frames a broker sends are built to fit the peer's
+    /// maximum; one that does not is a defect, logged and counted here rather than sent to a
+    /// peer that would have to refuse it.
+    pub fn send_frame(&mut self, stream: u64, frame: &Frame) {
+        if let Err(e) = self.try_send_frame(stream, frame) {
+            tracing::error!(stream, kind = frame.kind(), error = %e, "frame over the peer's maximum not sent");
         }
     }
 
@@ -360,10 +406,23 @@ impl FelixConn {
         !self.dirty.is_empty()
     }
 
+    /// Close with `code` and `reason` once the frames queued now have left in packets: quiche
+    /// sends no stream data after a close, so an `Error` frame queued just before a plain
+    /// [`FelixConn::close`] would never reach the peer. The close's reason carries the same
+    /// text, so a peer that lost the packet with the frame still learns why.
+    pub fn close_after_flush(&mut self, code: u64, reason: &str) {
+        self.pending_close = Some((code, reason.to_string()));
+    }
+
     /// Next UDP payload to send, written into `out`.
     pub fn poll_transmit(&mut self, out: &mut [u8]) -> Option<(usize, quiche::SendInfo)> {
         match self.q.send(out) {
             Ok(v) => Some(v),
+            Err(quiche::Error::Done) if self.dirty.is_empty() && self.pending_close.is_some() => {
+                let (code, reason) = self.pending_close.take().expect("checked");
+                let _ = self.q.close(true, code, reason.as_bytes());
+                self.q.send(out).ok()
+            }
             Err(quiche::Error::Done) => None,
             Err(e) => {
                 tracing::debug!(error = %e, "quiche send failed; closing");

@@ -485,6 +485,11 @@ impl WatchQueue {
         }
     }
 
+    /// The bounds granted: `(entries_max, bytes_max)`.
+    pub fn bounds(&self) -> (usize, u64) {
+        (self.entries_max, self.bytes_max)
+    }
+
     /// Offer the event at `offset` of `bytes`; false (and ended) when it does not fit.
     pub fn offer(&mut self, offset: u64, bytes: u64) -> bool {
         if self.ended_at.is_some() {

@@ -606,11 +606,14 @@ impl CoreState {
                 break;
             }
         }
+        let (events_max, bytes_max) = w.queue.bounds();
         let ok = Frame::Cache(CacheFrame::CacheWatchOk {
             request_id: w.request_id,
             watch_id: wid,
             shard: opened.shard,
             live_from: opened.live_from,
+            queue_events_max: events_max as u32,
+            queue_bytes_max: bytes_max,
         });
         self.send_to_conn(conn, rs, &ok);
         if let Some(at) = lagged.or(opened.truncated_at) {

@@ -34,6 +34,8 @@ pub struct GroupOrigin {
     pub conn: ConnKey,
     pub quic_stream: u64,
     pub request_id: u64,
+    /// The largest frame the connection's client accepts (its Hello): answers are cut to it.
+    pub frame_bytes_max: u32,
 }
 
 /// The groups of one durable shard.
@@ -315,11 +317,15 @@ impl CoreState {
                 s.long_polls = true;
             }
         }
+        let frame_bytes_max = self.ep.get(key).map_or(self.s.cfg.max_frame_bytes, |e| {
+            e.conn.peer_max_frame_bytes()
+        }) as u32;
         let origin = GroupOrigin {
             core: self.id,
             conn: key,
             quic_stream,
             request_id: frame.request_id(),
+            frame_bytes_max,
         };
         let owner = self.owner_core(idx, target.shard);
         self.route(
@@ -525,8 +531,21 @@ impl CoreState {
                         && w.origin.conn == origin.conn
                         && w.origin.request_id == rid
                 });
-                if let Some(w) = pos.and_then(|p| slot.waiters.remove(p)) {
-                    self.group_reply(w.origin, empty_records(rid, target.shard));
+                match pos.and_then(|p| slot.waiters.remove(p)) {
+                    Some(w) => self.group_reply(w.origin, empty_records(rid, target.shard)),
+                    // Every request is answered: nothing of this connection's waits under
+                    // that id (the poll was answered already, or never waited).
+                    None => self.group_reply(
+                        origin,
+                        Frame::error(
+                            rid,
+                            ErrorCode::NotFound,
+                            format!(
+                                "no poll {rid} of this connection is waiting on group {name} shard {}",
+                                target.shard
+                            ),
+                        ),
+                    ),
                 }
             }
             GroupFrame::GroupAnswer { op, claims, .. } => {
@@ -616,6 +635,15 @@ impl CoreState {
                 }
             }
             GroupFrame::DeadLetterList { after, limit, .. } => {
+                // A page stays under the client's frame maximum (14 bytes an entry, 64 for
+                // the rest); the client pages on with next_after. An invalid ask (0, over
+                // 1000) is left as asked so it is refused.
+                let fit = ((origin.frame_bytes_max as usize).saturating_sub(64) / 14).max(1);
+                let limit = if limit <= 1000 {
+                    limit.min(fit as u32)
+                } else {
+                    limit
+                };
                 let f = match slot.group.dead_letters(after, limit) {
                     Err(e) => err_frame(rid, &e),
                     Ok(page) => Frame::Group(GroupFrame::DeadLetterPage {
@@ -1116,8 +1144,14 @@ impl CoreState {
         let now = self.group_now_ms();
         // GroupRecords: header 10, request_id 8, shard 4, visibility 8, claim count 4,
         // record count + region length 8; per record a 12-byte claim and a 4-byte length.
-        // Config keeps max_payload_bytes 1 KiB under max_frame_bytes, so one record fits.
-        let budget = self.s.cfg.max_frame_bytes - (10 + 8 + 4 + 8 + 4 + 8);
+        // Config keeps max_payload_bytes 1 KiB under max_frame_bytes, and a Hello must announce
+        // at least max_payload_bytes + 1 KiB, so one record fits either bound.
+        let frame_max = self
+            .s
+            .cfg
+            .max_frame_bytes
+            .min(origin.frame_bytes_max as usize);
+        let budget = frame_max - (10 + 8 + 4 + 8 + 4 + 8);
         let Some(slot) = self
             .groups
             .get_mut(&key)

@@ -21,7 +21,7 @@
 //! `max_subscriptions`. Event frames carry no per-watch field: one encoded event is shared by
 //! every watcher of a core.
 
-use super::{put_str, put_stream, Reader, StreamName, WireError};
+use super::{put_message, put_stream, Reader, StreamName, WireError};
 use bytes::{BufMut, Bytes, BytesMut};
 
 /// Frame kinds of this module (stable numbers, after the group kinds).
@@ -166,6 +166,11 @@ pub enum CacheFrame {
         shard: u32,
         /// The offset of the first live change this watch can receive.
         live_from: u64,
+        /// The queue bound granted, events (the ask, or the broker's maximum when it asked
+        /// for 0 or more).
+        queue_events_max: u32,
+        /// The queue bound granted, bytes.
+        queue_bytes_max: u64,
     },
     CacheEvent {
         kind: EventKind,
@@ -428,11 +433,15 @@ impl CacheFrame {
                 watch_id,
                 shard,
                 live_from,
+                queue_events_max,
+                queue_bytes_max,
             } => {
                 b.put_u64_le(*request_id);
                 b.put_u64_le(*watch_id);
                 b.put_u32_le(*shard);
                 b.put_u64_le(*live_from);
+                b.put_u32_le(*queue_events_max);
+                b.put_u64_le(*queue_bytes_max);
             }
             CacheEvent {
                 kind,
@@ -463,7 +472,7 @@ impl CacheFrame {
             } => {
                 b.put_u16_le(*code);
                 b.put_u64_le(*resume_from);
-                put_str(b, message);
+                put_message(b, message);
             }
             CounterAdd {
                 request_id,
@@ -597,6 +606,8 @@ impl CacheFrame {
                 watch_id: r.u64("watch_id")?,
                 shard: r.u32("shard")?,
                 live_from: r.u64("live_from")?,
+                queue_events_max: r.u32("queue_events_max")?,
+                queue_bytes_max: r.u64("queue_bytes_max")?,
             },
             kind::CACHE_EVENT => CacheEvent {
                 kind: EventKind::from_u8(r.u8("event_kind")?)?,

@@ -15,6 +15,7 @@ pub mod cache;
 pub mod error;
 pub mod group;
 pub mod hash;
+pub mod streams;
 
 pub use cache::{CacheFrame, EventKind, WatchFilter, WatchStart, WriteCond};
 pub use error::{ErrorCode, Retry};
@@ -22,6 +23,7 @@ pub use group::{
     AnswerOp, ClaimId, ClaimIdError, ClaimRef, DeadLetterAction, DeadLetterRef, GroupFrame,
     GroupInfo, GroupRef,
 };
+pub use streams::{admit, answer_stream, kind_name, StreamClass, Verdict};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use std::fmt;
@@ -38,6 +40,15 @@ pub const DEFAULT_MAX_FRAME_BYTES: usize = 16 * 1024 * 1024;
 pub const RECORD_PREFIX_LEN: usize = 4;
 /// Maximum length of a name (tenant, namespace, stream).
 pub const NAME_BYTES_MAX: usize = 64;
+/// Longest message an `Error`, `SubEnd` or `CacheWatchEnd` carries, bytes; longer text is cut
+/// at a character boundary when encoded, so an error always fits the smallest frame a peer
+/// may announce.
+pub const MESSAGE_BYTES_MAX: usize = 1000;
+/// Room a broker keeps above its largest record payload for the fields of the frame that
+/// carries one record (a delivery, a cache event or value, a group record): a peer that
+/// announces a `max_frame_bytes` below `max_payload_bytes + FRAME_OVERHEAD_BYTES` could not be
+/// sent every record the broker accepts, and is refused at `Hello`.
+pub const FRAME_OVERHEAD_BYTES: usize = 1024;
 
 /// Feature bits negotiated at the handshake. Unknown bits are ignored.
 pub mod features {
@@ -394,6 +405,11 @@ pub enum Frame {
         subscription_id: u64,
         shard: u32,
         next_offset: u64,
+        /// The queue bound granted, records (the ask, or the broker's maximum when it asked
+        /// for 0 or more).
+        queue_records_max: u32,
+        /// The queue bound granted, bytes.
+        queue_bytes_max: u64,
     },
     /// First frame on a server-opened subscription stream: which subscription it carries.
     SubStream {
@@ -452,6 +468,15 @@ fn put_str(b: &mut BytesMut, s: &str) {
     b.put_slice(&s[..n]);
 }
 
+/// A message string, cut to [`MESSAGE_BYTES_MAX`] at a character boundary.
+fn put_message(b: &mut BytesMut, s: &str) {
+    let mut n = s.len().min(MESSAGE_BYTES_MAX);
+    while !s.is_char_boundary(n) {
+        n -= 1;
+    }
+    put_str(b, &s[..n]);
+}
+
 fn put_stream(b: &mut BytesMut, s: &StreamName) {
     put_str(b, &s.tenant);
     put_str(b, &s.namespace);
@@ -504,6 +529,23 @@ impl Frame {
             Frame::Group(g) => g.kind(),
             Frame::Cache(c) => c.kind(),
             Frame::Unknown { kind, .. } => *kind,
+        }
+    }
+
+    /// The request id this frame carries, for kinds that carry one (requests and answers).
+    pub fn request_id(&self) -> Option<u64> {
+        match self {
+            Frame::Publish { request_id, .. }
+            | Frame::PublishAck { request_id, .. }
+            | Frame::Error { request_id, .. }
+            | Frame::Subscribe { request_id, .. }
+            | Frame::SubscribeOk { request_id, .. }
+            | Frame::Unsubscribe { request_id, .. }
+            | Frame::DescribeStream { request_id, .. }
+            | Frame::StreamInfo { request_id, .. } => Some(*request_id),
+            Frame::Group(g) => Some(g.request_id()),
+            Frame::Cache(c) => has_request_id(c.kind()).then(|| c.request_id()),
+            _ => None,
         }
     }
 
@@ -624,7 +666,7 @@ impl Frame {
             } => {
                 body.put_u64_le(*request_id);
                 body.put_u16_le(*code);
-                put_str(&mut body, message);
+                put_message(&mut body, message);
             }
             Frame::Subscribe {
                 request_id,
@@ -654,11 +696,15 @@ impl Frame {
                 subscription_id,
                 shard,
                 next_offset,
+                queue_records_max,
+                queue_bytes_max,
             } => {
                 body.put_u64_le(*request_id);
                 body.put_u64_le(*subscription_id);
                 body.put_u32_le(*shard);
                 body.put_u64_le(*next_offset);
+                body.put_u32_le(*queue_records_max);
+                body.put_u64_le(*queue_bytes_max);
             }
             Frame::SubStream { subscription_id } => body.put_u64_le(*subscription_id),
             Frame::Delivery {
@@ -690,7 +736,7 @@ impl Frame {
             } => {
                 body.put_u64_le(*subscription_id);
                 body.put_u16_le(*code);
-                put_str(&mut body, message);
+                put_message(&mut body, message);
             }
             Frame::DescribeStream { request_id, stream } => {
                 body.put_u64_le(*request_id);
@@ -894,6 +940,8 @@ pub fn decode_body(kind_: u8, flags: u16, body: Bytes) -> Result<Frame, WireErro
             subscription_id: r.u64("subscription_id")?,
             shard: r.u32("shard")?,
             next_offset: r.u64("next_offset")?,
+            queue_records_max: r.u32("queue_records_max")?,
+            queue_bytes_max: r.u64("queue_bytes_max")?,
         },
         kind::SUB_STREAM => Frame::SubStream {
             subscription_id: r.u64("subscription_id")?,
@@ -961,12 +1009,66 @@ pub fn decode_frame(buf: &[u8], max_frame_bytes: usize) -> Result<Frame, WireErr
     decode_body(k, flags, Bytes::copy_from_slice(body))
 }
 
+/// Whether the body of frames of `kind` starts with `request_id u64` (every request and every
+/// answer to one), so a receiver that cannot decode the rest can still name the request.
+pub fn has_request_id(kind: u8) -> bool {
+    match kind {
+        kind::PUBLISH
+        | kind::PUBLISH_ACK
+        | kind::ERROR
+        | kind::SUBSCRIBE
+        | kind::SUBSCRIBE_OK
+        | kind::UNSUBSCRIBE
+        | kind::DESCRIBE_STREAM
+        | kind::STREAM_INFO => true,
+        group::kind::FIRST..=group::kind::LAST => true,
+        k @ cache::kind::FIRST..=cache::kind::LAST => !matches!(
+            k,
+            cache::kind::CACHE_EVENT | cache::kind::CACHE_STATE_DONE | cache::kind::CACHE_WATCH_END
+        ),
+        _ => false,
+    }
+}
+
+/// A frame that could not be taken off a stream, with what was learnt of it first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FrameError {
+    pub error: WireError,
+    /// The header's kind, once the header was read.
+    pub kind: Option<u8>,
+    /// The frame's request id, when its kind starts with one and those 8 bytes arrived.
+    pub request_id: Option<u64>,
+    /// The framing is lost (bad magic or version): nothing more on the stream can be read.
+    /// Otherwise the frame's length was known, the frame was skipped, and the stream goes on.
+    pub fatal: bool,
+}
+
+impl FrameError {
+    fn fatal(error: WireError) -> Self {
+        FrameError {
+            error,
+            kind: None,
+            request_id: None,
+            fatal: true,
+        }
+    }
+}
+
 /// Incremental decoder for one QUIC stream: push bytes as they arrive, pull whole frames.
-/// It rejects an oversized frame as soon as its header is seen, before buffering the body.
+///
+/// A frame whose body does not decode is skipped (its length is known) and reported with its
+/// kind and request id; the stream goes on. A frame longer than the maximum is reported as
+/// soon as its header and request id are in, and its body is then discarded as it arrives,
+/// never buffered. Only a header that is not Felix framing (bad magic or version) ends the
+/// stream: nothing after it can be delimited.
 #[derive(Debug)]
 pub struct FrameReader {
     buf: BytesMut,
     max_frame_bytes: usize,
+    /// Bytes of a refused (oversized) frame still to discard.
+    skip_bytes: u64,
+    /// Framing was lost: everything pushed is dropped.
+    broken: bool,
 }
 
 impl FrameReader {
@@ -974,33 +1076,88 @@ impl FrameReader {
         FrameReader {
             buf: BytesMut::new(),
             max_frame_bytes,
+            skip_bytes: 0,
+            broken: false,
         }
     }
     /// Append received bytes.
     pub fn push(&mut self, data: &[u8]) {
-        self.buf.extend_from_slice(data);
+        if self.broken {
+            return;
+        }
+        // Discard an oversized frame's body as it arrives rather than buffering it.
+        let skip = (self.skip_bytes.min(data.len() as u64)) as usize;
+        self.skip_bytes -= skip as u64;
+        self.buf.extend_from_slice(&data[skip..]);
     }
     /// Bytes buffered but not yet returned as frames.
     pub fn buffered(&self) -> usize {
         self.buf.len()
     }
-    /// Next whole frame, `Ok(None)` if more bytes are needed. After an error the stream is
-    /// unusable (framing is lost) and the caller must reset it.
-    pub fn next_frame(&mut self) -> Result<Option<Frame>, WireError> {
-        if self.buf.len() < HEADER_LEN {
+    /// Whether bytes of a frame not yet whole are buffered (at a stream's end: a truncated
+    /// frame). The rest of a refused frame being discarded does not count: it was answered.
+    pub fn mid_frame(&self) -> bool {
+        !self.broken && !self.buf.is_empty()
+    }
+    /// Next whole frame, `Ok(None)` if more bytes are needed. After a fatal error the reader
+    /// drops everything (the caller stops the stream).
+    pub fn next_frame(&mut self) -> Result<Option<Frame>, FrameError> {
+        if self.broken || self.buf.len() < HEADER_LEN {
             return Ok(None);
         }
-        let (k, flags, len) = decode_header(
-            self.buf[..HEADER_LEN].try_into().unwrap(),
-            self.max_frame_bytes,
-        )?;
+        let h: [u8; HEADER_LEN] = self.buf[..HEADER_LEN].try_into().unwrap();
+        let (k, flags, len) = match decode_header(&h, self.max_frame_bytes) {
+            Ok(v) => v,
+            Err(error @ WireError::FrameTooLarge { .. }) => return self.refuse_oversized(error),
+            Err(error) => {
+                self.broken = true;
+                self.buf = BytesMut::new();
+                return Err(FrameError::fatal(error));
+            }
+        };
         if self.buf.len() < HEADER_LEN + len {
             self.buf.reserve(HEADER_LEN + len - self.buf.len());
             return Ok(None);
         }
         let mut frame = self.buf.split_to(HEADER_LEN + len);
         let body = frame.split_off(HEADER_LEN).freeze();
-        decode_body(k, flags, body).map(Some)
+        let request_id = (has_request_id(k) && body.len() >= 8)
+            .then(|| u64::from_le_bytes(body[..8].try_into().unwrap()));
+        decode_body(k, flags, body)
+            .map(Some)
+            .map_err(|error| FrameError {
+                error,
+                kind: Some(k),
+                request_id,
+                fatal: false,
+            })
+    }
+
+    /// The header in `buf` declares a frame over the maximum: report it once its request id
+    /// (if its kind has one) is in, then drop the header and discard the body.
+    fn refuse_oversized(&mut self, error: WireError) -> Result<Option<Frame>, FrameError> {
+        let k = self.buf[3];
+        let len = u32::from_le_bytes(self.buf[6..10].try_into().unwrap()) as u64;
+        let request_id = if has_request_id(k) && len >= 8 {
+            if self.buf.len() < HEADER_LEN + 8 {
+                return Ok(None);
+            }
+            Some(u64::from_le_bytes(
+                self.buf[HEADER_LEN..HEADER_LEN + 8].try_into().unwrap(),
+            ))
+        } else {
+            None
+        };
+        let _ = self.buf.split_to(HEADER_LEN);
+        let take = (len.min(self.buf.len() as u64)) as usize;
+        let _ = self.buf.split_to(take);
+        self.skip_bytes = len - take as u64;
+        Err(FrameError {
+            error,
+            kind: Some(k),
+            request_id,
+            fatal: false,
+        })
     }
 }
 

@@ -68,6 +68,17 @@ fn vector_frames() -> Vec<(&'static str, Frame)> {
                 lost: 5,
             },
         ),
+        (
+            "cache_watch_key",
+            Frame::Cache(CacheFrame::CacheWatch {
+                request_id: 4,
+                cache: StreamName::new("default", "default", "kv"),
+                filter: WatchFilter::Key(Bytes::from_static(b"user/1")),
+                start: WatchStart::Current,
+                queue_events_max: 0,
+                queue_bytes_max: 0,
+            }),
+        ),
     ]
 }
 
@@ -131,12 +142,18 @@ fn delivery_head_plus_region_is_the_frame() {
 fn oversized_frame_rejected_from_header_alone() {
     let mut r = FrameReader::new(1024);
     let mut h = Vec::from(&MAGIC[..]);
-    h.extend_from_slice(&[VERSION, kind::PUBLISH, 0, 0]);
+    // A kind without a request id is refused from the header alone.
+    h.extend_from_slice(&[VERSION, kind::LAG, 0, 0]);
     h.extend_from_slice(&(2000u32).to_le_bytes());
     r.push(&h);
     assert!(matches!(
         r.next_frame(),
-        Err(WireError::FrameTooLarge { .. })
+        Err(FrameError {
+            error: WireError::FrameTooLarge { .. },
+            request_id: None,
+            fatal: false,
+            ..
+        })
     ));
     assert_eq!(
         WireError::FrameTooLarge { len: 1, max: 0 }.code(),
@@ -312,11 +329,13 @@ fn arb_frame() -> impl Strategy<Value = Frame> {
                     queue_bytes_max: b,
                 }
             }),
-        any::<(u64, u64, u32, u64)>().prop_map(|(a, b, c, d)| Frame::SubscribeOk {
+        any::<(u64, u64, u32, u64, u32, u64)>().prop_map(|(a, b, c, d, e, f)| Frame::SubscribeOk {
             request_id: a,
             subscription_id: b,
             shard: c,
-            next_offset: d
+            next_offset: d,
+            queue_records_max: e,
+            queue_bytes_max: f,
         }),
         any::<u64>().prop_map(|s| Frame::SubStream { subscription_id: s }),
         (any::<u32>(), any::<u64>(), arb_records()).prop_map(|(shard, first_offset, records)| {
@@ -711,14 +730,25 @@ fn arb_cache_frame() -> impl Strategy<Value = super::CacheFrame> {
                 queue_bytes_max
             }
         ),
-        (rid, any::<u64>(), any::<u32>(), any::<u64>()).prop_map(
-            |(request_id, watch_id, shard, live_from)| CacheWatchOk {
-                request_id,
-                watch_id,
-                shard,
-                live_from
-            }
-        ),
+        (
+            rid,
+            any::<u64>(),
+            any::<u32>(),
+            any::<u64>(),
+            any::<(u32, u64)>()
+        )
+            .prop_map(
+                |(request_id, watch_id, shard, live_from, (queue_events_max, queue_bytes_max))| {
+                    CacheWatchOk {
+                        request_id,
+                        watch_id,
+                        shard,
+                        live_from,
+                        queue_events_max,
+                        queue_bytes_max,
+                    }
+                }
+            ),
         (ek, any::<u64>(), arb_bytes(20), any::<u64>(), arb_bytes(40)).prop_map(
             |(kind, offset, key, expires_at_ms, value)| CacheEvent {
                 kind,
@@ -794,4 +824,266 @@ fn shared_event_bytes_equal_the_frame_encoding() {
     );
     assert_eq!(b, f.encode());
     assert_eq!(decode_frame(&b, MAX).unwrap(), f);
+}
+
+// ---------- the stream reader: what survives a bad frame ----------
+
+fn publish_bytes(rid: u64, region_ok: bool) -> Vec<u8> {
+    let f = Frame::Publish {
+        request_id: rid,
+        stream: sn(),
+        shard: ShardSelector::Shard(1),
+        ack: true,
+        records: Records::encode([&b"abc"[..]]),
+    };
+    let mut b = f.encode().to_vec();
+    if !region_ok {
+        // The record count says 2 while the region holds one record.
+        let at = b.len() - 7 - 8;
+        b[at] = 2;
+    }
+    b
+}
+
+#[test]
+fn a_body_that_does_not_decode_is_skipped_with_its_request_id() {
+    let mut r = FrameReader::new(MAX);
+    r.push(&publish_bytes(42, false));
+    r.push(&publish_bytes(43, true));
+    let e = r.next_frame().unwrap_err();
+    assert_eq!(e.request_id, Some(42));
+    assert_eq!(e.kind, Some(kind::PUBLISH));
+    assert!(!e.fatal);
+    assert_eq!(e.error.code(), ErrorCode::InvalidFrame);
+    match r.next_frame().unwrap() {
+        Some(Frame::Publish { request_id, .. }) => assert_eq!(request_id, 43, "the stream goes on"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(r.next_frame().unwrap(), None);
+}
+
+#[test]
+fn a_selector_out_of_range_keeps_the_request_id() {
+    let mut b = publish_bytes(42, true);
+    // The selector byte follows request_id (8) and three names (2 + 7, 2 + 7, 2 + 6).
+    let at = HEADER_LEN + 8 + 9 + 9 + 8;
+    assert_eq!(b[at], 1, "selector 'shard'");
+    b[at] = 7;
+    let mut r = FrameReader::new(MAX);
+    r.push(&b);
+    let e = r.next_frame().unwrap_err();
+    assert_eq!((e.request_id, e.fatal), (Some(42), false));
+}
+
+#[test]
+fn an_oversized_frame_is_refused_at_once_and_discarded_as_it_arrives() {
+    let max = 4096;
+    let big = Frame::Publish {
+        request_id: 9,
+        stream: sn(),
+        shard: ShardSelector::RoundRobin,
+        ack: true,
+        records: Records::encode([vec![7u8; 10_000]]),
+    }
+    .encode();
+    let mut r = FrameReader::new(max);
+    // Header alone: the request id is not in yet, so nothing is said.
+    r.push(&big[..HEADER_LEN]);
+    assert_eq!(r.next_frame().unwrap(), None);
+    r.push(&big[HEADER_LEN..HEADER_LEN + 100]);
+    let e = r.next_frame().unwrap_err();
+    assert_eq!(e.error.code(), ErrorCode::FrameTooLarge);
+    assert_eq!((e.request_id, e.fatal), (Some(9), false));
+    // The rest of the body is discarded, never buffered.
+    for chunk in big[HEADER_LEN + 100..].chunks(1000) {
+        r.push(chunk);
+        assert_eq!(r.buffered(), 0);
+        assert_eq!(r.next_frame().unwrap(), None);
+    }
+    r.push(&publish_bytes(10, true));
+    match r.next_frame().unwrap() {
+        Some(Frame::Publish { request_id, .. }) => assert_eq!(request_id, 10),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn bad_magic_and_version_lose_the_framing() {
+    for (at, v) in [(0usize, b'Z'), (2, 2u8)] {
+        let mut b = publish_bytes(1, true);
+        b[at] = v;
+        let mut r = FrameReader::new(MAX);
+        r.push(&b);
+        let e = r.next_frame().unwrap_err();
+        assert!(e.fatal);
+        assert_eq!(e.request_id, None);
+        r.push(&publish_bytes(2, true));
+        assert_eq!(
+            r.next_frame().unwrap(),
+            None,
+            "nothing is read after lost framing"
+        );
+        assert_eq!(r.buffered(), 0);
+    }
+}
+
+#[test]
+fn messages_are_cut_to_the_bound_at_a_char_boundary() {
+    let long = "é".repeat(MESSAGE_BYTES_MAX);
+    match decode_frame(&Frame::error(1, ErrorCode::Internal, long).encode(), MAX).unwrap() {
+        Frame::Error { message, .. } => {
+            assert!(message.len() <= MESSAGE_BYTES_MAX && message.len() >= MESSAGE_BYTES_MAX - 1);
+            assert!(message.chars().all(|c| c == 'é'));
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn request_id_is_known_for_exactly_the_kinds_that_start_with_one() {
+    for (k, name, _) in streams::KINDS {
+        let has = has_request_id(*k);
+        let known = !matches!(
+            *k,
+            kind::HELLO
+                | kind::HELLO_OK
+                | kind::SUB_STREAM
+                | kind::DELIVERY
+                | kind::LAG
+                | kind::SUB_END
+        ) && !matches!(
+            *k,
+            cache::kind::CACHE_EVENT | cache::kind::CACHE_STATE_DONE | cache::kind::CACHE_WATCH_END
+        );
+        assert_eq!(has, known, "{name}");
+    }
+}
+
+/// The rows of a marked table in docs/protocol.md.
+fn doc_table(marker: &str) -> Vec<Vec<String>> {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/protocol.md"))
+        .expect("docs/protocol.md exists");
+    streams::doc_table(&doc, marker)
+        .unwrap_or_else(|| panic!("docs/protocol.md has no {marker} table"))
+}
+
+/// Differences between the doc's kinds table and [`streams::KINDS`]: kind, name, streams.
+fn kinds_table_mismatches(rows: &[Vec<String>]) -> Vec<String> {
+    let mut out = Vec::new();
+    let code: Vec<(String, String, String)> = streams::KINDS
+        .iter()
+        .map(|(k, n, p)| (k.to_string(), n.to_string(), p.doc().to_string()))
+        .collect();
+    let doc: Vec<(String, String, String)> = rows
+        .iter()
+        .map(|r| (r[0].clone(), r[1].clone(), r[2].clone()))
+        .collect();
+    for c in &code {
+        if !doc.contains(c) {
+            out.push(format!("doc lacks | {} | {} | {} |", c.0, c.1, c.2));
+        }
+    }
+    for d in &doc {
+        if !code.contains(d) {
+            out.push(format!(
+                "code lacks the doc's | {} | {} | {} |",
+                d.0, d.1, d.2
+            ));
+        }
+    }
+    out
+}
+
+#[test]
+fn docs_conformance_table_matches_code() {
+    let rows = doc_table("conformance-kinds");
+    let bad = kinds_table_mismatches(&rows);
+    assert!(
+        bad.is_empty(),
+        "docs/protocol.md conformance table vs code:\n{}",
+        bad.join("\n")
+    );
+}
+
+/// The checker above can fail: a row whose placement the doc changes is caught.
+#[test]
+fn docs_conformance_check_catches_a_changed_row() {
+    let mut rows = doc_table("conformance-kinds");
+    let publish = rows.iter_mut().find(|r| r[1] == "Publish").unwrap();
+    publish[2] = "control".into();
+    assert_eq!(kinds_table_mismatches(&rows).len(), 2);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+    /// Fuzz the stream reader: any bytes, pushed in any chunking, never panic, never buffer
+    /// past one frame's maximum, and after a non-fatal error the stream goes on.
+    #[test]
+    fn reader_survives_arbitrary_bytes(
+        data in proptest::collection::vec(any::<u8>(), 0..600),
+        cuts in proptest::collection::vec(1usize..64, 1..20),
+        max in 16usize..300,
+    ) {
+        let mut r = FrameReader::new(max);
+        let mut pos = 0;
+        let mut i = 0;
+        while pos < data.len() {
+            let n = cuts[i % cuts.len()].min(data.len() - pos);
+            r.push(&data[pos..pos + n]);
+            pos += n;
+            i += 1;
+            for _ in 0..data.len() + 1 {
+                match r.next_frame() {
+                    Ok(Some(_)) => continue,
+                    Ok(None) => break,
+                    Err(e) if e.fatal => break,
+                    Err(_) => continue,
+                }
+            }
+            prop_assert!(r.buffered() <= max + HEADER_LEN + data.len());
+        }
+    }
+
+    /// Fuzz the reader with well-formed frames around one corrupted byte: every frame after
+    /// the corrupted one is still read unless the corruption hit a header's magic or version.
+    #[test]
+    fn reader_recovers_after_a_corrupt_body(
+        n in 2u64..6,
+        victim in 0usize..6,
+        byte in HEADER_LEN + 8..HEADER_LEN + 40,
+        value in any::<u8>(),
+    ) {
+        let rids: Vec<u64> = (1..=n).collect();
+        let victim = victim % rids.len();
+        let mut r = FrameReader::new(MAX);
+        for (i, rid) in rids.iter().enumerate() {
+            let mut b = publish_bytes(*rid, true);
+            if i == victim {
+                b[byte] = value;
+            }
+            r.push(&b);
+        }
+        let mut after = Vec::new();
+        let mut seen_victim = false;
+        loop {
+            match r.next_frame() {
+                Ok(Some(f)) => {
+                    if seen_victim {
+                        after.push(f.request_id().unwrap());
+                    }
+                    if f.request_id() == Some(rids[victim]) {
+                        seen_victim = true;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    prop_assert!(!e.fatal, "a body byte never loses the framing");
+                    prop_assert_eq!(e.request_id, Some(rids[victim]));
+                    seen_victim = true;
+                }
+            }
+        }
+        prop_assert_eq!(&after[..], &rids[victim + 1..]);
+    }
 }
