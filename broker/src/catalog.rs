@@ -639,6 +639,59 @@ mod tests {
         assert!(Catalog::from_yaml("streams:\n  - {tenant: t, namespace: n, stream: s}\n  - {tenant: t, namespace: n, stream: s}\n").is_err());
     }
 
+    /// The YAML block of docs/operations.md's catalog example.
+    pub fn operations_doc_example() -> String {
+        let doc = include_str!("../../docs/operations.md");
+        let block = doc
+            .split_once("<!-- catalog-example:begin -->")
+            .and_then(|(_, r)| r.split_once("<!-- catalog-example:end -->"))
+            .expect("docs/operations.md has the catalog example")
+            .0;
+        block
+            .lines()
+            .filter(|l| !l.starts_with("```"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    #[test]
+    fn the_operations_doc_example_loads() {
+        let c = Catalog::from_yaml(&operations_doc_example()).unwrap();
+        let (_, orders) = c
+            .lookup(&StreamName::new("acme", "prod", "orders"))
+            .unwrap();
+        assert_eq!((orders.shards, orders.durable), (2, true));
+        assert_eq!(orders.fsync.as_deref(), Some("on_commit"));
+        assert_eq!(orders.retention_bytes, Some(1 << 30));
+        assert!(c
+            .lookup(&StreamName::new("default", "default", "events"))
+            .is_ok());
+        let (_, sessions) = c
+            .lookup_cache(&StreamName::new("acme", "prod", "sessions"))
+            .unwrap();
+        assert_eq!(
+            (sessions.shards, sessions.default_ttl_ms),
+            (8, Some(3_600_000))
+        );
+        // The file replaces the built-in catalog: only what it declares exists.
+        let only =
+            Catalog::from_yaml("streams:\n  - {tenant: t, namespace: n, stream: s}\n").unwrap();
+        assert_eq!(
+            only.lookup(&StreamName::new("default", "default", "events"))
+                .unwrap_err()
+                .0,
+            ErrorCode::UnknownTenant
+        );
+        assert_eq!(
+            only.lookup(&StreamName::new("t", "n", "s"))
+                .unwrap()
+                .1
+                .shards,
+            4,
+            "default shards"
+        );
+    }
+
     #[test]
     fn even_shards_spread_over_two_cores() {
         // A two-broker placement gives this broker shards 0, 2, 4, ...: both cores get some.

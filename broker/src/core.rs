@@ -884,6 +884,26 @@ async fn flusher(state: Rc<RefCell<CoreState>>, sock: Rc<GlommioUdp>, wake_rx: W
     }
 }
 
+/// The conformance suite's negative twin: in debug builds only, `FELIX_TEST_BREAK_RULE=
+/// publish-on-control` serves a Publish on the control stream, breaking one row of the
+/// conformance table so `broker/tests/conformance.rs` can show it catches the break.
+#[cfg(debug_assertions)]
+fn broken_for_tests(v: Verdict, kind: u8, stream: u64) -> Verdict {
+    static BREAK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let on = *BREAK.get_or_init(|| {
+        std::env::var("FELIX_TEST_BREAK_RULE").is_ok_and(|r| r == "publish-on-control")
+    });
+    if on && kind == felix_quic::wire::kind::PUBLISH && stream == 0 {
+        return Verdict::Serve;
+    }
+    v
+}
+
+#[cfg(not(debug_assertions))]
+fn broken_for_tests(v: Verdict, _kind: u8, _stream: u64) -> Verdict {
+    v
+}
+
 impl CoreState {
     /// Some publish on a durable shard this core owns waits for its commit.
     fn commit_pending(&self) -> bool {
@@ -2263,7 +2283,8 @@ impl CoreState {
                 };
                 // Which stream carries what (docs/protocol.md, conformance table).
                 let ack = matches!(frame, Frame::Publish { ack: true, .. });
-                match admit(frame.kind(), stream, ack, session.hello_done) {
+                let verdict = admit(frame.kind(), stream, ack, session.hello_done);
+                match broken_for_tests(verdict, frame.kind(), stream) {
                     Verdict::Serve => {}
                     Verdict::Skip => return,
                     Verdict::Refuse {

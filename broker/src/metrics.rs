@@ -72,7 +72,7 @@ counters! {
     mesh_deliveries_in: "delivery batches received from another core",
     batches_delivered: "delivery batches written to subscription streams on this core",
     records_delivered: "records written to subscription streams on this core",
-    records_dropped: "records lost by subscribers on this core (DropNew/DropOld), each announced by a lag notice",
+    records_dropped: "records lost by subscribers on this core (DropNew/DropOld), counted when dropped (the lag notice announcing them may come later)",
     records_dropped_new: "records lost by drop_new subscribers on this core (newest refused while full)",
     records_dropped_old: "records lost by drop_old subscribers on this core (oldest evicted while full)",
     bytes_appended: "record payload bytes appended by shards this core owns",

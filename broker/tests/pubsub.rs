@@ -745,3 +745,55 @@ async fn shutdown_with_a_held_publish_is_forced_by_a_second_signal_or_the_deadli
         );
     }
 }
+
+/// Drops are counted when they happen, not when the notice that announces them is finally
+/// written: a subscriber whose stream is not read at all has received no Lag, yet the
+/// broker's `records_dropped_new` already shows its losses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drops_are_counted_while_the_subscriber_is_still_stalled() {
+    use common::raw::Raw;
+    use felix_quic::wire::Frame;
+    let b = Broker::start(1, &[]);
+    // A 16 KiB window on the subscription stream, and the stream never read.
+    let mut raw = Raw::connect(b.quic, &b.ca(), 1 << 24, 16 << 10).await;
+    raw.hello(1 << 24).await;
+    raw.send(
+        0,
+        &Frame::Subscribe {
+            request_id: 1,
+            stream: events(),
+            shard: 0,
+            start: StartAt::Latest,
+            policy: QueuePolicy::DropNew,
+            queue_records_max: 4,
+            queue_bytes_max: 0,
+        },
+    );
+    let (sub_stream, _) = raw.next_server_uni().await;
+    raw.pause(sub_stream);
+    assert!(matches!(raw.next_on(0).await, Frame::SubscribeOk { .. }));
+    let publisher = b.client().await;
+    const N: u64 = 200;
+    for i in 0..N {
+        publisher
+            .publish_batch(
+                &events(),
+                ShardSelector::Shard(0),
+                vec![vec![i as u8; 1000]],
+            )
+            .await
+            .unwrap();
+    }
+    // At most 4 queued and ~16 in the window reach the subscriber; the rest are lost now.
+    let mut dropped = 0;
+    for _ in 0..100 {
+        dropped = b.total("records_dropped_new");
+        if dropped >= N - 4 - 20 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(dropped >= N - 4 - 20, "dropped_new {dropped} while stalled");
+    assert_eq!(b.total("records_dropped_old"), 0);
+    assert_eq!(b.total("lag_notices"), 0, "no notice could be written yet");
+}

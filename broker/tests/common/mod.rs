@@ -2,6 +2,8 @@
 //! loopback (random ports, temp data dir), killed when dropped.
 #![allow(dead_code)]
 
+pub mod raw;
+
 use felix_client::{Client, ClientConfig};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -74,6 +76,16 @@ impl Broker {
         cores: usize,
         extra: &[&str],
     ) -> Result<Broker, String> {
+        Broker::try_start_env(dir, cores, extra, &[])
+    }
+
+    /// Start with extra environment variables too.
+    pub fn try_start_env(
+        dir: tempfile::TempDir,
+        cores: usize,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<Broker, String> {
         let mut child = Command::new(env!("CARGO_BIN_EXE_felix-broker"))
             .args([
                 "--listen",
@@ -87,6 +99,7 @@ impl Broker {
             .arg(dir.path())
             .args(extra)
             .env("RUST_LOG", "warn")
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()

@@ -121,9 +121,7 @@ impl Raw {
         let f = self.next_on(0).await;
         assert!(matches!(f, Frame::HelloOk { .. }), "HelloOk, got {f:?}");
         if let Frame::HelloOk { limits, .. } = &f {
-            let _ = self
-                .tx
-                .send(Cmd::PeerMax(limits.max_frame_bytes as usize));
+            let _ = self.tx.send(Cmd::PeerMax(limits.max_frame_bytes as usize));
         }
         f
     }
