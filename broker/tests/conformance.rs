@@ -555,7 +555,7 @@ async fn stream_rules(s: &mut Suite) {
             "{f:?} on a one-way stream"
         );
     }
-    // Every broker-only kind, on the control stream and on a one-way stream.
+    // Every broker-only kind, on the control stream, a publisher stream and a one-way stream.
     for f in broker_frames() {
         c.send(0, &f);
         assert_eq!(
@@ -563,6 +563,8 @@ async fn stream_rules(s: &mut Suite) {
             (0, ErrorCode::InvalidRequest),
             "{f:?} from a client"
         );
+        c.send(4, &f);
+        assert_eq!(error_of(c.next_on(4).await), (0, ErrorCode::InvalidRequest));
         c.send(6, &f);
         assert_eq!(error_of(c.next_on(0).await), (0, ErrorCode::InvalidRequest));
         let name = KINDS.iter().find(|k| k.0 == f.kind()).unwrap().1;
@@ -602,6 +604,21 @@ async fn stream_rules(s: &mut Suite) {
     assert_eq!(
         error_of(c.next_on(0).await),
         (202, ErrorCode::UnknownStream)
+    );
+    // Fire-and-forget on a publisher stream is served; its refusal comes on that stream.
+    c.send(
+        8,
+        &publish(
+            204,
+            StreamName::new("default", "default", "nope"),
+            0,
+            false,
+            &[b"x"],
+        ),
+    );
+    assert_eq!(
+        error_of(c.next_on(8).await),
+        (204, ErrorCode::UnknownStream)
     );
     c.send(8, &publish(203, events(), 3, true, &[b"first"]));
     match c.next_on(8).await {
