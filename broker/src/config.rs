@@ -16,7 +16,7 @@ macro_rules! settings {
     ) => {
         /// Command-line flags (each also readable from its `FELIX_*` variable).
         #[derive(Debug, Clone, Parser, Default)]
-        #[command(name = "felix-broker", about = "Felix thread-per-core broker")]
+        #[command(name = "felix-broker", about = "Felix thread-per-core broker", version = concat!(env!("CARGO_PKG_VERSION"), " (git ", env!("FELIX_GIT_REV"), ")"))]
         pub struct Flags {
             /// YAML configuration file.
             #[arg(long, env = "FELIX_CONFIG")]

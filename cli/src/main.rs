@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 #[derive(Parser)]
-#[command(name = "felixctl", about = "Felix command-line tool")]
+#[command(name = "felixctl", about = "Felix command-line tool", version = concat!(env!("CARGO_PKG_VERSION"), " (git ", env!("FELIX_GIT_REV"), ")"))]
 struct Cli {
     /// Broker QUIC address.
     #[arg(

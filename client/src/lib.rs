@@ -59,6 +59,12 @@ pub enum Error {
     Tls(String),
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// Nothing completed a QUIC handshake at the address within the connect timeout.
+    #[error("no Felix broker answered at {addr} within {} ms (nothing listening, or UDP blocked)", waited.as_millis())]
+    Unreachable { addr: String, waited: Duration },
+    /// The address could not be parsed or resolved.
+    #[error("bad broker address {addr:?}: {why}")]
+    Address { addr: String, why: String },
     /// Refused before sending: the frame is over the broker's `max_frame_bytes` (HelloOk).
     #[error(
         "a frame of {len} bytes is over the broker's max_frame_bytes ({max}); nothing was sent"
@@ -87,9 +93,50 @@ pub struct ClientConfig {
     pub request_timeout: Duration,
     pub close_timeout: Duration,
     pub transport: TransportConfig,
+    /// The address as the user wrote it (error messages name it).
+    pub display_addr: String,
+}
+
+/// Resolve a broker address as people write it — `host:port`, `ip:port` or `[v6]:port` — to a
+/// socket address and the name its certificate must carry (the host name; `localhost` for an
+/// IP literal, which is what the generated dev certificate names).
+pub fn resolve_broker(addr: &str) -> Result<(SocketAddr, String), Error> {
+    let bad = |why: String| Error::Address {
+        addr: addr.to_string(),
+        why,
+    };
+    if let Ok(sa) = addr.parse::<SocketAddr>() {
+        return Ok((sa, "localhost".into()));
+    }
+    let (host, port) = addr
+        .rsplit_once(':')
+        .ok_or_else(|| bad("expected HOST:PORT".into()))?;
+    port.parse::<u16>()
+        .map_err(|_| bad(format!("port {port:?} is not a number 0-65535")))?;
+    if host.is_empty() {
+        return Err(bad("the host is empty".into()));
+    }
+    use std::net::ToSocketAddrs;
+    let mut found = addr
+        .to_socket_addrs()
+        .map_err(|e| bad(format!("cannot resolve {host}: {e}")))?;
+    let sa = found
+        .next()
+        .ok_or_else(|| bad(format!("{host} has no address")))?;
+    Ok((sa, host.trim_matches(['[', ']']).to_string()))
 }
 
 impl ClientConfig {
+    /// Defaults for a broker at `addr` (see [`resolve_broker`]) whose certificate is signed by
+    /// `ca`; the certificate must name the host.
+    pub fn for_broker(addr: &str, ca: Option<PathBuf>) -> Result<Self, Error> {
+        let (sa, name) = resolve_broker(addr)?;
+        let mut c = ClientConfig::new(sa, ca);
+        c.server_name = name;
+        c.display_addr = addr.to_string();
+        Ok(c)
+    }
+
     /// Defaults for a broker at `addr` whose certificate is signed by `ca`.
     pub fn new(addr: SocketAddr, ca: Option<PathBuf>) -> Self {
         ClientConfig {
@@ -100,8 +147,40 @@ impl ClientConfig {
             request_timeout: Duration::from_secs(10),
             close_timeout: Duration::from_secs(2),
             transport: TransportConfig::default(),
+            display_addr: addr.to_string(),
         }
     }
+}
+
+/// A handshake that ended before it was established, in words: which part of TLS refused.
+fn handshake_error(cfg: &ClientConfig, reason: &str) -> Error {
+    // quiche reports a TLS alert as CRYPTO_ERROR 0x100 + alert, locally or from the peer.
+    let code = reason
+        .trim_start_matches("local ")
+        .strip_prefix("code ")
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse::<u64>().ok());
+    let ca = match &cfg.verify {
+        Verify::CaFile(p) => format!("the CA file {}", p.display()),
+        Verify::System => "the system trust store".into(),
+        Verify::Insecure => "nothing (insecure)".into(),
+    };
+    let at = &cfg.display_addr;
+    let what = match code.map(|c| c.wrapping_sub(0x100)) {
+        Some(48) | Some(46) => format!(
+            "certificate refused: the certificate of {at} is not signed by a CA in {ca}"
+        ),
+        Some(42) => format!(
+            "certificate refused: the certificate of {at} does not name {:?} (name), or is not trusted by {ca}",
+            cfg.server_name
+        ),
+        Some(45) => format!("certificate refused: the certificate of {at} has expired"),
+        Some(120) => format!(
+            "ALPN refused: the server at {at} does not speak felix/1 (is it a Felix broker?)"
+        ),
+        _ => format!("handshake with {at} failed: {reason}"),
+    };
+    Error::Tls(what)
 }
 
 /// What a stream looks like.
@@ -800,18 +879,29 @@ impl Client {
         .await
         .map_err(|e| Error::Connect(cfg.addr, e.to_string()))?;
         let t = cfg.connect_timeout;
-        let hello = tokio::time::timeout(t, async {
-            erx.await.map_err(|_| {
-                Error::Connect(
-                    cfg.addr,
-                    "handshake failed (certificate or ALPN refused)".into(),
-                )
-            })?;
-            hrx.await
-                .map_err(|_| Error::Closed("connection task ended".into()))?
-        })
-        .await
-        .map_err(|_| Error::Timeout(t))??;
+        let started = tokio::time::Instant::now();
+        match tokio::time::timeout(t, erx).await {
+            Err(_) => {
+                return Err(Error::Unreachable {
+                    addr: cfg.display_addr.clone(),
+                    waited: t,
+                })
+            }
+            // Closed before the handshake completed: the connection task said why.
+            Ok(Err(_)) => {
+                let reason = match hrx.await {
+                    Ok(Err(Error::Closed(r))) => r,
+                    _ => "closed".into(),
+                };
+                return Err(handshake_error(&cfg, &reason));
+            }
+            Ok(Ok(())) => {}
+        }
+        let left = t.saturating_sub(started.elapsed());
+        let hello = tokio::time::timeout(left, hrx)
+            .await
+            .map_err(|_| Error::Timeout(t))?
+            .map_err(|_| Error::Closed("connection task ended".into()))??;
         match hello {
             Frame::HelloOk { limits, core, .. } => Ok(Client {
                 inner: Arc::new(Inner {

@@ -27,7 +27,8 @@ pub enum StoreKind {
 #[derive(Debug, Clone, Parser, serde::Serialize)]
 #[command(
     name = "felix-controlplane",
-    about = "Felix control plane (REST + metadata store)"
+    about = "Felix control plane (REST + metadata store)",
+    version = concat!(env!("CARGO_PKG_VERSION"), " (git ", env!("FELIX_GIT_REV"), ")")
 )]
 pub struct Config {
     /// YAML configuration file (the same keys, snake_case).

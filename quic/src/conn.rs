@@ -461,6 +461,27 @@ impl FelixConn {
             )
         })
     }
+    /// Why the connection closed, for people: `code N reason` when the peer closed it,
+    /// `local code N reason` when this side did (a TLS alert this side raised is
+    /// `0x100 + alert`), else `idle timeout` or `closed`.
+    pub fn close_reason(&self) -> String {
+        if let Some(p) = self.peer_error() {
+            return p;
+        }
+        if let Some(e) = self.q.local_error() {
+            return format!(
+                "local code {} {}",
+                e.error_code,
+                String::from_utf8_lossy(&e.reason)
+            );
+        }
+        if self.q.is_timed_out() {
+            "idle timeout".into()
+        } else {
+            "closed".into()
+        }
+    }
+
     /// Whether the peer still lets this side open a unidirectional stream.
     pub fn can_open_uni(&self) -> bool {
         self.q.peer_streams_left_uni() > 0

@@ -143,14 +143,7 @@ async fn run<H: Handler>(
         }
         if conn.is_closed() {
             crate::conn::trace_close_stats("client", conn.quic());
-            let reason = conn.peer_error().unwrap_or_else(|| {
-                if conn.quic().is_timed_out() {
-                    "idle timeout".into()
-                } else {
-                    "closed".into()
-                }
-            });
-            h.on_closed(reason);
+            h.on_closed(conn.close_reason());
             return;
         }
         let timeout = conn.timeout().unwrap_or(Duration::from_secs(3600));
