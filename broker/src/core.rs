@@ -884,6 +884,15 @@ async fn flusher(state: Rc<RefCell<CoreState>>, sock: Rc<GlommioUdp>, wake_rx: W
     }
 }
 
+/// A shard count in words for people: "shard 0" or "shards 0–3" (0..n in Rust reads wrong).
+pub(crate) fn shard_range(shards: u32) -> String {
+    match shards {
+        0 => "no shards".into(),
+        1 => "only shard 0".into(),
+        n => format!("shards 0–{}", n - 1),
+    }
+}
+
 /// The conformance suite's negative twin: in debug builds only, `FELIX_TEST_BREAK_RULE=
 /// publish-on-control` serves a Publish on the control stream, breaking one row of the
 /// conformance table so `broker/tests/conformance.rs` can show it catches the break.
@@ -2194,6 +2203,7 @@ impl CoreState {
                 max_frame_bytes: cfg.max_frame_bytes as u32,
                 max_payload_bytes: cfg.max_payload_bytes,
                 max_subscriptions: cfg.max_subscriptions,
+                max_key_bytes: cfg.cache_key_bytes_max,
             },
             core: self.id as u16,
             server: concat!("felix-broker/", env!("CARGO_PKG_VERSION")).into(),
@@ -2481,7 +2491,7 @@ impl CoreState {
             ShardSelector::Shard(s) => {
                 return Err((
                     ErrorCode::UnknownShard,
-                    format!("stream {name} has shards 0..{shards}, not {s}"),
+                    format!("stream {name} has {}, not {s}", shard_range(shards)),
                 ))
             }
             ShardSelector::Key(k) => felix_quic::wire::hash::shard_for_key(&k, shards),
@@ -2569,7 +2579,7 @@ impl CoreState {
         if shard >= def.shards {
             return Err((
                 ErrorCode::UnknownShard,
-                format!("stream {name} has shards 0..{}, not {shard}", def.shards),
+                format!("stream {name} has {}, not {shard}", shard_range(def.shards)),
             ));
         }
         let idx = idx as u32;

@@ -47,14 +47,20 @@ async fn client_describe_errors_and_close() {
 
 #[tokio::test]
 async fn connect_to_a_silent_address_times_out() {
-    // A bound UDP socket that never answers: connect must give up at the connect timeout.
+    // A bound UDP socket that never answers: connect must give up at the connect timeout and
+    // say that nothing answered at that address.
     let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    let mut cfg = ClientConfig::new(silent.local_addr().unwrap(), None);
+    let addr = silent.local_addr().unwrap();
+    let mut cfg = ClientConfig::new(addr, None);
     cfg.verify = felix_quic::tls::Verify::Insecure;
     cfg.connect_timeout = Duration::from_millis(300);
     match Client::connect(cfg).await {
-        Err(Error::Timeout(_)) => {}
-        other => panic!("expected a timeout, got {:?}", other.map(|_| ())),
+        Err(e @ Error::Unreachable { .. }) => {
+            let m = e.to_string();
+            assert!(m.contains(&addr.to_string()) && m.contains("300 ms"), "{m}");
+            assert!(m.contains("nothing listening, or UDP blocked"), "{m}");
+        }
+        other => panic!("expected unreachable, got {:?}", other.map(|_| ())),
     }
 }
 

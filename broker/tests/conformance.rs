@@ -192,6 +192,7 @@ fn broker_frames() -> Vec<Frame> {
                 max_frame_bytes: 1 << 20,
                 max_payload_bytes: 1024,
                 max_subscriptions: 1,
+                max_key_bytes: 1,
             },
             core: 0,
             server: "x".into(),

@@ -4,6 +4,7 @@
 //! Output is a table by default and one JSON object per line with `--json`. Deletes ask
 //! `[y/N]` at a terminal and need `--yes` anywhere else (exit 2 without it).
 
+use crate::fail::Fail;
 use clap::{Args, Subcommand};
 use felix_control::api::*;
 use serde::{Deserialize, Serialize};
@@ -53,27 +54,43 @@ pub enum AdminCmd {
         op: ContextOp,
     },
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
-    Completions { shell: clap_complete::Shell },
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
 }
 
 #[derive(Subcommand)]
 pub enum ScopeOp {
+    /// Create one.
     Create {
+        /// Its name (1-64 bytes of A-Z a-z 0-9 _ - .).
         name: String,
+        /// Free text shown by get and ls.
         #[arg(long)]
         description: Option<String>,
     },
+    /// Show one.
+    #[command(alias = "describe")]
     Get {
+        /// Its name.
         name: String,
     },
+    /// List them.
+    #[command(alias = "list")]
     Ls,
     /// Change the description (`""` clears it).
     Set {
+        /// Its name.
         name: String,
+        /// The new description.
         #[arg(long)]
         description: Option<String>,
     },
+    /// Delete one (asks first; --yes when stdin is not a terminal).
+    #[command(alias = "delete")]
     Rm {
+        /// Its name.
         name: String,
     },
 }
@@ -99,65 +116,99 @@ pub struct StreamFields {
 
 #[derive(Subcommand)]
 pub enum StreamOp {
+    /// Create a stream in --tenant/--namespace.
     Create {
+        /// The stream's name.
         name: String,
+        /// Shard count (1-4096).
         #[arg(long, default_value_t = 1)]
         shards: u32,
+        /// Keep records on disk (segment logs) rather than in memory.
         #[arg(long)]
         durable: bool,
         #[command(flatten)]
         f: StreamFields,
     },
+    /// Show a stream, with its placement state.
+    #[command(alias = "describe")]
     Get {
+        /// The stream's name.
         name: String,
     },
+    /// List the streams of --tenant/--namespace.
+    #[command(alias = "list")]
     Ls,
+    /// Change a stream's retention, fsync or consistency.
     Set {
+        /// The stream's name.
         name: String,
         #[command(flatten)]
         f: StreamFields,
     },
+    /// Delete a stream and its records (asks first; --yes when stdin is not a terminal).
+    #[command(alias = "delete")]
     Rm {
+        /// The stream's name.
         name: String,
     },
 }
 
 #[derive(Subcommand)]
 pub enum CacheOp {
+    /// Create a cache in --tenant/--namespace.
     Create {
+        /// The cache's name.
         name: String,
+        /// Shard count (1-4096).
         #[arg(long, default_value_t = 1)]
         shards: u32,
+        /// Log-backed (kept across restarts) rather than in memory.
         #[arg(long)]
         durable: bool,
-        /// Default entry TTL in seconds (0 = none).
+        /// TTL of a put that names none, seconds; unset: entries do not expire.
         #[arg(long)]
         ttl_seconds: Option<u64>,
     },
+    /// Show a cache, with its placement state.
+    #[command(alias = "describe")]
     Get {
+        /// The cache's name.
         name: String,
     },
+    /// List the caches of --tenant/--namespace.
+    #[command(alias = "list")]
     Ls,
+    /// Change a cache's default TTL.
     Set {
+        /// The cache's name.
         name: String,
+        /// TTL of a put that names none, seconds.
         #[arg(long)]
         ttl_seconds: Option<u64>,
     },
+    /// Delete a cache and its entries (asks first; --yes when stdin is not a terminal).
+    #[command(alias = "delete")]
     Rm {
+        /// The cache's name.
         name: String,
     },
 }
 
 #[derive(Subcommand)]
 pub enum NodeOp {
+    /// List the brokers, their addresses and whether they are live.
+    #[command(alias = "list")]
     Ls,
 }
 
 #[derive(Subcommand)]
 pub enum ShardOp {
     /// Where each shard of a stream (or, with --cache, a cache) lives.
+    #[command(alias = "list")]
     Ls {
+        /// The stream's (or cache's) name.
         name: String,
+        /// NAME is a cache.
         #[arg(long)]
         cache: bool,
     },
@@ -165,16 +216,28 @@ pub enum ShardOp {
 
 #[derive(Subcommand)]
 pub enum ContextOp {
+    /// List the contexts (* marks the current one).
+    #[command(alias = "list")]
     Ls,
     /// Make NAME the current context.
     Use {
+        /// The context's name.
         name: String,
     },
-    /// Create or change a context.
+    /// Create or change a context: where its control plane and broker are, and the CA that
+    /// signs the broker's certificate.
     Set {
+        /// The context's name.
         name: String,
+        /// Control-plane URL (http:// or https://); required for a new context.
         #[arg(long)]
-        url: String,
+        url: Option<String>,
+        /// Broker QUIC address, HOST:PORT.
+        #[arg(long)]
+        broker: Option<String>,
+        /// CA certificate (PEM) that signs the broker's certificate; kept as an absolute path.
+        #[arg(long)]
+        ca: Option<PathBuf>,
     },
 }
 
@@ -200,9 +263,17 @@ pub struct ConfigFile {
     pub contexts: BTreeMap<String, Context>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Context {
-    pub url: String,
+    /// Control-plane URL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// Broker QUIC address (HOST:PORT).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub broker: Option<String>,
+    /// CA certificate that signs the broker's certificate (absolute path).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca: Option<PathBuf>,
 }
 
 pub fn config_path(explicit: &Option<PathBuf>) -> PathBuf {
@@ -237,26 +308,54 @@ fn save_config(path: &PathBuf, c: &ConfigFile) -> Result<(), String> {
 /// one), else the default.
 fn resolve_url(g: &Globals) -> Result<String, String> {
     if let Some(u) = &g.url {
+        check_url(u)?;
         return Ok(u.trim_end_matches('/').to_string());
     }
     let cfg = load_config(&config_path(&g.config))?;
     let name = g.context.clone().or(cfg.current_context.clone());
-    match name {
+    let url = match name {
         Some(n) => cfg
             .contexts
             .get(&n)
-            .map(|c| c.url.trim_end_matches('/').to_string())
-            .ok_or_else(|| format!("no context {n:?} in {}", config_path(&g.config).display())),
-        None => Ok(DEFAULT_URL.to_string()),
+            .ok_or_else(|| format!("no context {n:?} in {}", config_path(&g.config).display()))?
+            .url
+            .clone()
+            .unwrap_or_else(|| DEFAULT_URL.to_string()),
+        None => DEFAULT_URL.to_string(),
+    };
+    check_url(&url)?;
+    Ok(url.trim_end_matches('/').to_string())
+}
+
+fn check_url(url: &str) -> Result<(), String> {
+    if url.starts_with("http://") || url.starts_with("https://") {
+        Ok(())
+    } else {
+        Err(format!(
+            "control-plane URL {url:?} must start with http:// or https://"
+        ))
+    }
+}
+
+/// The context in force (`--context`, else the current one), if any: its name and settings.
+pub fn active_context(
+    explicit: &Option<String>,
+    file: &Option<PathBuf>,
+) -> Result<Option<(String, Context)>, String> {
+    let cfg = load_config(&config_path(file))?;
+    match explicit.clone().or(cfg.current_context.clone()) {
+        Some(n) => match cfg.contexts.get(&n) {
+            Some(c) => Ok(Some((n, c.clone()))),
+            None => Err(format!(
+                "no context {n:?} in {}",
+                config_path(file).display()
+            )),
+        },
+        None => Ok(None),
     }
 }
 
 // ------------------------------------------------------------------ HTTP
-
-enum Failure {
-    Usage(String),
-    Refused(String),
-}
 
 struct Api {
     base: String,
@@ -269,16 +368,13 @@ impl Api {
         method: reqwest::Method,
         path: &str,
         body: Option<Value>,
-    ) -> Result<Value, Failure> {
+    ) -> Result<Value, Fail> {
         let url = format!("{}{path}", self.base);
         let mut rq = self.http.request(method, &url);
         if let Some(b) = body {
             rq = rq.json(&b);
         }
-        let r = rq
-            .send()
-            .await
-            .map_err(|e| Failure::Refused(format!("{url}: {e}")))?;
+        let r = rq.send().await.map_err(|e| http_failure(&url, &e))?;
         let status = r.status();
         let text = r.text().await.unwrap_or_default();
         if status.is_success() {
@@ -289,18 +385,44 @@ impl Api {
             });
         }
         match serde_json::from_str::<ErrorBody>(&text) {
-            Ok(e) => Err(Failure::Refused(format!(
-                "{} ({}): {}",
-                e.code,
-                status.as_u16(),
-                e.message
-            ))),
-            Err(_) => Err(Failure::Refused(format!("{url} answered {status}"))),
+            Ok(e) => Err(Fail::refused(
+                &e.code,
+                format!("{} (HTTP {})", e.message, status.as_u16()),
+            )),
+            Err(_) => Err(Fail::refused(
+                "http_status",
+                format!("{url} answered {status}, not a Felix control plane error"),
+            )),
         }
     }
 
-    async fn get(&self, path: &str) -> Result<Value, Failure> {
+    async fn get(&self, path: &str) -> Result<Value, Fail> {
         self.call(reqwest::Method::GET, path, None).await
+    }
+}
+
+/// A request that got no HTTP answer, in words: the URL and the cause at the bottom of the
+/// error chain (connection refused, no such host, timed out).
+fn http_failure(url: &str, e: &reqwest::Error) -> Fail {
+    let mut cause = None;
+    let mut src = std::error::Error::source(e);
+    while let Some(s) = src {
+        cause = Some(s.to_string());
+        src = s.source();
+    }
+    let cause = cause.unwrap_or_else(|| e.to_string());
+    if e.is_builder() {
+        Fail::Usage(format!("bad control-plane URL {url}: {cause}"))
+    } else if e.is_timeout() {
+        Fail::unreachable(
+            "timeout",
+            format!("the control plane at {url} did not answer in time ({cause})"),
+        )
+    } else {
+        Fail::unreachable(
+            "unreachable",
+            format!("no control plane answered at {url}: {cause}"),
+        )
     }
 }
 
@@ -320,7 +442,7 @@ fn seg(s: &str) -> String {
 
 // ------------------------------------------------------------------ output
 
-fn print_table(headers: &[&str], rows: Vec<Vec<String>>) {
+pub fn print_table(headers: &[&str], rows: Vec<Vec<String>>) {
     let mut w: Vec<usize> = headers.iter().map(|h| h.len()).collect();
     for r in &rows {
         for (i, c) in r.iter().enumerate() {
@@ -355,11 +477,12 @@ fn json_lines(v: &Value) {
     }
 }
 
-fn from<T: for<'de> Deserialize<'de>>(v: Value) -> Result<T, Failure> {
-    serde_json::from_value(v).map_err(|e| Failure::Refused(format!("unexpected answer: {e}")))
+fn from<T: for<'de> Deserialize<'de>>(v: Value) -> Result<T, Fail> {
+    serde_json::from_value(v)
+        .map_err(|e| Fail::refused("protocol", format!("unexpected answer: {e}")))
 }
 
-fn show(json: bool, kind: &str, v: Value) -> Result<(), Failure> {
+fn show(json: bool, kind: &str, v: Value) -> Result<(), Fail> {
     if json {
         json_lines(&v);
         return Ok(());
@@ -481,22 +604,22 @@ fn parse_enum<T: for<'de> Deserialize<'de>>(
     flag: &str,
     v: &Option<String>,
     allowed: &str,
-) -> Result<Option<T>, Failure> {
+) -> Result<Option<T>, Fail> {
     match v {
         None => Ok(None),
         Some(s) => serde_json::from_value(Value::String(s.clone()))
             .map(Some)
-            .map_err(|_| Failure::Usage(format!("--{flag} must be {allowed}, got {s:?}"))),
+            .map_err(|_| Fail::Usage(format!("--{flag} must be {allowed}, got {s:?}"))),
     }
 }
 
 /// Ask at a terminal; elsewhere `--yes` is required.
-fn confirm(g: &Globals, what: &str) -> Result<(), Failure> {
+fn confirm(g: &Globals, what: &str) -> Result<(), Fail> {
     if g.yes {
         return Ok(());
     }
     if !std::io::stdin().is_terminal() {
-        return Err(Failure::Usage(format!(
+        return Err(Fail::Usage(format!(
             "refusing to delete {what} without --yes (stdin is not a terminal)"
         )));
     }
@@ -507,28 +630,14 @@ fn confirm(g: &Globals, what: &str) -> Result<(), Failure> {
     if matches!(line.trim(), "y" | "Y" | "yes") {
         Ok(())
     } else {
-        Err(Failure::Usage("not deleted".into()))
+        Err(Fail::Usage("not deleted".into()))
     }
 }
 
 // ------------------------------------------------------------------ dispatch
 
-/// Run an admin command; returns the exit code.
-pub async fn run(cmd: &AdminCmd, g: &Globals) -> i32 {
-    match run_inner(cmd, g).await {
-        Ok(()) => 0,
-        Err(Failure::Usage(m)) => {
-            eprintln!("felixctl: {m}");
-            2
-        }
-        Err(Failure::Refused(m)) => {
-            eprintln!("felixctl: {m}");
-            1
-        }
-    }
-}
-
-async fn run_inner(cmd: &AdminCmd, g: &Globals) -> Result<(), Failure> {
+/// Run an admin command.
+pub async fn run(cmd: &AdminCmd, g: &Globals) -> Result<(), Fail> {
     use reqwest::Method as M;
     match cmd {
         AdminCmd::Completions { shell } => {
@@ -540,11 +649,11 @@ async fn run_inner(cmd: &AdminCmd, g: &Globals) -> Result<(), Failure> {
         _ => {}
     }
     let api = Api {
-        base: resolve_url(g).map_err(Failure::Usage)?,
+        base: resolve_url(g).map_err(Fail::Usage)?,
         http: reqwest::Client::builder()
             .timeout(g.timeout)
             .build()
-            .map_err(|e| Failure::Refused(e.to_string()))?,
+            .map_err(|e| Fail::refused("internal", e.to_string()))?,
     };
     let (t, n) = (seg(&g.tenant), seg(&g.namespace));
     let nsp = format!("/v1/tenants/{t}/namespaces/{n}");
@@ -671,14 +780,20 @@ async fn run_inner(cmd: &AdminCmd, g: &Globals) -> Result<(), Failure> {
             let v = api
                 .get(&format!("{nsp}/{kind}/{}/shards", seg(name)))
                 .await?;
-            if g.json {
-                json_lines(&v);
-                return Ok(());
-            }
             let ps: Vec<ShardPlacement> = from(v)?;
             let bs: Vec<Broker> = from(api.get("/v1/brokers").await?)?;
             let addr: BTreeMap<u64, String> =
                 bs.into_iter().map(|b| (b.node_id, b.quic_addr)).collect();
+            if g.json {
+                // Every column of the table, the owner's address included.
+                for p in &ps {
+                    let mut o = serde_json::to_value(p)
+                        .map_err(|e| Fail::refused("internal", e.to_string()))?;
+                    o["quic_addr"] = serde_json::json!(p.owner.and_then(|o| addr.get(&o)));
+                    println!("{o}");
+                }
+                return Ok(());
+            }
             print_table(
                 &["SHARD", "OWNER", "QUIC_ADDR", "STATE", "GENERATION"],
                 ps.iter()
@@ -701,7 +816,7 @@ async fn run_inner(cmd: &AdminCmd, g: &Globals) -> Result<(), Failure> {
     }
 }
 
-fn done(g: &Globals, v: Value, msg: &str) -> Result<(), Failure> {
+fn done(g: &Globals, v: Value, msg: &str) -> Result<(), Fail> {
     if g.json {
         if v.is_null() {
             println!("{}", serde_json::json!({"deleted": true}));
@@ -714,7 +829,7 @@ fn done(g: &Globals, v: Value, msg: &str) -> Result<(), Failure> {
     Ok(())
 }
 
-fn stream_fields(body: &mut Value, f: &StreamFields) -> Result<(), Failure> {
+fn stream_fields(body: &mut Value, f: &StreamFields) -> Result<(), Fail> {
     let fsync: Option<FsyncMode> = parse_enum("fsync", &f.fsync, "on_commit, periodic or none")?;
     let consistency: Option<Consistency> =
         parse_enum("consistency", &f.consistency, "leader or quorum")?;
@@ -742,7 +857,7 @@ async fn scope(
     base: String,
     op: &ScopeOp,
     label: impl Fn(&str) -> String,
-) -> Result<(), Failure> {
+) -> Result<(), Fail> {
     use reqwest::Method as M;
     match op {
         ScopeOp::Create { name, description } => {
@@ -774,21 +889,23 @@ async fn scope(
     }
 }
 
-fn context(op: &ContextOp, g: &Globals) -> Result<(), Failure> {
+fn context(op: &ContextOp, g: &Globals) -> Result<(), Fail> {
     let path = config_path(&g.config);
-    let mut cfg = load_config(&path).map_err(Failure::Usage)?;
+    let mut cfg = load_config(&path).map_err(Fail::Usage)?;
     match op {
         ContextOp::Ls => {
+            let cell = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
             if g.json {
                 for (n, c) in &cfg.contexts {
                     println!(
                         "{}",
-                        serde_json::json!({"name": n, "url": c.url, "current": cfg.current_context.as_deref() == Some(n)})
+                        serde_json::json!({"name": n, "url": c.url, "broker": c.broker, "ca": c.ca,
+                            "current": cfg.current_context.as_deref() == Some(n)})
                     );
                 }
             } else {
                 print_table(
-                    &["CURRENT", "NAME", "URL"],
+                    &["CURRENT", "NAME", "URL", "BROKER", "CA"],
                     cfg.contexts
                         .iter()
                         .map(|(n, c)| {
@@ -797,7 +914,13 @@ fn context(op: &ContextOp, g: &Globals) -> Result<(), Failure> {
                             } else {
                                 ""
                             };
-                            vec![cur.to_string(), n.clone(), c.url.clone()]
+                            vec![
+                                cur.to_string(),
+                                n.clone(),
+                                cell(&c.url),
+                                cell(&c.broker),
+                                cell(&c.ca.as_ref().map(|p| p.display().to_string())),
+                            ]
                         })
                         .collect(),
                 );
@@ -806,26 +929,54 @@ fn context(op: &ContextOp, g: &Globals) -> Result<(), Failure> {
         }
         ContextOp::Use { name } => {
             if !cfg.contexts.contains_key(name) {
-                return Err(Failure::Usage(format!(
+                return Err(Fail::Usage(format!(
                     "no context {name:?} in {}",
                     path.display()
                 )));
             }
             cfg.current_context = Some(name.clone());
-            save_config(&path, &cfg).map_err(Failure::Refused)
+            save_config(&path, &cfg).map_err(|e| Fail::refused("io", e))
         }
-        ContextOp::Set { name, url } => {
-            if !(url.starts_with("http://") || url.starts_with("https://")) {
-                return Err(Failure::Usage(format!(
-                    "--url must start with http:// or https://, got {url:?}"
+        ContextOp::Set {
+            name,
+            url,
+            broker,
+            ca,
+        } => {
+            let exists = cfg.contexts.contains_key(name);
+            if !exists && url.is_none() {
+                return Err(Fail::Usage(format!(
+                    "a new context needs --url (context {name:?} does not exist in {})",
+                    path.display()
                 )));
             }
-            cfg.contexts
-                .insert(name.clone(), Context { url: url.clone() });
+            if let Some(u) = url {
+                check_url(u).map_err(Fail::Usage)?;
+            }
+            if let Some(b) = broker {
+                felix_client::resolve_broker(b).map_err(|e| Fail::Usage(e.to_string()))?;
+            }
+            let ca = match ca {
+                Some(p) => Some(
+                    std::fs::canonicalize(p)
+                        .map_err(|e| Fail::Usage(format!("--ca {}: {e}", p.display())))?,
+                ),
+                None => None,
+            };
+            let c = cfg.contexts.entry(name.clone()).or_default();
+            if url.is_some() {
+                c.url = url.clone();
+            }
+            if broker.is_some() {
+                c.broker = broker.clone();
+            }
+            if ca.is_some() {
+                c.ca = ca;
+            }
             if cfg.current_context.is_none() {
                 cfg.current_context = Some(name.clone());
             }
-            save_config(&path, &cfg).map_err(Failure::Refused)
+            save_config(&path, &cfg).map_err(|e| Fail::refused("io", e))
         }
     }
 }

@@ -1,8 +1,9 @@
 //! `felixctl group ...`: consumer groups over QUIC. Claims print as `SHARD:OFFSET:ATTEMPTS`,
 //! which `ack`, `nack`, `extend` and `reject` take back. `rm`, `dead-letters discard` and a
 //! `seek` that moves a cursor back over finished records ask `[y/N]` at a terminal and need
-//! `--yes` elsewhere. Exit codes: 0 ok, 1 refused (any claim refused counts), 2 usage.
+//! `--yes` elsewhere. Exit codes as in `crate::fail`: a refused claim among accepted ones is partial (4).
 
+use crate::fail::Fail;
 use clap::Subcommand;
 use felix_client::{ClaimId, Client, DeadLetterAction, GroupOptions};
 use felix_quic::wire::{StartAt, StreamName};
@@ -13,87 +14,119 @@ use std::time::Duration;
 pub enum GroupCmd {
     /// Create a group on every shard of the stream (or on --shard).
     Create {
+        /// The stream (in --tenant/--namespace).
         stream: String,
+        /// The consumer group.
         group: String,
+        /// One shard [default: every shard].
         #[arg(long)]
         shard: Option<u32>,
         /// earliest, latest or an offset (per shard).
         #[arg(long, default_value = "earliest")]
         from: String,
-        /// Deliveries before a record is dead-lettered (default 5).
-        #[arg(long, default_value_t = 0)]
-        max_attempts: u32,
-        /// Default claim duration of polls, milliseconds (default 30000).
-        #[arg(long, default_value_t = 0)]
-        visibility_timeout_ms: u64,
+        /// Deliveries before a record is dead-lettered [default: the broker's, 5].
+        #[arg(long)]
+        max_attempts: Option<u32>,
+        /// Default claim duration of polls, milliseconds [default: the broker's, 30000].
+        #[arg(long)]
+        visibility_timeout_ms: Option<u64>,
     },
     /// Cursor, tail and counts per shard.
+    #[command(alias = "get")]
     Describe {
+        /// The stream (in --tenant/--namespace).
         stream: String,
+        /// The consumer group.
         group: String,
+        /// One shard [default: every shard].
         #[arg(long)]
         shard: Option<u32>,
     },
     /// Claim records and print each with its claim.
     Poll {
+        /// The stream (in --tenant/--namespace).
         stream: String,
+        /// The consumer group.
         group: String,
-        /// One shard; default: every shard.
+        /// One shard [default: every shard].
         #[arg(long)]
         shard: Option<u32>,
+        /// Most records to claim.
         #[arg(long, default_value_t = 10)]
         max: u32,
-        /// Claim duration, milliseconds; default: the group's.
+        /// Claim duration, milliseconds [default: the group's].
         #[arg(long)]
         visibility_timeout_ms: Option<u64>,
-        /// With nothing to claim, wait this long for a record.
+        /// With nothing to claim, wait this long for a record, milliseconds (0: answer now).
         #[arg(long, default_value_t = 0)]
         wait_ms: u64,
     },
     /// Acknowledge claims (the records are done).
     Ack {
+        /// The stream (in --tenant/--namespace).
         stream: String,
+        /// The consumer group.
         group: String,
+        /// Claims as printed by poll: SHARD:OFFSET:ATTEMPTS.
         #[arg(required = true)]
         claims: Vec<String>,
     },
     /// Hand claims back (delivered again after --delay-ms, or dead-lettered at the last attempt).
     Nack {
+        /// The stream (in --tenant/--namespace).
         stream: String,
+        /// The consumer group.
         group: String,
+        /// Claims as printed by poll: SHARD:OFFSET:ATTEMPTS.
         #[arg(required = true)]
         claims: Vec<String>,
+        /// Deliver them again after this long, milliseconds.
         #[arg(long, default_value_t = 0)]
         delay_ms: u64,
     },
     /// Renew claims.
     Extend {
+        /// The stream (in --tenant/--namespace).
         stream: String,
+        /// The consumer group.
         group: String,
+        /// Claims as printed by poll: SHARD:OFFSET:ATTEMPTS.
         #[arg(required = true)]
         claims: Vec<String>,
+        /// New claim duration from now, milliseconds.
         #[arg(long)]
         visibility_timeout_ms: u64,
     },
     /// Dead-letter claims now.
     Reject {
+        /// The stream (in --tenant/--namespace).
         stream: String,
+        /// The consumer group.
         group: String,
+        /// Claims as printed by poll: SHARD:OFFSET:ATTEMPTS.
         #[arg(required = true)]
         claims: Vec<String>,
     },
     /// Move the cursor: earliest, latest or an offset.
     Seek {
+        /// The stream (in --tenant/--namespace).
         stream: String,
+        /// The consumer group.
         group: String,
+        /// Where to: earliest, latest or an offset.
         to: String,
+        /// One shard [default: every shard].
         #[arg(long)]
         shard: Option<u32>,
     },
     /// Delete the group (cursor and dead letters).
+    #[command(alias = "delete")]
     Rm {
+        /// The stream (in --tenant/--namespace).
         stream: String,
+        /// The consumer group.
         group: String,
+        /// One shard [default: every shard].
         #[arg(long)]
         shard: Option<u32>,
     },
@@ -105,9 +138,13 @@ pub enum GroupCmd {
 #[derive(Subcommand)]
 pub enum DeadCmd {
     /// List dead letters (pointers into the log).
+    #[command(alias = "list")]
     Ls {
+        /// The stream (in --tenant/--namespace).
         stream: String,
+        /// The consumer group.
         group: String,
+        /// One shard [default: every shard].
         #[arg(long)]
         shard: Option<u32>,
         /// Most per shard.
@@ -116,18 +153,26 @@ pub enum DeadCmd {
     },
     /// Deliver a dead letter again with a fresh attempt budget.
     Redrive {
+        /// The stream (in --tenant/--namespace).
         stream: String,
+        /// The consumer group.
         group: String,
+        /// The dead letter\'s shard.
         #[arg(long)]
         shard: u32,
+        /// The dead letter\'s offset.
         offset: u64,
     },
     /// Drop a dead letter's pointer (the record stays finished).
     Discard {
+        /// The stream (in --tenant/--namespace).
         stream: String,
+        /// The consumer group.
         group: String,
+        /// The dead letter\'s shard.
         #[arg(long)]
         shard: u32,
+        /// The dead letter\'s offset.
         offset: u64,
     },
 }
@@ -138,17 +183,6 @@ pub struct Ctx<'a> {
     pub namespace: &'a str,
     pub json: bool,
     pub yes: bool,
-}
-
-enum Fail {
-    Usage(String),
-    Refused(String),
-}
-
-impl From<felix_client::Error> for Fail {
-    fn from(e: felix_client::Error) -> Fail {
-        Fail::Refused(e.to_string())
-    }
 }
 
 fn start_of(s: &str) -> Result<StartAt, Fail> {
@@ -187,6 +221,15 @@ fn ask(yes: bool, what: &str) -> Result<(), Fail> {
     }
 }
 
+/// Print a command's outcome: `json` under --json, else `text`.
+fn done(ctx: &Ctx, json: serde_json::Value, text: &str) {
+    if ctx.json {
+        println!("{json}");
+    } else {
+        println!("{text}");
+    }
+}
+
 /// Print one result per claim; refused ones make the command fail.
 fn answered(
     ctx: &Ctx,
@@ -210,30 +253,16 @@ fn answered(
         }
         refused += r.is_err() as usize;
     }
-    if refused > 0 {
-        return Err(Fail::Refused(format!(
-            "{refused} of {} claims refused",
-            claims.len()
-        )));
-    }
-    Ok(())
-}
-
-pub async fn run(cmd: &GroupCmd, ctx: &Ctx<'_>) -> i32 {
-    match run_inner(cmd, ctx).await {
-        Ok(()) => 0,
-        Err(Fail::Usage(m)) => {
-            eprintln!("felixctl: {m}");
-            2
-        }
-        Err(Fail::Refused(m)) => {
-            eprintln!("felixctl: {m}");
-            1
-        }
+    let msg = format!("{refused} of {} claims refused", claims.len());
+    match refused {
+        0 => Ok(()),
+        n if n == claims.len() => Err(Fail::refused("refused", msg)),
+        _ => Err(Fail::Partial(msg)),
     }
 }
 
-async fn run_inner(cmd: &GroupCmd, ctx: &Ctx<'_>) -> Result<(), Fail> {
+/// Run a group command.
+pub async fn run(cmd: &GroupCmd, ctx: &Ctx<'_>) -> Result<(), Fail> {
     let c = ctx.client;
     let sn = |s: &str| StreamName::new(ctx.tenant, ctx.namespace, s);
     match cmd {
@@ -247,8 +276,8 @@ async fn run_inner(cmd: &GroupCmd, ctx: &Ctx<'_>) -> Result<(), Fail> {
         } => {
             let opts = GroupOptions {
                 start: start_of(from)?,
-                max_attempts: *max_attempts,
-                visibility_timeout_ms: *visibility_timeout_ms,
+                max_attempts: max_attempts.unwrap_or(0),
+                visibility_timeout_ms: visibility_timeout_ms.unwrap_or(0),
             };
             c.group_create(&sn(stream), group, *shard, opts).await?;
             if !ctx.json {
@@ -262,8 +291,9 @@ async fn run_inner(cmd: &GroupCmd, ctx: &Ctx<'_>) -> Result<(), Fail> {
             group,
             shard,
         } => {
-            for (s, i) in c.group_describe(&sn(stream), group, *shard).await? {
-                if ctx.json {
+            let shards = c.group_describe(&sn(stream), group, *shard).await?;
+            if ctx.json {
+                for (s, i) in &shards {
                     println!(
                         "{}",
                         serde_json::json!({"shard": s, "cursor": i.cursor, "tail": i.tail,
@@ -271,13 +301,40 @@ async fn run_inner(cmd: &GroupCmd, ctx: &Ctx<'_>) -> Result<(), Fail> {
                             "dead_letters": i.dead_letters, "max_attempts": i.max_attempts,
                             "visibility_timeout_ms": i.visibility_timeout_ms})
                     );
-                } else {
-                    println!(
-                        "shard {s}: cursor {} tail {} in_flight {} waiting {} parked {} dead_letters {} (max_attempts {}, visibility {} ms)",
-                        i.cursor, i.tail, i.in_flight, i.waiting, i.parked, i.dead_letters,
-                        i.max_attempts, i.visibility_timeout_ms
-                    );
                 }
+            } else {
+                crate::print_table(
+                    &[
+                        "SHARD",
+                        "CURSOR",
+                        "TAIL",
+                        "IN_FLIGHT",
+                        "WAITING",
+                        "PARKED",
+                        "DEAD_LETTERS",
+                        "MAX_ATTEMPTS",
+                        "VISIBILITY_MS",
+                    ],
+                    shards
+                        .iter()
+                        .map(|(s, i)| {
+                            [
+                                *s as u64,
+                                i.cursor,
+                                i.tail,
+                                i.in_flight,
+                                i.waiting,
+                                i.parked,
+                                i.dead_letters,
+                                i.max_attempts as u64,
+                                i.visibility_timeout_ms,
+                            ]
+                            .iter()
+                            .map(|v| v.to_string())
+                            .collect()
+                        })
+                        .collect(),
+                );
             }
         }
         GroupCmd::Poll {
@@ -376,7 +433,11 @@ async fn run_inner(cmd: &GroupCmd, ctx: &Ctx<'_>) -> Result<(), Fail> {
                 )?;
             }
             c.group_seek(&sn(stream), group, *shard, to).await?;
-            println!("group {group} moved");
+            done(
+                ctx,
+                serde_json::json!({"group": group, "moved": true}),
+                &format!("group {group} moved"),
+            );
         }
         GroupCmd::Rm {
             stream,
@@ -385,7 +446,11 @@ async fn run_inner(cmd: &GroupCmd, ctx: &Ctx<'_>) -> Result<(), Fail> {
         } => {
             ask(ctx.yes, &format!("delete group {group} of {}", sn(stream)))?;
             c.group_delete(&sn(stream), group, *shard).await?;
-            println!("group {group} deleted");
+            done(
+                ctx,
+                serde_json::json!({"group": group, "deleted": true}),
+                &format!("group {group} deleted"),
+            );
         }
         GroupCmd::DeadLetters(d) => match d {
             DeadCmd::Ls {
@@ -447,7 +512,11 @@ async fn run_inner(cmd: &GroupCmd, ctx: &Ctx<'_>) -> Result<(), Fail> {
                     DeadLetterAction::Redrive,
                 )
                 .await?;
-                println!("{shard}:{offset} redriven");
+                done(
+                    ctx,
+                    serde_json::json!({"shard": shard, "offset": offset, "redriven": true}),
+                    &format!("{shard}:{offset} redriven"),
+                );
             }
             DeadCmd::Discard {
                 stream,
@@ -464,7 +533,11 @@ async fn run_inner(cmd: &GroupCmd, ctx: &Ctx<'_>) -> Result<(), Fail> {
                     DeadLetterAction::Discard,
                 )
                 .await?;
-                println!("{shard}:{offset} discarded");
+                done(
+                    ctx,
+                    serde_json::json!({"shard": shard, "offset": offset, "discarded": true}),
+                    &format!("{shard}:{offset} discarded"),
+                );
             }
         },
     }

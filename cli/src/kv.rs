@@ -1,8 +1,9 @@
 //! `felixctl kv ...`: cache keys, watches and counters over QUIC (the cache resources
 //! themselves are `felixctl cache create|get|ls|set|rm`, over REST). Keys and values are
-//! taken and printed as UTF-8 text (lossy on output). Exit codes: 0 ok, 1 refused or the
-//! condition failed, 2 usage; `get` of a key with no value exits 1 (`found: false` in JSON).
+//! taken and printed as UTF-8 text (lossy on output). Exit codes as in `crate::fail`; `get`
+//! of a key with no value is refused `not_found` (exit 1; `found: false` on stdout in JSON).
 
+use crate::fail::{end_code_name, Fail};
 use clap::Subcommand;
 use felix_client::{
     CacheEntry, Client, EventKind, WatchFilter, WatchItem, WatchOptions, WatchStart, WriteCond,
@@ -13,11 +14,17 @@ use std::time::Duration;
 #[derive(Subcommand)]
 pub enum KvCmd {
     /// Shard count, durability and default TTL of a cache.
-    Describe { cache: String },
+    Describe {
+        /// The cache (in --tenant/--namespace).
+        cache: String,
+    },
     /// Write a value.
     Put {
+        /// The cache (in --tenant/--namespace).
         cache: String,
+        /// The key.
         key: String,
+        /// The value.
         value: String,
         /// Time to live, milliseconds; default: the cache's.
         #[arg(long)]
@@ -30,10 +37,18 @@ pub enum KvCmd {
         if_absent: bool,
     },
     /// Print a key's value.
-    Get { cache: String, key: String },
-    /// Delete a key, printing the value it removed.
-    Rm {
+    Get {
+        /// The cache (in --tenant/--namespace).
         cache: String,
+        /// The key.
+        key: String,
+    },
+    /// Delete a key, printing the value it removed.
+    #[command(alias = "delete")]
+    Rm {
+        /// The cache (in --tenant/--namespace).
+        cache: String,
+        /// The key.
         key: String,
         /// Only if the key is at this version.
         #[arg(long)]
@@ -41,6 +56,7 @@ pub enum KvCmd {
     },
     /// Print a key's or prefix's changes (after its current values with --from current).
     Watch {
+        /// The cache (in --tenant/--namespace).
         cache: String,
         /// One key.
         #[arg(long, conflicts_with = "prefix", required_unless_present = "prefix")]
@@ -48,6 +64,7 @@ pub enum KvCmd {
         /// Every key with this prefix (every shard unless --shard).
         #[arg(long)]
         prefix: Option<String>,
+        /// With --prefix: that shard only.
         #[arg(long, requires = "prefix")]
         shard: Option<u32>,
         /// current, latest, or an offset (a resume; needs --key or --shard).
@@ -67,14 +84,21 @@ pub enum KvCmd {
 
 #[derive(Subcommand)]
 pub enum CounterCmd {
+    /// Add a delta (negative allowed) and print the new sum.
     Add {
+        /// The cache (in --tenant/--namespace).
         cache: String,
+        /// The counter's name.
         name: String,
+        /// The amount to add.
         #[arg(allow_hyphen_values = true)]
         delta: i64,
     },
+    /// Print the sum.
     Get {
+        /// The cache (in --tenant/--namespace).
         cache: String,
+        /// The counter's name.
         name: String,
     },
 }
@@ -90,28 +114,22 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-/// Print what a get or a delete found; exit 1 when the key had no value or the call failed.
+/// Print what a get or a delete found; a key with no value is refused `not_found`.
 fn print_lookup(
     ctx: &Ctx<'_>,
     key: &str,
     r: Result<Option<CacheEntry>, felix_client::Error>,
-) -> i32 {
-    match r {
-        Ok(Some(e)) => {
+) -> Result<(), Fail> {
+    match r? {
+        Some(e) => {
             print_entry(ctx, key, &e);
-            0
+            Ok(())
         }
-        Ok(None) => {
+        None => {
             if ctx.json {
                 println!("{}", serde_json::json!({"key": key, "found": false}));
-            } else {
-                eprintln!("felixctl: {key}: no value");
             }
-            1
-        }
-        Err(e) => {
-            eprintln!("felixctl: {e}");
-            1
+            Err(Fail::refused("not_found", format!("{key}: no value")))
         }
     }
 }
@@ -128,36 +146,33 @@ fn print_entry(ctx: &Ctx<'_>, key: &str, e: &CacheEntry) {
     }
 }
 
-pub async fn run(cmd: &KvCmd, ctx: &Ctx<'_>) -> i32 {
+/// Run a kv command.
+pub async fn run(cmd: &KvCmd, ctx: &Ctx<'_>) -> Result<(), Fail> {
     let name = |c: &str| StreamName::new(ctx.tenant, ctx.namespace, c);
-    let fail = |e: felix_client::Error| {
-        eprintln!("felixctl: {e}");
-        1
-    };
     match cmd {
-        KvCmd::Describe { cache } => match ctx.client.describe_cache(&name(cache)).await {
-            Ok(i) => {
-                if ctx.json {
-                    println!(
-                        "{}",
-                        serde_json::json!({"cache": name(cache).to_string(), "shards": i.shards,
-                            "durable": i.durable, "default_ttl_ms": i.default_ttl_ms})
-                    );
-                } else {
-                    println!(
-                        "{}: {} shard(s), durable: {}, default ttl: {}",
-                        name(cache),
-                        i.shards,
-                        i.durable,
+        KvCmd::Describe { cache } => {
+            let i = ctx.client.describe_cache(&name(cache)).await?;
+            if ctx.json {
+                println!(
+                    "{}",
+                    serde_json::json!({"cache": name(cache).to_string(), "shards": i.shards,
+                        "durable": i.durable, "default_ttl_ms": i.default_ttl_ms})
+                );
+            } else {
+                crate::print_table(
+                    &["CACHE", "SHARDS", "DURABLE", "DEFAULT_TTL_MS"],
+                    vec![vec![
+                        name(cache).to_string(),
+                        i.shards.to_string(),
+                        i.durable.to_string(),
                         i.default_ttl_ms
-                            .map(|t| format!("{t} ms"))
-                            .unwrap_or_else(|| "none".into())
-                    );
-                }
-                0
+                            .map(|t| t.to_string())
+                            .unwrap_or_else(|| "-".into()),
+                    ]],
+                );
             }
-            Err(e) => fail(e),
-        },
+            Ok(())
+        }
         KvCmd::Put {
             cache,
             key,
@@ -172,10 +187,9 @@ pub async fn run(cmd: &KvCmd, ctx: &Ctx<'_>) -> i32 {
                 (None, false) => WriteCond::Always,
             };
             if *ttl_ms == Some(0) {
-                eprintln!("felixctl: --ttl-ms must be positive");
-                return 2;
+                return Err(Fail::Usage("--ttl-ms must be positive".into()));
             }
-            match ctx
+            let w = ctx
                 .client
                 .cache_put_if(
                     &name(cache),
@@ -184,22 +198,17 @@ pub async fn run(cmd: &KvCmd, ctx: &Ctx<'_>) -> i32 {
                     *ttl_ms,
                     cond,
                 )
-                .await
-            {
-                Ok(w) => {
-                    if ctx.json {
-                        println!(
-                            "{}",
-                            serde_json::json!({"key": key, "shard": w.shard, "version": w.version,
-                                "expires_at_ms": w.expires_at_ms})
-                        );
-                    } else {
-                        println!("version {} (shard {})", w.version, w.shard);
-                    }
-                    0
-                }
-                Err(e) => fail(e),
+                .await?;
+            if ctx.json {
+                println!(
+                    "{}",
+                    serde_json::json!({"key": key, "shard": w.shard, "version": w.version,
+                        "expires_at_ms": w.expires_at_ms})
+                );
+            } else {
+                println!("version {} (shard {})", w.version, w.shard);
             }
+            Ok(())
         }
         KvCmd::Get { cache, key } => {
             let r = ctx
@@ -246,10 +255,9 @@ pub async fn run(cmd: &KvCmd, ctx: &Ctx<'_>) -> i32 {
                 s => match s.parse::<u64>() {
                     Ok(o) => WatchStart::Offset(o),
                     Err(_) => {
-                        eprintln!(
-                            "felixctl: --from must be current, latest or an offset, got {s:?}"
-                        );
-                        return 2;
+                        return Err(Fail::Usage(format!(
+                            "--from must be current, latest or an offset, got {s:?}"
+                        )))
                     }
                 },
             };
@@ -269,8 +277,9 @@ pub async fn run(cmd: &KvCmd, ctx: &Ctx<'_>) -> i32 {
                 }
                 (None, Some(p), None) => {
                     if let WatchStart::Offset(_) = start {
-                        eprintln!("felixctl: an offset is per shard: give --shard (or --key)");
-                        return 2;
+                        return Err(Fail::Usage(
+                            "an offset is per shard: give --shard (or --key)".into(),
+                        ));
                     }
                     ctx.client
                         .cache_watch_prefix(&c, p.clone().into_bytes(), start, opts)
@@ -278,11 +287,7 @@ pub async fn run(cmd: &KvCmd, ctx: &Ctx<'_>) -> i32 {
                 }
                 (None, None, _) => unreachable!("clap requires --key or --prefix"),
             };
-            let mut w = match w {
-                Ok(w) => w,
-                Err(e) => return fail(e),
-            };
-            watch_loop(&mut w, *count, *idle_exit_ms, ctx.json).await
+            watch_loop(&mut w?, *count, *idle_exit_ms, ctx.json).await
         }
         KvCmd::Counter(c) => {
             let (r, n) = match c {
@@ -303,13 +308,9 @@ pub async fn run(cmd: &KvCmd, ctx: &Ctx<'_>) -> i32 {
                     n,
                 ),
             };
-            match r {
-                Ok(v) => {
-                    print_counter(ctx, n, v.sum, v.shard);
-                    0
-                }
-                Err(e) => fail(e),
-            }
+            let v = r?;
+            print_counter(ctx, n, v.sum, v.shard);
+            Ok(())
         }
     }
 }
@@ -330,20 +331,20 @@ async fn watch_loop(
     count: Option<u64>,
     idle_exit_ms: Option<u64>,
     json: bool,
-) -> i32 {
+) -> Result<(), Fail> {
     let mut seen = 0u64;
     loop {
         if count.is_some_and(|c| seen >= c) {
-            return 0;
+            return Ok(());
         }
         let item = match idle_exit_ms {
             Some(ms) => match w.next_timeout(Duration::from_millis(ms)).await {
                 Ok(i) => i,
-                Err(_) => return 0,
+                Err(_) => return Ok(()),
             },
             None => w.next().await,
         };
-        let Some(item) = item else { return 0 };
+        let Some(item) = item else { return Ok(()) };
         match item {
             WatchItem::Event {
                 shard,
@@ -401,11 +402,14 @@ async fn watch_loop(
                 resume_from,
                 message,
             } => {
-                eprintln!(
-                    "felixctl: watch of shard {shard} ended ({code}): {message}; resume from {resume_from}"
-                );
+                let name = end_code_name(code);
+                let msg =
+                    format!("watch of shard {shard} ended ({name}): {message}; resume from offset {resume_from}");
                 if code != 0 {
-                    return 1;
+                    return Err(Fail::refused(&name, msg));
+                }
+                if !json {
+                    eprintln!("felixctl: {msg}");
                 }
             }
         }

@@ -3,107 +3,148 @@
 //! Over QUIC: `describe`, `publish`, `subscribe`, `group ...` (consumer groups, see `group`),
 //! `kv ...` (cache keys, watches, counters, see `kv`). Over the control plane's REST API (see
 //! `admin`): `tenant|namespace|stream|cache create|get|ls|set|rm`, `node ls`, `shard ls`,
-//! `context`, `completions`. Exit codes: 0 ok, 1 refused or the connection failed, 2 usage.
+//! `context`, `completions`. Failures and exit codes: `fail`. Reading records: `input`.
 
 mod admin;
+mod fail;
 mod group;
+mod input;
 mod kv;
 
-use clap::{Parser, Subcommand};
+pub use admin::print_table;
+use clap::{Parser, Subcommand, ValueEnum};
+use fail::{end_code_name, Fail};
 use felix_client::{Client, ClientConfig, Event, SubscribeOptions};
 use felix_quic::tls::Verify;
 use felix_quic::wire::StreamName;
 use felix_quic::wire::{QueuePolicy, ShardSelector, StartAt};
-use std::net::SocketAddr;
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
+const GLOBAL: &str = "Global options";
+
+/// Where the broker is when nothing says otherwise.
+const DEFAULT_BROKER: &str = "127.0.0.1:7400";
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Output {
+    Table,
+    Json,
+}
+
 #[derive(Parser)]
-#[command(name = "felixctl", about = "Felix command-line tool", version = concat!(env!("CARGO_PKG_VERSION"), " (git ", env!("FELIX_GIT_REV"), ")"))]
+#[command(
+    name = "felixctl",
+    about = "Felix command-line tool: data over QUIC to a broker, admin over REST to the control plane",
+    version = concat!(env!("CARGO_PKG_VERSION"), " (git ", env!("FELIX_GIT_REV"), ")"),
+    after_help = fail::EXIT_CODES_HELP
+)]
 struct Cli {
-    /// Broker QUIC address.
-    #[arg(
-        long,
-        env = "FELIX_BROKER",
-        default_value = "127.0.0.1:7400",
-        global = true
-    )]
-    broker: SocketAddr,
-    /// CA certificate (PEM) to verify the broker; default: ./felix-data/tls/dev-cert.pem if present.
-    #[arg(long, env = "FELIX_CA", global = true)]
+    /// Broker QUIC address, HOST:PORT (host names are resolved) [default: the context's
+    /// broker, else 127.0.0.1:7400].
+    #[arg(long, env = "FELIX_BROKER", global = true, help_heading = GLOBAL)]
+    broker: Option<String>,
+    /// CA certificate (PEM) that signs the broker's certificate [default: the context's CA,
+    /// else $FELIX_CA, else felix-data/tls/dev-cert.pem under $FELIX_DATA_DIR or the current
+    /// directory, else the system trust store].
+    #[arg(long, global = true, help_heading = GLOBAL)]
     ca: Option<PathBuf>,
-    /// Do not verify the broker certificate (development only).
-    #[arg(long, global = true)]
+    /// Do not verify the broker's certificate (development only).
+    #[arg(long, global = true, help_heading = GLOBAL)]
     insecure: bool,
-    #[arg(long, env = "FELIX_TENANT", default_value = "default", global = true)]
+    /// Tenant of the stream, cache or namespace named.
+    #[arg(long, env = "FELIX_TENANT", default_value = "default", global = true, help_heading = GLOBAL)]
     tenant: String,
-    #[arg(
-        long,
-        env = "FELIX_NAMESPACE",
-        default_value = "default",
-        global = true
-    )]
+    /// Namespace of the stream or cache named.
+    #[arg(long, env = "FELIX_NAMESPACE", default_value = "default", global = true, help_heading = GLOBAL)]
     namespace: String,
-    /// One JSON object per result line.
-    #[arg(long, global = true)]
+    /// Output as JSON: one object per result line; errors as one object on stderr
+    /// (the same as -o json).
+    #[arg(long, global = true, help_heading = GLOBAL)]
     json: bool,
-    /// Per-request timeout, milliseconds.
-    #[arg(long, default_value_t = 10_000, global = true)]
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value = "table", global = true, help_heading = GLOBAL)]
+    output: Output,
+    /// How long to wait for the connection and for each answer, milliseconds.
+    #[arg(long, default_value_t = 10_000, global = true, help_heading = GLOBAL)]
     timeout_ms: u64,
-    /// Control-plane REST URL; default: the current context of the config file, else
-    /// http://127.0.0.1:7410.
-    #[arg(long, env = "FELIX_CONTROLPLANE_URL", global = true)]
+    /// Control-plane REST URL [default: the context's URL, else http://127.0.0.1:7410].
+    #[arg(long, env = "FELIX_CONTROLPLANE_URL", global = true, help_heading = GLOBAL)]
     controlplane: Option<String>,
-    /// Context (named control-plane URL) from the config file.
-    #[arg(long, env = "FELIX_CONTEXT", global = true)]
+    /// Context to use (control plane, broker and CA, from the context file) [default: the
+    /// current context].
+    #[arg(long, env = "FELIX_CONTEXT", global = true, help_heading = GLOBAL)]
     context: Option<String>,
-    /// Config file; default: $XDG_CONFIG_HOME/felix/felixctl.json (~/.config/...).
-    #[arg(long, env = "FELIX_CONFIG", global = true)]
-    config: Option<PathBuf>,
-    /// Do not ask before deleting (required when stdin is not a terminal).
-    #[arg(long, short = 'y', global = true)]
+    /// felixctl's context file [default: $XDG_CONFIG_HOME/felix/felixctl.json, i.e.
+    /// ~/.config/felix/felixctl.json].
+    #[arg(long, env = "FELIX_CONTEXT_FILE", global = true, help_heading = GLOBAL, alias = "config")]
+    context_file: Option<PathBuf>,
+    /// Do not ask before deleting (needed when stdin is not a terminal).
+    #[arg(long, short = 'y', global = true, help_heading = GLOBAL)]
     yes: bool,
     #[command(subcommand)]
     cmd: Cmd,
 }
 
+impl Cli {
+    fn json(&self) -> bool {
+        self.json || self.output == Output::Json
+    }
+}
+
 #[derive(Subcommand)]
 enum Cmd {
     /// Show a stream's shard count and durability.
-    Describe { stream: String },
-    /// Publish records (the MESSAGE arguments, or one record per stdin line if none).
-    Publish {
+    Describe {
+        /// The stream (in --tenant/--namespace).
         stream: String,
-        messages: Vec<String>,
+    },
+    /// Publish records: the MESSAGE arguments, or else stdin, one record per line (or per
+    /// --delimiter, or all of it with --raw), each published as it is read.
+    #[command(alias = "pub")]
+    Publish {
+        /// The stream (in --tenant/--namespace).
+        stream: String,
+        /// Records, one per argument, as bytes; none: read stdin.
+        messages: Vec<OsString>,
         /// Routing key (the shard is fnv1a64(key) mod shards).
         #[arg(long, conflicts_with = "shard")]
         key: Option<String>,
-        /// Explicit shard.
+        /// Explicit shard [default: round robin].
         #[arg(long)]
         shard: Option<u32>,
         /// Send all records as one batch (one ack) instead of one publish per record.
         #[arg(long)]
         batch: bool,
-        /// Fire-and-forget (no acks).
+        /// Fire-and-forget: no acks (refusals are still counted and reported).
         #[arg(long)]
         no_ack: bool,
+        /// stdin is one record, whatever it holds.
+        #[arg(long, conflicts_with = "delimiter")]
+        raw: bool,
+        /// Byte that ends a record on stdin: one character, or \n, \0, \t, or 0xNN.
+        #[arg(long, default_value = "\\n")]
+        delimiter: String,
     },
-    /// Subscribe and print records (one line each) and lag notices.
+    /// Subscribe and print records (one line each) and lag notices; Ctrl-C ends it (exit 130).
+    #[command(alias = "sub")]
     Subscribe {
+        /// The stream (in --tenant/--namespace).
         stream: String,
-        /// One shard; default: every shard of the stream.
+        /// One shard [default: every shard of the stream].
         #[arg(long)]
         shard: Option<u32>,
-        /// latest, earliest, or an offset.
+        /// Where to start: latest, earliest, or an offset (with --shard).
         #[arg(long, default_value = "latest")]
         from: String,
-        /// drop_new, drop_old or block.
+        /// What the broker does when this subscriber falls behind: drop_new, drop_old or block.
         #[arg(long, default_value = "drop_new")]
         policy: String,
-        /// Exit after this many records.
+        /// Exit after this many records [default: never].
         #[arg(long)]
         count: Option<u64>,
-        /// Exit when nothing arrives for this long (milliseconds); default: wait forever.
+        /// Exit when nothing arrives for this long, milliseconds [default: wait forever].
         #[arg(long)]
         idle_exit_ms: Option<u64>,
     },
@@ -120,42 +161,100 @@ enum Cmd {
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let cli = Cli::parse();
-    std::process::exit(run(cli).await);
+    let json = cli.json();
+    let code = match run(cli).await {
+        Ok(()) => fail::exit::OK,
+        Err(f) => f.report(json),
+    };
+    std::process::exit(code);
 }
 
-async fn run(cli: Cli) -> i32 {
+async fn run(cli: Cli) -> Result<(), Fail> {
     if let Cmd::Admin(a) = &cli.cmd {
         let g = admin::Globals {
             url: cli.controlplane.clone(),
             context: cli.context.clone(),
-            config: cli.config.clone(),
+            config: cli.context_file.clone(),
             tenant: cli.tenant.clone(),
             namespace: cli.namespace.clone(),
-            json: cli.json,
+            json: cli.json(),
             yes: cli.yes,
             timeout: Duration::from_millis(cli.timeout_ms),
         };
-        return admin::run(a, &g).await;
+        return interruptible(admin::run(a, &g)).await;
     }
-    let mut cfg = ClientConfig::new(cli.broker, None);
+    let cfg = client_config(&cli)?;
+    let client = Client::connect(cfg).await?;
+    let r = interruptible(data_command(&cli, &client)).await;
+    // A clean close either way (bounded by the client's close timeout).
+    let _ = client.close().await;
+    r
+}
+
+/// Run `work` until it ends or Ctrl-C, which is a clean end with exit code 130.
+async fn interruptible(
+    work: impl std::future::Future<Output = Result<(), Fail>>,
+) -> Result<(), Fail> {
+    tokio::select! {
+        r = work => r,
+        _ = tokio::signal::ctrl_c() => Err(Fail::Interrupted),
+    }
+}
+
+/// Which CA to trust, and where that choice came from (errors name it).
+fn ca_choice(cli: &Cli, ctx: &Option<(String, admin::Context)>) -> Option<(PathBuf, String)> {
+    if let Some(p) = &cli.ca {
+        return Some((p.clone(), "--ca".into()));
+    }
+    if let Some((name, c)) = ctx {
+        if let Some(p) = &c.ca {
+            return Some((p.clone(), format!("context {name}")));
+        }
+    }
+    if let Some(p) = std::env::var_os("FELIX_CA") {
+        return Some((PathBuf::from(p), "FELIX_CA".into()));
+    }
+    // A local run (scripts/run.sh) keeps its dev certificate in its data dir.
+    let local = std::env::var_os("FELIX_DATA_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("felix-data"))
+        .join("tls/dev-cert.pem");
+    local
+        .exists()
+        .then(|| (local, "the local data dir".to_string()))
+}
+
+fn client_config(cli: &Cli) -> Result<ClientConfig, Fail> {
+    let ctx = admin::active_context(&cli.context, &cli.context_file).map_err(Fail::Usage)?;
+    let broker = cli
+        .broker
+        .clone()
+        .or_else(|| ctx.as_ref().and_then(|(_, c)| c.broker.clone()))
+        .unwrap_or_else(|| DEFAULT_BROKER.to_string());
+    let mut cfg = ClientConfig::for_broker(&broker, None)?;
     cfg.verify = if cli.insecure {
         Verify::Insecure
-    } else if let Some(ca) = cli.ca.clone() {
-        Verify::CaFile(ca)
-    } else if std::path::Path::new("felix-data/tls/dev-cert.pem").exists() {
-        Verify::CaFile("felix-data/tls/dev-cert.pem".into())
     } else {
-        Verify::System
-    };
-    cfg.request_timeout = Duration::from_millis(cli.timeout_ms);
-    let client = match Client::connect(cfg).await {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("felixctl: {e}");
-            return 1;
+        match ca_choice(cli, &ctx) {
+            Some((p, from)) if !p.exists() => {
+                return Err(Fail::Usage(format!(
+                    "CA file {} (from {from}) does not exist",
+                    p.display()
+                )))
+            }
+            Some((p, _)) => Verify::CaFile(p),
+            None => Verify::System,
         }
     };
-    let code = match &cli.cmd {
+    cfg.request_timeout = Duration::from_millis(cli.timeout_ms);
+    cfg.connect_timeout = Duration::from_millis(cli.timeout_ms);
+    Ok(cfg)
+}
+
+async fn data_command(cli: &Cli, client: &Client) -> Result<(), Fail> {
+    let json = cli.json();
+    let sn = |s: &str| StreamName::new(&cli.tenant, &cli.namespace, s);
+    match &cli.cmd {
         Cmd::Publish {
             stream,
             messages,
@@ -163,23 +262,32 @@ async fn run(cli: Cli) -> i32 {
             shard,
             batch,
             no_ack,
+            raw,
+            delimiter,
         } => {
-            let name = StreamName::new(&cli.tenant, &cli.namespace, stream);
-            let mut msgs = messages.clone();
-            if msgs.is_empty() {
-                use std::io::BufRead;
-                msgs = std::io::stdin()
-                    .lock()
-                    .lines()
-                    .map_while(Result::ok)
-                    .collect();
-            }
             let sel = match (key, shard) {
                 (Some(k), _) => ShardSelector::Key(bytes::Bytes::from(k.clone().into_bytes())),
                 (_, Some(s)) => ShardSelector::Shard(*s),
                 _ => ShardSelector::RoundRobin,
             };
-            publish(&client, &name, sel, msgs, *batch, *no_ack, cli.json).await
+            let source = if messages.is_empty() {
+                let framing = if *raw {
+                    input::Framing::Whole
+                } else {
+                    input::Framing::Delimited(
+                        input::parse_delimiter(delimiter).map_err(Fail::Usage)?,
+                    )
+                };
+                input::Source::Stdin(framing)
+            } else {
+                input::Source::Args(messages.clone())
+            };
+            let opts = input::PublishOpts {
+                batch: *batch,
+                no_ack: *no_ack,
+                json,
+            };
+            input::publish(client, &sn(stream), sel, source, opts).await
         }
         Cmd::Subscribe {
             stream,
@@ -189,147 +297,77 @@ async fn run(cli: Cli) -> i32 {
             count,
             idle_exit_ms,
         } => {
-            let name = StreamName::new(&cli.tenant, &cli.namespace, stream);
             let start = match from.as_str() {
                 "latest" => StartAt::Latest,
                 "earliest" => StartAt::Earliest,
-                n => match n.parse() {
-                    Ok(o) => StartAt::Offset(o),
-                    Err(_) => {
-                        eprintln!(
-                            "felixctl: --from must be latest, earliest or an offset, got {n:?}"
-                        );
-                        return 2;
-                    }
-                },
+                n => StartAt::Offset(n.parse().map_err(|_| {
+                    Fail::Usage(format!(
+                        "--from must be latest, earliest or an offset, got {n:?}"
+                    ))
+                })?),
             };
-            let Some(policy) = QueuePolicy::parse(policy) else {
-                eprintln!("felixctl: --policy must be drop_new, drop_old or block, got {policy:?}");
-                return 2;
-            };
+            let policy = QueuePolicy::parse(policy).ok_or_else(|| {
+                Fail::Usage(format!(
+                    "--policy must be drop_new, drop_old or block, got {policy:?}"
+                ))
+            })?;
             let opts = SubscribeOptions {
                 start,
                 policy,
                 ..Default::default()
             };
             subscribe(
-                &client,
-                &name,
+                client,
+                &sn(stream),
                 *shard,
                 opts,
                 *count,
                 *idle_exit_ms,
-                cli.json,
+                json,
             )
             .await
         }
         Cmd::Admin(_) => unreachable!("handled before connecting"),
         Cmd::Group(g) => {
             let ctx = group::Ctx {
-                client: &client,
+                client,
                 tenant: &cli.tenant,
                 namespace: &cli.namespace,
-                json: cli.json,
+                json,
                 yes: cli.yes,
             };
             group::run(g, &ctx).await
         }
         Cmd::Kv(k) => {
             let ctx = kv::Ctx {
-                client: &client,
+                client,
                 tenant: &cli.tenant,
                 namespace: &cli.namespace,
-                json: cli.json,
+                json,
             };
             kv::run(k, &ctx).await
         }
         Cmd::Describe { stream } => {
-            let name = StreamName::new(&cli.tenant, &cli.namespace, stream);
-            match client.describe_stream(&name).await {
-                Ok(i) if cli.json => {
-                    println!(
-                        "{}",
-                        serde_json::json!({"stream": name.to_string(), "shards": i.shards, "durable": i.durable})
-                    );
-                    0
-                }
-                Ok(i) => {
-                    println!(
-                        "{name}: {} shards, {}",
-                        i.shards,
-                        if i.durable { "durable" } else { "ephemeral" }
-                    );
-                    0
-                }
-                Err(e) => {
-                    eprintln!("felixctl: {e}");
-                    1
-                }
+            let name = sn(stream);
+            let i = client.describe_stream(&name).await?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"stream": name.to_string(), "shards": i.shards, "durable": i.durable})
+                );
+            } else {
+                print_table(
+                    &["STREAM", "SHARDS", "DURABLE"],
+                    vec![vec![
+                        name.to_string(),
+                        i.shards.to_string(),
+                        i.durable.to_string(),
+                    ]],
+                );
             }
-        }
-    };
-    let _ = client.close().await;
-    code
-}
-
-async fn publish(
-    client: &Client,
-    name: &StreamName,
-    sel: ShardSelector,
-    msgs: Vec<String>,
-    batch: bool,
-    no_ack: bool,
-    json: bool,
-) -> i32 {
-    if msgs.is_empty() {
-        eprintln!("felixctl: nothing to publish");
-        return 2;
-    }
-    let groups: Vec<Vec<String>> = if batch {
-        vec![msgs]
-    } else {
-        msgs.into_iter().map(|m| vec![m]).collect()
-    };
-    for g in groups {
-        let payloads: Vec<bytes::Bytes> = g
-            .into_iter()
-            .map(|m| bytes::Bytes::from(m.into_bytes()))
-            .collect();
-        if no_ack {
-            if let Err(e) = client.publish_fire(name, sel.clone(), payloads) {
-                eprintln!("felixctl: {e}");
-                return 1;
-            }
-            continue;
-        }
-        match client.publish_batch(name, sel.clone(), payloads).await {
-            Ok(a) if json => println!(
-                "{}",
-                serde_json::json!({"shard": a.shard, "first_offset": a.first_offset, "count": a.count})
-            ),
-            Ok(a) => println!(
-                "shard {} offset {} count {}",
-                a.shard, a.first_offset, a.count
-            ),
-            Err(e) => {
-                eprintln!("felixctl: {e}");
-                return 1;
-            }
+            Ok(())
         }
     }
-    if no_ack {
-        // Give the connection a moment to report refusals before closing.
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let (n, last) = client.fire_and_forget_errors();
-        if n > 0 {
-            eprintln!(
-                "felixctl: {n} fire-and-forget publishes refused; last: {}",
-                last.map(|e| e.to_string()).unwrap_or_default()
-            );
-            return 1;
-        }
-    }
-    0
 }
 
 async fn subscribe(
@@ -340,17 +378,10 @@ async fn subscribe(
     count: Option<u64>,
     idle_exit_ms: Option<u64>,
     json: bool,
-) -> i32 {
-    let sub = match shard {
-        Some(s) => client.subscribe(name, s, opts).await,
-        None => client.subscribe_stream(name, opts).await,
-    };
-    let mut sub = match sub {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("felixctl: {e}");
-            return 1;
-        }
+) -> Result<(), Fail> {
+    let mut sub = match shard {
+        Some(s) => client.subscribe(name, s, opts).await?,
+        None => client.subscribe_stream(name, opts).await?,
     };
     if !json {
         eprintln!(
@@ -361,16 +392,21 @@ async fn subscribe(
     let mut seen = 0u64;
     loop {
         if count.is_some_and(|c| seen >= c) {
-            return 0;
+            return Ok(());
         }
         let ev = match idle_exit_ms {
             Some(ms) => match sub.next_timeout(Duration::from_millis(ms)).await {
                 Ok(ev) => ev,
-                Err(_) => return 0,
+                Err(_) => return Ok(()),
             },
             None => sub.next().await,
         };
-        let Some(ev) = ev else { return 1 };
+        let Some(ev) = ev else {
+            return Err(Fail::unreachable(
+                "closed",
+                "the connection to the broker ended",
+            ));
+        };
         match &ev {
             Event::Records { shard, .. } => {
                 for (offset, payload) in ev.records() {
@@ -408,10 +444,79 @@ async fn subscribe(
                 code,
                 message,
             } => {
-                eprintln!("felixctl: subscription to shard {shard} ended ({code}): {message}");
-                return if *code == 0 { 0 } else { 1 };
+                let name = end_code_name(*code);
+                let msg = format!("subscription to shard {shard} ended ({name}): {message}");
+                if *code == 0 {
+                    if !json {
+                        eprintln!("felixctl: {msg}");
+                    }
+                    return Ok(());
+                }
+                return Err(Fail::refused(&name, msg));
             }
             Event::Watch(_) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// Every subcommand, flag and positional argument has help text, and no help text states
+    /// a default clap also prints (the "(default 5) [default: 0]" kind of contradiction).
+    fn check(cmd: &clap::Command, path: &str, bad: &mut Vec<String>) {
+        for a in cmd.get_arguments() {
+            let id = a.get_id().as_str();
+            if matches!(id, "help" | "version") {
+                continue;
+            }
+            match a.get_help() {
+                None => bad.push(format!("{path} {id}: no help")),
+                Some(h) => {
+                    let h = h.to_string();
+                    if !a.get_default_values().is_empty() && h.contains("default") {
+                        bad.push(format!(
+                            "{path} {id}: help names a default clap also prints"
+                        ));
+                    }
+                }
+            }
+        }
+        for sub in cmd.get_subcommands() {
+            let p = format!("{path} {}", sub.get_name());
+            if sub.get_name() != "help" && sub.get_about().is_none() {
+                bad.push(format!("{p}: no about"));
+            }
+            check(sub, &p, bad);
+        }
+    }
+
+    #[test]
+    fn every_subcommand_flag_and_argument_is_described() {
+        let mut bad = Vec::new();
+        check(&Cli::command(), "felixctl", &mut bad);
+        assert!(bad.is_empty(), "undescribed:\n{}", bad.join("\n"));
+    }
+
+    /// The checker above can fail: an argument without help is reported.
+    #[test]
+    fn the_help_check_catches_a_bare_argument() {
+        let c = clap::Command::new("x")
+            .about("x")
+            .arg(clap::Arg::new("bare").long("bare"));
+        let mut bad = Vec::new();
+        check(&c, "x", &mut bad);
+        assert_eq!(bad, vec!["x bare: no help".to_string()]);
+    }
+
+    #[test]
+    fn the_global_options_have_their_own_heading() {
+        let c = Cli::command();
+        let globals: Vec<_> = c.get_arguments().filter(|a| a.is_global_set()).collect();
+        assert_eq!(globals.len(), 12, "the twelve global options");
+        assert!(globals.iter().all(|a| a.get_help_heading() == Some(GLOBAL)));
+        c.debug_assert();
     }
 }

@@ -248,18 +248,21 @@ fn opt_ms(v: u64) -> Option<u64> {
     (v != 0).then_some(v)
 }
 
-/// Keys travel with a u16 length; a longer one is refused here, never truncated.
-fn key_fits(k: &[u8]) -> Result<(), Error> {
-    if k.len() > u16::MAX as usize {
-        return Err(Error::InvalidArgument(format!(
-            "a key of {} bytes is longer than the wire allows (65535)",
-            k.len()
-        )));
-    }
-    Ok(())
-}
-
 impl Client {
+    /// A key (or counter name) longer than the broker takes is refused here, before sending,
+    /// naming the broker's own limit (`HelloOk.max_key_bytes`, its `cache_key_bytes_max`):
+    /// one source for the number. An empty key is left to the broker to refuse.
+    fn key_fits(&self, k: &[u8]) -> Result<(), Error> {
+        let max = self.limits.max_key_bytes as usize;
+        if k.len() > max {
+            return Err(Error::InvalidArgument(format!(
+                "a key of {} bytes is over the broker's cache_key_bytes_max ({max})",
+                k.len()
+            )));
+        }
+        Ok(())
+    }
+
     /// Shard count, durability and default TTL of a cache.
     pub async fn describe_cache(&self, cache: &StreamName) -> Result<CacheInfo, Error> {
         match self
@@ -312,7 +315,7 @@ impl Client {
             ));
         }
         let (key, value) = (key.into(), value.into());
-        key_fits(&key)?;
+        self.key_fits(&key)?;
         match self
             .request(|request_id| {
                 Frame::Cache(CacheFrame::CachePut {
@@ -347,7 +350,7 @@ impl Client {
         key: impl Into<Bytes>,
     ) -> Result<Option<CacheEntry>, Error> {
         let key = key.into();
-        key_fits(&key)?;
+        self.key_fits(&key)?;
         let f = self
             .request(|request_id| {
                 Frame::Cache(CacheFrame::CacheGet {
@@ -381,7 +384,7 @@ impl Client {
         cond: WriteCond,
     ) -> Result<Deleted, Error> {
         let key = key.into();
-        key_fits(&key)?;
+        self.key_fits(&key)?;
         let f = self
             .request(|request_id| {
                 Frame::Cache(CacheFrame::CacheDelete {
@@ -407,7 +410,7 @@ impl Client {
         delta: i64,
     ) -> Result<CounterValue, Error> {
         let name = name.into();
-        key_fits(&name)?;
+        self.key_fits(&name)?;
         let f = self
             .request(|request_id| {
                 Frame::Cache(CacheFrame::CounterAdd {
@@ -428,7 +431,7 @@ impl Client {
         name: impl Into<Bytes>,
     ) -> Result<CounterValue, Error> {
         let name = name.into();
-        key_fits(&name)?;
+        self.key_fits(&name)?;
         let f = self
             .request(|request_id| {
                 Frame::Cache(CacheFrame::CounterGet {
@@ -531,7 +534,7 @@ impl Client {
         }
         for (f, _) in &specs {
             let (WatchFilter::Key(k) | WatchFilter::Prefix { prefix: k, .. }) = f;
-            key_fits(k)?;
+            self.key_fits(k)?;
         }
         let (tx, rx) = mpsc::channel(opts.buffer_items);
         let paused = Arc::new(AtomicBool::new(false));

@@ -103,13 +103,13 @@ pub enum Cond {
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum CacheError {
-    #[error("key of {len} bytes is outside 1..={max}")]
+    #[error("a key of {len} bytes is outside 1 to {max} bytes (cache_key_bytes_max)")]
     KeySize { len: usize, max: usize },
     #[error("value of {len} bytes exceeds {max}")]
     ValueTooLarge { len: usize, max: usize },
-    #[error("ttl {ttl_ms} ms is outside 1..={max_ms} ms")]
+    #[error("a ttl of {ttl_ms} ms is outside 1 to {max_ms} ms")]
     TtlOutOfRange { ttl_ms: u64, max_ms: u64 },
-    #[error("condition failed: current version is {current:?}")]
+    #[error("condition failed: {}", match current { Some(v) => format!("the current version is {v}"), None => "the key has no current value".into() })]
     ConditionFailed { current: Option<u64> },
     #[error("no such key")]
     NotFound,

@@ -391,7 +391,10 @@ impl CoreState {
                 if *shard >= def.shards {
                     return Err((
                         ErrorCode::UnknownShard,
-                        format!("cache {name} has shards 0..{}, not {shard}", def.shards),
+                        format!(
+                            "cache {name} has {}, not {shard}",
+                            crate::core::shard_range(def.shards)
+                        ),
                     ));
                 }
                 *shard

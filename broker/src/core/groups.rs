@@ -296,8 +296,10 @@ impl CoreState {
             return Err((
                 ErrorCode::UnknownShard,
                 format!(
-                    "stream {} has shards 0..{}, not {}",
-                    target.stream, def.shards, target.shard
+                    "stream {} has {}, not {}",
+                    target.stream,
+                    crate::core::shard_range(def.shards),
+                    target.shard
                 ),
             ));
         }

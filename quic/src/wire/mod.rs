@@ -354,6 +354,8 @@ pub struct Limits {
     pub max_frame_bytes: u32,
     pub max_payload_bytes: u32,
     pub max_subscriptions: u32,
+    /// Longest cache key (and counter name) the broker takes, bytes (`cache_key_bytes_max`).
+    pub max_key_bytes: u32,
 }
 
 /// Every Felix frame.
@@ -618,6 +620,7 @@ impl Frame {
                 body.put_u32_le(limits.max_subscriptions);
                 body.put_u16_le(*core);
                 put_str(&mut body, server);
+                body.put_u32_le(limits.max_key_bytes);
             }
             Frame::Publish {
                 request_id,
@@ -860,16 +863,27 @@ pub fn decode_body(kind_: u8, flags: u16, body: Bytes) -> Result<Frame, WireErro
             max_frame_bytes: r.u32("max_frame_bytes")?,
             client: r.string("client")?,
         },
-        kind::HELLO_OK => Frame::HelloOk {
-            features: r.u64("features")?,
-            limits: Limits {
-                max_frame_bytes: r.u32("max_frame_bytes")?,
-                max_payload_bytes: r.u32("max_payload_bytes")?,
-                max_subscriptions: r.u32("max_subscriptions")?,
-            },
-            core: r.u16("core")?,
-            server: r.string("server")?,
-        },
+        kind::HELLO_OK => {
+            let features = r.u64("features")?;
+            let (max_frame_bytes, max_payload_bytes, max_subscriptions) = (
+                r.u32("max_frame_bytes")?,
+                r.u32("max_payload_bytes")?,
+                r.u32("max_subscriptions")?,
+            );
+            let core = r.u16("core")?;
+            let server = r.string("server")?;
+            Frame::HelloOk {
+                features,
+                limits: Limits {
+                    max_frame_bytes,
+                    max_payload_bytes,
+                    max_subscriptions,
+                    max_key_bytes: r.u32("max_key_bytes")?,
+                },
+                core,
+                server,
+            }
+        }
         kind::PUBLISH => {
             let request_id = r.u64("request_id")?;
             let stream = r.stream()?;

@@ -253,7 +253,7 @@ fn arb_frame() -> impl Strategy<Value = Frame> {
         }),
         (
             any::<u64>(),
-            any::<(u32, u32, u32)>(),
+            any::<(u32, u32, u32, u32)>(),
             any::<u16>(),
             arb_name()
         )
@@ -264,6 +264,7 @@ fn arb_frame() -> impl Strategy<Value = Frame> {
                         max_frame_bytes: l.0,
                         max_payload_bytes: l.1,
                         max_subscriptions: l.2,
+                        max_key_bytes: l.3,
                     },
                     core,
                     server,
