@@ -4,7 +4,7 @@ T="${CARGO_TARGET_DIR:-/var/cache/felix-target}/release"
 
 # felix_run OUT CASE [BROKER ARGS...] -- LOADGEN ARGS...
 # Starts felix-broker in a fresh temp dir, runs felix-loadgen against it and appends its
-# result line to OUT with "case", "rev" and "date" added. In either argument list `{dir}`
+# result line (--json) to OUT with "case", "rev" and "date" added. In either argument list `{dir}`
 # stands for the run's temp dir and `{pid}` for the broker's pid.
 felix_run() {
   local out=$1 case=$2; shift 2
@@ -19,7 +19,7 @@ felix_run() {
   for _ in $(seq 100); do grep -q ready "$D/out" 2>/dev/null && break; sleep 0.1; done
   local ADDR; ADDR=$(grep -o 'quic=[^ ]*' "$D/out" | cut -d= -f2)
   local R
-  R=$(timeout 200 taskset -c 1 "$T/felix-loadgen" --broker "$ADDR" --ca "$D/data/tls/dev-cert.pem" "${load[@]}") \
+  R=$(timeout 200 taskset -c 1 "$T/felix-loadgen" --json --broker "$ADDR" --ca "$D/data/tls/dev-cert.pem" "${load[@]}") \
     && python3 -c 'import json,sys; d=json.loads(sys.argv[1]); d["case"]=sys.argv[2]; d["rev"]=sys.argv[3]; d["date"]=sys.argv[4]; print(json.dumps(d))' \
        "$R" "$case" "$(git rev-parse --short HEAD)" "$(date -u +%FT%TZ)" >> "$out" \
     || echo "FAILED $case" >&2

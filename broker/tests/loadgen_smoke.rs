@@ -1,30 +1,44 @@
 //! felix-loadgen smoke runs against a real broker (tiny counts): every mode finishes, its JSON
-//! result line carries the accounting, and a `block` throughput run is lossless with every
-//! subscriber counting every record. Checks the accounting, never the speed.
+//! result line (`--json`) carries the accounting, and a `block` throughput run is lossless with
+//! every subscriber counting every record; without `--json` a summary for people names the
+//! losses and their cause; `--duration` runs for a time; `--broker` takes a host name.
+//! Checks the accounting, never the speed.
 
 mod common;
 
 use common::Broker;
-use std::process::Command;
+use std::process::{Command, Output};
 
-fn loadgen(b: &Broker, args: &[&str]) -> serde_json::Value {
-    let exe =
-        std::path::Path::new(env!("CARGO_BIN_EXE_felix-broker")).with_file_name("felix-loadgen");
-    let out = Command::new(&exe)
-        .args(["--broker", &b.quic.to_string(), "--max-secs", "30"])
+fn exe() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_BIN_EXE_felix-broker")).with_file_name("felix-loadgen")
+}
+
+/// Run felix-loadgen against `broker` (an address as a user writes it); its output.
+fn run_at(b: &Broker, broker: &str, args: &[&str]) -> Output {
+    let out = Command::new(exe())
+        .args(["--broker", broker])
         .arg("--ca")
         .arg(b.ca())
         .args(args)
         .output()
-        .unwrap_or_else(|e| panic!("run {}: {e}", exe.display()));
+        .unwrap_or_else(|e| panic!("run {}: {e}", exe().display()));
     assert!(
         out.status.success(),
         "felix-loadgen {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let line = String::from_utf8_lossy(&out.stdout);
-    let line = line.lines().last().expect("one result line");
-    serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"))
+    out
+}
+
+/// A `--json` run: its one stdout line, parsed.
+fn loadgen(b: &Broker, args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["--json", "--max-secs", "30"];
+    all.extend_from_slice(args);
+    let out = run_at(b, &b.quic.to_string(), &all);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 1, "--json prints exactly one line: {text}");
+    serde_json::from_str(lines[0]).unwrap_or_else(|e| panic!("{e}: {text}"))
 }
 
 #[test]
@@ -263,4 +277,128 @@ fn group_mode_processes_every_record_once() {
         assert_eq!(g["lossless"], true, "{g}");
         assert!(g["records_per_s"].as_f64().unwrap() > 0.0);
     }
+}
+
+/// Without `--json`: a summary for people that says what was measured and why records were
+/// lost (a subscriber stalled on purpose under drop_new with a 64-record queue), reached by a
+/// host name; `--duration` ends a run by time; `--progress` shows both sides; an unresolvable
+/// broker is a clear error.
+#[test]
+fn summary_for_people_duration_and_host_names() {
+    let b = Broker::start(2, &[]);
+    let by_name = format!("localhost:{}", b.quic.port());
+    let out = run_at(
+        &b,
+        &by_name,
+        &[
+            "--mode",
+            "throughput",
+            "--payload",
+            "64",
+            "--fanout",
+            "2",
+            "--count",
+            "4000",
+            "--batch",
+            "16",
+            "--queue-policy",
+            "drop_new",
+            "--queue-records",
+            "64",
+            "--stall-ms",
+            "400",
+            "--max-secs",
+            "30",
+            "--progress",
+        ],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !text.trim_start().starts_with('{'),
+        "a summary, not JSON: {text}"
+    );
+    for want in [
+        &format!(
+            "felix-loadgen throughput: 4,000 records of 64 B to 2 subscribers on stream events shard 0 at {by_name}"
+        ) as &str,
+        "queue policy drop_new",
+        "the last subscriber stalled for its first 400 ms",
+        "ran to --count 4,000",
+        "records/s per subscriber",
+        "queue policy drop_new discarded the newest records",
+        "of 2 subscribers fell behind; the worst, subscriber ",
+    ] {
+        assert!(text.contains(want), "missing {want:?} in:\n{text}");
+    }
+    let lost = text
+        .lines()
+        .find_map(|l| l.strip_prefix("lost       "))
+        .and_then(|l| l.split_whitespace().next())
+        .map(|n| n.replace(',', "").parse::<u64>().unwrap())
+        .unwrap_or_else(|| panic!("no lost line: {text}"));
+    assert!(lost > 0 && lost < 2 * 4000, "{text}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if let Some(p) = stderr.lines().find(|l| l.starts_with("progress")) {
+        assert!(p.contains("published") && p.contains("delivered"), "{p}");
+    }
+
+    // --duration: a run ended by time reports it (generous bounds: this is a debug build on
+    // a shared machine).
+    let d = loadgen(
+        &b,
+        &[
+            "--mode",
+            "throughput",
+            "--payload",
+            "64",
+            "--duration",
+            "700ms",
+            "--queue-policy",
+            "block",
+            "--threads",
+            "1",
+        ],
+    );
+    assert_eq!(d["duration_target_s"], 0.7, "{d}");
+    let secs = d["duration_s"].as_f64().unwrap();
+    assert!((0.6..20.0).contains(&secs), "{d}");
+    assert!(d["count"].as_u64().unwrap() > 0, "{d}");
+    assert_eq!(
+        (d["lost"].as_u64(), d["truncated"].as_bool()),
+        (Some(0), Some(false)),
+        "{d}"
+    );
+    let r = loadgen(
+        &b,
+        &["--mode", "rtt", "--duration", "300ms", "--threads", "1"],
+    );
+    assert!(r["rtt"]["samples"].as_u64().unwrap() > 0, "{r}");
+    assert!(r["duration_s"].as_f64().unwrap() >= 0.25, "{r}");
+    // --count and --duration together are a usage error; --duration where it does not apply too.
+    for args in [
+        &["--mode", "rtt", "--count", "5", "--duration", "1s"][..],
+        &["--mode", "group", "--duration", "1s"][..],
+        &["--mode", "rtt", "--duration", "5 parsecs"][..],
+    ] {
+        let out = Command::new(exe())
+            .args(["--broker", &by_name])
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+    }
+
+    // A name that does not resolve: a clear error, exit 2, nothing on stdout.
+    let out = Command::new(exe())
+        .args(["--broker", "no-such-host.invalid:7400", "--mode", "rtt"])
+        .env("RES_OPTIONS", "timeout:1 attempts:1")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("no-such-host.invalid") && err.contains("resolve"),
+        "{err}"
+    );
+    assert!(out.stdout.is_empty());
 }

@@ -1,11 +1,15 @@
-//! felix-loadgen: bounded load against a running broker, one JSON line per run.
+//! felix-loadgen: bounded load against a running broker; a summary for people at the end of
+//! every run, or with `--json` one JSON result line (what the campaign scripts parse).
 //!
 //! Modes (shapes match ../shared/tools/peer-bench so results compare side by side):
 //! * `throughput`: one publisher connection, `--fanout F` subscriber connections on one
 //!   shard. Acked publishes of `--batch` records of `--payload` bytes, up to `--inflight`
-//!   batches awaiting their ack. Reports publish and per-subscriber rates.
+//!   batches awaiting their ack. Reports publish and per-subscriber rates, and what each
+//!   subscriber lost and why (lag notices under the queue policy, records that never came,
+//!   subscriptions the broker ended); refused publishes are counted by error code.
 //! * `latency`: closed loop, one record in flight: publish, wait until all F subscribers
 //!   have it, publish the next. One-way publish→delivery percentiles (same process clock).
+//! * `rtt`: one acked publish at a time: publish → its ack percentiles.
 //! * `ingest`: acked publishes of one record each, up to `--inflight K` awaiting their ack
 //!   at once, no subscribers (peer-bench's `js-publish` shape). Reports acks/s, MB/s and
 //!   ack latency percentiles (publish call → ack). Against a durable stream the ack follows
@@ -32,98 +36,176 @@
 //! * `demo-slow-consumer`: for each policy, one fast and one stalled subscriber; prints what
 //!   each received, the lag notices, and whether the publisher waited.
 //!
-//! Every run is bounded by `--count` (at most 10,000,000) and `--max-secs` (at most 600).
+//! A run ends at `--count` records or after `--duration` (throughput, latency, rtt, ingest),
+//! and never later than `--max-secs` (at most 600; default 60, or the duration plus 30 s).
+//! The summary text is `report::human` of the result line, unit-tested.
 
+mod report;
 mod stats;
 
 use bytes::Bytes;
 use clap::{Parser, ValueEnum};
 use felix_client::{Client, ClientConfig, Event, SubscribeOptions, Subscription};
 use felix_quic::tls::Verify;
-use felix_quic::wire::{QueuePolicy, ShardSelector, StartAt, StreamName};
-use std::net::SocketAddr;
+use felix_quic::wire::{ErrorCode, QueuePolicy, ShardSelector, StartAt, StreamName};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-#[derive(Clone, Copy, ValueEnum, Debug)]
+#[derive(Clone, Copy, ValueEnum, Debug, PartialEq, Eq)]
 enum Mode {
+    /// Acked batches from one publisher to --fanout subscribers on one shard: publish and
+    /// per-subscriber rates, and what was lost and why.
     Throughput,
     /// Publish → delivered-to-all-F, fire-and-forget publishes, one record in flight.
     Latency,
     /// Request round trip: one acked publish at a time, publish → its ack (no subscriber).
     Rtt,
+    /// Acked publishes of one record each, --inflight awaiting their ack, no subscriber:
+    /// acks/s and ack latency.
     Ingest,
+    /// Consumer group on a durable stream: load --count records, then --consumers poll and
+    /// ack them all; records/s, poll+ack latency, exactly-once check.
     Group,
+    /// --subscribers subscriptions on one shard, one publisher at --rate for --secs:
+    /// delivered/s, losses, sampled latency, broker memory per subscriber.
     FanoutScale,
+    /// Cache put/get latency, then --subscribers watchers on one key at --rate puts/s.
     Cache,
+    /// For each queue policy, a fast and a stalled subscriber: what each received.
     DemoSlowConsumer,
     /// Print the Markdown summary of a bench-vs-nats JSONL file (`--input`); no broker.
     Summarize,
 }
 
+const AFTER_HELP: &str = "\
+How long a run lasts: until --count records (each mode has its own default, see --count), or
+for --duration instead (throughput, latency, rtt, ingest). --max-secs bounds every run (at
+most 600 s): publishing stops when it passes and the result says truncated (the summary says
+CUT SHORT). fanout-scale and cache's watch phase publish for --secs.
+
+Output: a summary for people on stdout (what was measured, throughput, percentiles, losses
+and why); with --json only the JSON result line, for scripts. Progress (--progress) and errors
+go to stderr. Exit status: 0 done, 1 the run failed (broker unreachable, refused setup), 2 bad
+arguments or an unresolvable --broker.";
+
 #[derive(Parser, Debug)]
-#[command(name = "felix-loadgen", about = "Felix load generator", version = concat!(env!("CARGO_PKG_VERSION"), " (git ", env!("FELIX_GIT_REV"), ")"))]
+#[command(
+    name = "felix-loadgen",
+    about = "Felix load generator: bounded load against a running broker, then a summary (or one JSON line with --json)",
+    after_help = AFTER_HELP,
+    version = concat!(env!("CARGO_PKG_VERSION"), " (git ", env!("FELIX_GIT_REV"), ")")
+)]
 struct Args {
+    /// What to measure; each mode below says what it reports.
     #[arg(long, value_enum)]
     mode: Mode,
+    /// The broker, HOST:PORT: a host name (localhost:7400), an IPv4 address or [IPv6]:PORT.
+    /// Its certificate must name the host (an IP address is checked as `localhost`, which the
+    /// dev certificate names).
     #[arg(long, env = "FELIX_BROKER", default_value = "127.0.0.1:7400")]
-    broker: SocketAddr,
-    /// CA certificate (PEM); default ./felix-data/tls/dev-cert.pem.
+    broker: String,
+    /// CA certificate (PEM file) the broker's certificate must be signed by; a relative path
+    /// is taken from the current directory.
     #[arg(long, env = "FELIX_CA", default_value = "felix-data/tls/dev-cert.pem")]
     ca: PathBuf,
+    /// Stream, in tenant `default`, namespace `default`.
     #[arg(long, default_value = "events")]
     stream: String,
+    /// Shard to publish to and subscribe on (group publishes round robin over every shard).
     #[arg(long, default_value_t = 0)]
     shard: u32,
+    /// Record size, bytes (at least 16 in latency and fanout-scale, which stamp each record).
     #[arg(long, default_value_t = 128)]
     payload: usize,
+    /// Subscriber connections, each with one subscription (throughput, latency).
     #[arg(long, default_value_t = 1)]
     fanout: usize,
-    /// Records per publish batch (throughput).
+    /// Records per publish, one ack each (throughput, group; group also polls up to this
+    /// many, at most 1,000).
     #[arg(long, default_value_t = 64)]
     batch: usize,
-    /// Batches awaiting their ack at once (throughput).
+    /// Publishes awaiting their ack at once: batches (throughput, group's load) or records
+    /// (ingest).
     #[arg(long, default_value_t = 32)]
     inflight: usize,
-    #[arg(long)]
+    /// How many records the run publishes, then it ends. latency, rtt, ingest: measured
+    /// samples, after an unmeasured warm-up of count/10 (at most 1,000; ingest count/20, at
+    /// most 2,000). group: records loaded then consumed (at most 10,000,000: the exactly-once
+    /// check keeps every record's id in memory). cache: puts, then as many gets.
+    /// demo-slow-consumer: records per policy (at most 100,000). Default: throughput
+    /// 500,000; latency, rtt, cache 10,000; ingest, group 100,000; demo 2,000. Not with
+    /// --duration.
+    #[arg(long, conflicts_with = "duration")]
     count: Option<u64>,
-    #[arg(long, default_value_t = 60)]
-    max_secs: u64,
-    /// Subscriber queue policy on the broker (throughput, latency): `block` makes a throughput
-    /// run lossless by holding the publisher; the drop policies report what was lost.
-    /// `drop_new`, `drop_old` or `block` (the wire names, as felixctl spells them).
+    /// Publish for this long instead of a count (throughput, latency, rtt, ingest), then
+    /// drain and report: a number and a unit, ms, s, m or h (500ms, 30s, 2m; a bare number
+    /// is seconds); at most 10m. In latency, rtt and ingest its first tenth (at most 1 s) is
+    /// an unmeasured warm-up.
+    #[arg(long, value_parser = report::parse_duration)]
+    duration: Option<Duration>,
+    /// Upper bound on the whole run, seconds (at most 600): publishing stops when it passes
+    /// (the result says truncated) and subscribers stop waiting. Default 60, or --duration
+    /// plus 30.
+    #[arg(long)]
+    max_secs: Option<u64>,
+    /// Subscriber queue policy on the broker (throughput, latency, fanout-scale): `drop_new`,
+    /// `drop_old` or `block` (the wire names, as felixctl spells them). `block` makes a
+    /// throughput run lossless by holding the publisher; the drop policies report what was
+    /// lost.
     #[arg(long, default_value = "drop_new", value_parser = parse_policy)]
     queue_policy: QueuePolicy,
+    /// Bound of each subscriber's queue on the broker, records (throughput, latency,
+    /// fanout-scale); 0 = the broker's default, which is also its maximum.
+    #[arg(long, default_value_t = 0)]
+    queue_records: u32,
+    /// throughput: the last subscriber reads nothing for its first MS milliseconds (with a
+    /// 4 KiB flow-control window and a 4-event client buffer, so its queue on the broker
+    /// fills), to show what --queue-policy does to a subscriber that falls behind. 0 = off.
+    #[arg(long, default_value_t = 0, value_name = "MS")]
+    stall_ms: u64,
     /// Runtime worker threads; default: the CPUs this process may run on (so `taskset -c 1`
     /// gives one thread — two threads time-sharing one core wait on each other's wakeups).
     /// With one, the runtime is tokio's current-thread one: everything on the main thread.
     #[arg(long)]
     threads: Option<usize>,
-    /// Competing consumers, each on its own connection (group).
+    /// Competing consumers, each on its own connection (group), 1..=256.
     #[arg(long, default_value_t = 1)]
     consumers: usize,
-    /// Subscriptions (fanout-scale), at most 10,000.
+    /// Subscriptions (fanout-scale) or watchers (cache), at most 10,000.
     #[arg(long, default_value_t = 1000)]
     subscribers: usize,
-    /// Connections the subscriptions are spread over (fanout-scale); default S/1000 rounded up.
+    /// Connections the subscriptions or watchers are spread over (fanout-scale, cache);
+    /// default: fanout-scale 1,000 subscriptions per connection, cache 100 watchers per
+    /// connection (rounded up).
     #[arg(long)]
     connections: Option<usize>,
-    /// Publish rate, records/s (fanout-scale).
+    /// Publish rate, records/s (fanout-scale, at most 1,000,000) or puts/s (cache's watch
+    /// phase, at most 100,000).
     #[arg(long, default_value_t = 100)]
     rate: u64,
-    /// Publishing time, seconds (fanout-scale).
+    /// Publishing time, seconds (fanout-scale and cache's watch phase).
     #[arg(long, default_value_t = 5)]
     secs: u64,
-    /// The broker's pid, to report its resident memory per subscriber (fanout-scale).
+    /// The broker's pid, to report its resident memory per subscriber (fanout-scale); no
+    /// default (not reported).
     #[arg(long)]
     broker_pid: Option<u32>,
-    /// Cache name (cache).
+    /// Cache name (cache), in tenant `default`, namespace `default`.
     #[arg(long, default_value = "kv")]
     cache: String,
-    /// A progress line on stderr every second (throughput, latency, ingest, fanout-scale).
+    /// A progress line on stderr every second: published and acked so far and per second,
+    /// delivered per second over the subscribers, lost so far (throughput, latency, rtt,
+    /// ingest, fanout-scale). Off by default.
     #[arg(long)]
     progress: bool,
-    /// The JSONL file to summarize (summarize).
+    /// Print only the result as one JSON object on one line (for scripts), not the summary.
+    /// Off by default.
+    #[arg(long)]
+    json: bool,
+    /// The JSONL file to summarize (summarize); no default.
     #[arg(long)]
     input: Option<PathBuf>,
     /// Ceiling of this client's QUIC packet size, bytes (the broker has its own,
@@ -131,6 +213,12 @@ struct Args {
     /// pre-PMTUD transport for before/after runs.
     #[arg(long, default_value_t = felix_quic::DEFAULT_UDP_PAYLOAD_MAX, value_parser = parse_udp_max)]
     udp_payload_max_bytes: usize,
+    /// The client settings, resolved once from --broker (not a flag).
+    #[arg(skip)]
+    client: Option<ClientConfig>,
+    /// The run's bound in seconds: --max-secs, or its default (not a flag).
+    #[arg(skip)]
+    bound_secs: u64,
 }
 
 fn parse_udp_max(s: &str) -> Result<usize, String> {
@@ -145,13 +233,21 @@ fn parse_policy(s: &str) -> Result<QueuePolicy, String> {
     QueuePolicy::parse(s).ok_or_else(|| format!("must be drop_new, drop_old or block, got {s:?}"))
 }
 
-const COUNT_MAX: u64 = 10_000_000;
+/// group: the exactly-once check keeps each record's id; more is refused, not capped.
+const GROUP_COUNT_MAX: u64 = 10_000_000;
+
+/// The modes `--duration` applies to.
+fn takes_duration(m: Mode) -> bool {
+    matches!(
+        m,
+        Mode::Throughput | Mode::Latency | Mode::Rtt | Mode::Ingest
+    )
+}
 
 fn cfg(a: &Args) -> ClientConfig {
-    let mut c = ClientConfig::new(a.broker, None);
+    let mut c = a.client.clone().expect("resolved in run()");
     c.verify = Verify::CaFile(a.ca.clone());
     c.transport.udp_payload_max_bytes = a.udp_payload_max_bytes;
-    let _ = UDP_PAYLOAD_MAX.set(a.udp_payload_max_bytes);
     c
 }
 
@@ -166,14 +262,171 @@ fn records_in(ev: &Event) -> u64 {
     }
 }
 
-/// Print one result line: the mode's fields plus what makes it comparable later — the
-/// machine (cores, CPU, kernel), the git revision (`FELIX_GIT_REV`, else the one the binary
-/// was built from), the UTC date and the load average at the end.
-fn emit(mut v: serde_json::Value) {
-    if let Some(o) = v.as_object_mut() {
-        if let Some(n) = UDP_PAYLOAD_MAX.get() {
-            o.insert("udp_payload_max_bytes".into(), (*n).into());
+/// How many records a counted run publishes and when publishing stops: `--count` (or the
+/// mode's default) with the run's deadline, or no count and `--duration`'s end.
+struct Plan {
+    count: u64,
+    begin: Instant,
+    duration: Option<Duration>,
+    until: Option<Instant>,
+    deadline: Instant,
+}
+
+impl Plan {
+    fn new(a: &Args, default_count: u64) -> Plan {
+        let now = Instant::now();
+        Plan {
+            count: if a.duration.is_some() {
+                u64::MAX
+            } else {
+                a.count.unwrap_or(default_count)
+            },
+            begin: now,
+            duration: a.duration,
+            until: a.duration.map(|d| now + d),
+            deadline: now + Duration::from_secs(a.bound_secs),
         }
+    }
+    /// Publishing starts now (after connecting and subscribing): a --duration counts from
+    /// here; the deadline stays where it was.
+    fn start(&mut self) {
+        self.begin = Instant::now();
+        self.until = self.duration.map(|d| self.begin + d);
+    }
+    /// Whether publishing should stop now, `done` of `total` (the count, plus a warm-up)
+    /// published: Some(true) when cut short by the deadline.
+    fn stop(&self, done: u64, total: u64) -> Option<bool> {
+        let now = Instant::now();
+        if now > self.deadline {
+            Some(true)
+        } else if done >= total || self.until.is_some_and(|u| now >= u) {
+            Some(false)
+        } else {
+            None
+        }
+    }
+    /// The unmeasured warm-up of a counted run before its `count` samples: count/div, at
+    /// most `max` (none with --duration, which warms up by time: see `warming`).
+    fn warmup(&self, div: u64, max: u64) -> u64 {
+        if self.until.is_some() {
+            0
+        } else {
+            (self.count / div).min(max)
+        }
+    }
+    /// Whether the `i`th record (0-based) is still warm-up, not measured: the first `warmup`
+    /// of a counted run, or those sent in the first tenth of a --duration (at most 1 s).
+    fn warming(&self, i: u64, warmup: u64) -> bool {
+        match (self.until, self.duration) {
+            (Some(_), Some(d)) => self.begin.elapsed() < (d / 10).min(Duration::from_secs(1)),
+            _ => i < warmup,
+        }
+    }
+    /// The fields saying how the run was bounded.
+    fn fields(&self, a: &Args, o: &mut serde_json::Map<String, serde_json::Value>) {
+        match a.duration {
+            Some(d) => o.insert("duration_target_s".into(), d.as_secs_f64().into()),
+            None => o.insert("count_target".into(), self.count.into()),
+        };
+        o.insert("max_secs".into(), a.bound_secs.into());
+    }
+}
+
+/// Publishes the broker refused, by error code (batches), and the records in them.
+#[derive(Default)]
+struct Refused {
+    by_code: BTreeMap<&'static str, u64>,
+    records: u64,
+}
+
+impl Refused {
+    /// Count a refusal (`Ok`), or hand back any other error (the run fails on it).
+    fn take(&mut self, e: felix_client::Error, records: u64) -> Result<(), felix_client::Error> {
+        match e.code() {
+            Some(code) => {
+                *self.by_code.entry(code.name()).or_default() += 1;
+                self.records += records;
+                Ok(())
+            }
+            None => Err(e),
+        }
+    }
+    fn fields(&self, o: &mut serde_json::Map<String, serde_json::Value>) {
+        o.insert("publish_refused".into(), self.records.into());
+        o.insert("refused".into(), serde_json::json!(self.by_code));
+    }
+}
+
+/// What one subscriber of a run received and lost.
+#[derive(Default, Clone)]
+struct SubStat {
+    got: u64,
+    lost: u64,
+    lag_notices: u64,
+    out_of_order: u64,
+    end: Option<(u16, String)>,
+    secs: f64,
+}
+
+/// The loss fields of a run with subscribers, `published` records each should have had:
+/// totals, the subscribers that lost, the worst one, and subscriptions the broker ended.
+fn loss_fields(
+    subs: &[SubStat],
+    published: u64,
+    o: &mut serde_json::Map<String, serde_json::Value>,
+) {
+    let missing = |s: &SubStat| published.saturating_sub(s.got + s.lost);
+    let lost_of = |s: &SubStat| published.saturating_sub(s.got);
+    let (mut lag, mut notices, mut miss, mut lossy) = (0u64, 0u64, 0u64, 0u64);
+    for s in subs {
+        lag += s.lost;
+        notices += s.lag_notices;
+        miss += missing(s);
+        lossy += u64::from(lost_of(s) > 0);
+    }
+    o.insert("lost".into(), subs.iter().map(lost_of).sum::<u64>().into());
+    o.insert("lost_lag".into(), lag.into());
+    o.insert("missing".into(), miss.into());
+    o.insert("lag_notices".into(), notices.into());
+    o.insert("subs_lossy".into(), lossy.into());
+    if let Some((i, w)) = subs
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| lost_of(s) > 0)
+        .max_by_key(|(_, s)| lost_of(s))
+    {
+        o.insert(
+            "worst_sub".into(),
+            serde_json::json!({"index": i, "received": w.got, "lost": w.lost,
+                "lag_notices": w.lag_notices, "missing": missing(w)}),
+        );
+    }
+    let ended: Vec<_> = subs
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| {
+            s.end.as_ref().map(|(c, m)| {
+                let code =
+                    ErrorCode::from_number(*c).map_or_else(|| c.to_string(), |c| c.name().into());
+                serde_json::json!({"index": i, "code": code, "message": m})
+            })
+        })
+        .take(100)
+        .collect();
+    o.insert("ended".into(), ended.into());
+}
+
+/// Print the result: with `--json` one line (the mode's fields plus what makes it comparable
+/// later — the machine (cores, CPU, kernel), the git revision (`FELIX_GIT_REV`, else the one
+/// the binary was built from), the UTC date and the load average at the end); else the
+/// summary for people of that same object.
+fn emit(a: &Args, mut v: serde_json::Value) {
+    if let Some(o) = v.as_object_mut() {
+        o.insert("broker".into(), a.broker.clone().into());
+        o.insert(
+            "udp_payload_max_bytes".into(),
+            a.udp_payload_max_bytes.into(),
+        );
         o.insert("machine".into(), machine_facts());
         o.insert("git_rev".into(), git_rev().into());
         o.insert(
@@ -182,11 +435,12 @@ fn emit(mut v: serde_json::Value) {
         );
         o.insert("load1_end".into(), load1().into());
     }
-    println!("{v}");
+    if a.json {
+        println!("{v}");
+    } else {
+        print!("{}", report::human(&v));
+    }
 }
-
-/// This run's `--udp-payload-max-bytes`, for the result line.
-static UDP_PAYLOAD_MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
 
 fn machine_facts() -> serde_json::Value {
     let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
@@ -213,8 +467,29 @@ fn git_rev() -> String {
     std::env::var("FELIX_GIT_REV").unwrap_or_else(|_| env!("FELIX_GIT_REV").into())
 }
 
-/// A `--progress` ticker that stops when dropped (so every return path ends it).
-struct Ticker(Option<tokio::task::JoinHandle<()>>);
+/// Counters a `--progress` line reads (the run's tasks feed them).
+#[derive(Default)]
+struct Counters {
+    published: AtomicU64,
+    acked: AtomicU64,
+    delivered: AtomicU64,
+    lost: AtomicU64,
+}
+
+impl Counters {
+    fn snapshot(&self) -> report::Snapshot {
+        report::Snapshot {
+            published: self.published.load(Ordering::Relaxed),
+            acked: self.acked.load(Ordering::Relaxed),
+            delivered: self.delivered.load(Ordering::Relaxed),
+            lost: self.lost.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A `--progress` ticker that stops when dropped (so every return path ends it), and the
+/// counters it shows (None without `--progress`, so a campaign run pays nothing for them).
+struct Ticker(Option<tokio::task::JoinHandle<()>>, Option<Arc<Counters>>);
 impl Drop for Ticker {
     fn drop(&mut self) {
         if let Some(t) = self.0.take() {
@@ -223,35 +498,48 @@ impl Drop for Ticker {
     }
 }
 
-/// With `--progress`, a line on stderr every second: `label`, the count so far, its rate.
-fn ticker(on: bool, label: &'static str) -> (Ticker, std::sync::Arc<std::sync::atomic::AtomicU64>) {
-    let n = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-    (Ticker(progress(on, label, n.clone())), n)
+impl Ticker {
+    fn counters(&self) -> Option<Arc<Counters>> {
+        self.1.clone()
+    }
+    fn add(&self, f: impl Fn(&Counters) -> &AtomicU64, n: u64) {
+        if let Some(c) = &self.1 {
+            f(c).fetch_add(n, Ordering::Relaxed);
+        }
+    }
+    fn set(&self, f: impl Fn(&Counters) -> &AtomicU64, n: u64) {
+        if let Some(c) = &self.1 {
+            f(c).store(n, Ordering::Relaxed);
+        }
+    }
 }
 
-/// With `--progress`, a line on stderr every second: `label`, the count so far, its rate.
-fn progress(
-    on: bool,
-    label: &'static str,
-    count: std::sync::Arc<std::sync::atomic::AtomicU64>,
-) -> Option<tokio::task::JoinHandle<()>> {
+/// With `--progress`, a line on stderr every second (`report::progress_line`): the counters
+/// `show` names, their totals and their rates over the last second.
+fn ticker(on: bool, show: report::Shown) -> Ticker {
     if !on {
-        return None;
+        return Ticker(None, None);
     }
-    Some(tokio::spawn(async move {
+    let c = Arc::new(Counters::default());
+    let counters = c.clone();
+    let task = tokio::spawn(async move {
         let start = Instant::now();
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.tick().await;
+        let (mut prev, mut at) = (c.snapshot(), Instant::now());
         loop {
             tick.tick().await;
-            let n = count.load(std::sync::atomic::Ordering::Relaxed);
-            let secs = start.elapsed().as_secs_f64();
+            let now = c.snapshot();
+            let dt = at.elapsed().as_secs_f64();
+            at = Instant::now();
             eprintln!(
-                "progress: {label} {n} in {secs:.0} s ({:.0}/s)",
-                n as f64 / secs
+                "{}",
+                report::progress_line(start.elapsed().as_secs_f64(), &now, &prev, dt, &show)
             );
+            prev = now;
         }
-    }))
+    });
+    Ticker(Some(task), Some(counters))
 }
 
 fn load1() -> f64 {
@@ -285,8 +573,13 @@ fn main() {
     rt.block_on(run(a));
 }
 
-async fn run(a: Args) {
-    // RUST_LOG filters (default warn) to stderr: stdout carries only the JSON result line.
+fn usage(msg: &str) -> ! {
+    eprintln!("felix-loadgen: {msg}");
+    std::process::exit(2);
+}
+
+async fn run(mut a: Args) {
+    // RUST_LOG filters (default warn) to stderr: stdout carries only the result.
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -296,16 +589,38 @@ async fn run(a: Args) {
         .init();
     // Latency-measuring modes carry a sequence and a send timestamp in each payload.
     let stamped = matches!(a.mode, Mode::Latency | Mode::FanoutScale);
-    if (stamped && a.payload < 16)
-        || a.fanout == 0
-        || a.batch == 0
-        || a.inflight == 0
-        || a.max_secs > 600
-    {
-        eprintln!(
-            "felix-loadgen: need payload >= 16 (latency, fanout-scale), fanout/batch/inflight >= 1, max-secs <= 600"
-        );
-        std::process::exit(2);
+    if (stamped && a.payload < 16) || a.fanout == 0 || a.batch == 0 || a.inflight == 0 {
+        usage("need payload >= 16 (latency, fanout-scale), fanout/batch/inflight >= 1");
+    }
+    if a.max_secs.is_some_and(|s| s == 0 || s > 600) {
+        usage("--max-secs must be 1..=600");
+    }
+    if let Some(d) = a.duration {
+        if !takes_duration(a.mode) {
+            usage("--duration applies to throughput, latency, rtt and ingest (fanout-scale and cache publish for --secs; the others take --count)");
+        }
+        if a.max_secs.is_some_and(|s| d.as_secs_f64() >= s as f64) {
+            usage("--duration must be shorter than --max-secs (which bounds the whole run, draining included); leave --max-secs out for the duration plus 30 s");
+        }
+    }
+    a.bound_secs = a.max_secs.unwrap_or_else(|| {
+        a.duration
+            .map_or(60, |d| d.as_secs_f64().ceil() as u64 + 30)
+    });
+    if a.mode == Mode::Group && a.count.is_some_and(|c| c > GROUP_COUNT_MAX) {
+        usage("--count in group mode is at most 10,000,000 (the exactly-once check keeps every record's id in memory)");
+    }
+    if a.mode == Mode::DemoSlowConsumer && a.count.is_some_and(|c| c > 100_000) {
+        usage("--count in demo-slow-consumer mode is at most 100,000 per policy");
+    }
+    if a.stall_ms > 0 && a.mode != Mode::Throughput {
+        usage("--stall-ms applies to throughput");
+    }
+    if a.mode != Mode::Summarize {
+        match ClientConfig::for_broker(&a.broker, Some(a.ca.clone())) {
+            Ok(c) => a.client = Some(c),
+            Err(e) => usage(&format!("--broker: {e}")),
+        }
     }
     let r = match a.mode {
         Mode::Throughput => throughput(&a).await,
@@ -317,8 +632,7 @@ async fn run(a: Args) {
         Mode::Cache => cache(&a).await,
         Mode::Summarize => {
             let Some(p) = &a.input else {
-                eprintln!("felix-loadgen: --mode summarize needs --input FILE.jsonl");
-                std::process::exit(2);
+                usage("--mode summarize needs --input FILE.jsonl");
             };
             match std::fs::read_to_string(p) {
                 Ok(text) => {
@@ -339,49 +653,88 @@ async fn run(a: Args) {
     }
 }
 
+/// `--fanout` subscriber connections; with `--stall-ms` the last one gets a 4 KiB stream
+/// window and a 4-event buffer, so a stall fills its queue on the broker quickly.
 async fn subscribers(
     a: &Args,
     opts: SubscribeOptions,
 ) -> Result<(Vec<Client>, Vec<Subscription>), felix_client::Error> {
     let mut cs = Vec::new();
     let mut ss = Vec::new();
-    for _ in 0..a.fanout {
-        let c = Client::connect(cfg(a)).await?;
-        ss.push(c.subscribe(&name(a), a.shard, opts.clone()).await?);
+    for i in 0..a.fanout {
+        let (mut c, mut o) = (cfg(a), opts.clone());
+        if a.stall_ms > 0 && i + 1 == a.fanout {
+            c.transport.max_stream_data_uni_bytes = 4096;
+            o.buffer_events = 4;
+        }
+        let c = Client::connect(c).await?;
+        ss.push(c.subscribe(&name(a), a.shard, o).await?);
         cs.push(c);
     }
     Ok((cs, ss))
 }
-
 async fn throughput(a: &Args) -> Result<(), felix_client::Error> {
-    let count = a.count.unwrap_or(500_000).min(COUNT_MAX);
-    let deadline = Instant::now() + Duration::from_secs(a.max_secs);
+    let mut plan = Plan::new(a, 500_000);
+    let deadline = plan.deadline;
     let load = load1();
     let (_cs, subs) = subscribers(
         a,
         SubscribeOptions {
             policy: a.queue_policy,
+            queue_records_max: a.queue_records,
             ..Default::default()
         },
     )
     .await?;
     let publisher = Client::connect(cfg(a)).await?;
     let payload = Bytes::from(vec![b'x'; a.payload]);
+    let tick = ticker(
+        a.progress,
+        report::Shown {
+            published: true,
+            acked: true,
+            subscribers: a.fanout,
+        },
+    );
+    // How many records each subscriber should get: the count until publishing ends, then
+    // what was acked (fewer when publishes were refused, or a duration's worth).
+    let (target_tx, target_rx) = tokio::sync::watch::channel(plan.count);
+    plan.start();
     let start = Instant::now();
+    let stall = Duration::from_millis(a.stall_ms);
+    let n_subs = subs.len();
     let readers: Vec<_> = subs
         .into_iter()
-        .map(|mut s| {
+        .enumerate()
+        .map(|(i, mut s)| {
+            let mut target = target_rx.clone();
+            let progress = tick.counters();
+            let stalled = !stall.is_zero() && i + 1 == n_subs;
             tokio::spawn(async move {
-                let (mut got, mut lost) = (0u64, 0u64);
+                if stalled {
+                    tokio::time::sleep(stall).await;
+                }
+                let mut st = SubStat::default();
                 // Order check: each event must start where the last one (records or a lag
                 // notice) ended; the first one sets the start.
-                let (mut next, mut out_of_order) = (None::<u64>, 0u64);
-                while got + lost < count {
+                let mut next = None::<u64>;
+                loop {
+                    let want = *target.borrow_and_update();
+                    if st.got + st.lost >= want {
+                        break;
+                    }
                     let left = deadline.saturating_duration_since(Instant::now());
-                    match s.next_timeout(left).await {
+                    let ev = tokio::select! {
+                        ev = s.next_timeout(left) => ev,
+                        changed = target.changed() => match changed {
+                            Ok(()) => continue,
+                            Err(_) => break,
+                        },
+                    };
+                    match ev {
                         Ok(Some(ev)) => {
                             let n = records_in(&ev);
-                            got += n;
+                            st.got += n;
                             let (from, len) = match ev {
                                 Event::Records { first_offset, .. } => (first_offset, n),
                                 Event::Lag {
@@ -389,83 +742,117 @@ async fn throughput(a: &Args) -> Result<(), felix_client::Error> {
                                     lost: l,
                                     ..
                                 } => {
-                                    lost += l;
+                                    st.lost += l;
+                                    st.lag_notices += 1;
+                                    if let Some(p) = &progress {
+                                        p.lost.fetch_add(l, Ordering::Relaxed);
+                                    }
                                     (from_offset, l)
                                 }
-                                _ => continue,
+                                Event::End { code, message, .. } => {
+                                    st.end = Some((code, message));
+                                    break;
+                                }
+                                Event::Watch(_) => continue,
                             };
+                            if let Some(p) = &progress {
+                                p.delivered.fetch_add(n, Ordering::Relaxed);
+                            }
                             if next.is_some_and(|x| x != from) {
-                                out_of_order += 1;
+                                st.out_of_order += 1;
                             }
                             next = Some(from + len);
                         }
                         _ => break,
                     }
                 }
-                (got, lost, out_of_order, start.elapsed())
+                st.secs = start.elapsed().as_secs_f64();
+                st
             })
         })
         .collect();
     let mut inflight = tokio::task::JoinSet::new();
-    let mut sent = 0u64;
-    let mut truncated = false;
+    let (mut sent, mut acked) = (0u64, 0u64);
+    let mut refused = Refused::default();
     let p = publisher.publisher();
-    let (tick, shown) = ticker(a.progress, "published");
-    while sent < count {
-        if Instant::now() > deadline {
-            truncated = true;
-            break;
+    let mut answer = |r: Result<Result<u64, (u64, felix_client::Error)>, _>,
+                      acked: &mut u64|
+     -> Result<(), felix_client::Error> {
+        match r.expect("publish task") {
+            Ok(k) => {
+                *acked += k;
+                tick.set(|c| &c.acked, *acked);
+                Ok(())
+            }
+            Err((k, e)) => refused.take(e, k),
         }
-        shown.store(sent, std::sync::atomic::Ordering::Relaxed);
+    };
+    let truncated = loop {
+        if let Some(cut) = plan.stop(sent, plan.count) {
+            break cut;
+        }
+        tick.set(|c| &c.published, sent);
         while inflight.len() >= a.inflight {
-            inflight.join_next().await.unwrap().unwrap()?;
+            answer(inflight.join_next().await.unwrap(), &mut acked)?;
         }
-        let k = (a.batch as u64).min(count - sent);
+        let k = (a.batch as u64).min(plan.count - sent);
         let batch: Vec<Bytes> = (0..k).map(|_| payload.clone()).collect();
         let sel = ShardSelector::Shard(a.shard);
         let (p, n) = (p.clone(), name(a));
-        inflight.spawn(async move { p.publish_batch(&n, sel, batch).await.map(|_| ()) });
+        inflight.spawn(async move {
+            p.publish_batch(&n, sel, batch)
+                .await
+                .map(|_| k)
+                .map_err(|e| (k, e))
+        });
         sent += k;
-    }
+    };
     while let Some(r) = inflight.join_next().await {
-        r.unwrap()?;
+        answer(r, &mut acked)?;
+    }
+    let pub_secs = start.elapsed().as_secs_f64();
+    let _ = target_tx.send(acked);
+    let mut stats = Vec::new();
+    for r in readers {
+        stats.push(r.await.unwrap());
     }
     drop(tick);
-    let pub_secs = start.elapsed().as_secs_f64();
-    let mut per_sub = Vec::new();
-    let mut lost_total = 0;
-    let mut out_of_order = 0;
-    for r in readers {
-        let (got, lost, disorder, t) = r.await.unwrap();
-        out_of_order += disorder;
-        lost_total += lost + (sent - got - lost);
-        per_sub.push(got as f64 / t.as_secs_f64());
-    }
+    let per_sub: Vec<f64> = stats.iter().map(|s| s.got as f64 / s.secs).collect();
+    let out_of_order: u64 = stats.iter().map(|s| s.out_of_order).sum();
     let avg = per_sub.iter().sum::<f64>() / per_sub.len() as f64;
     let min = per_sub.iter().cloned().fold(f64::MAX, f64::min);
     let mb = |msgs: f64| msgs * a.payload as f64 / 1e6;
-    emit(serde_json::json!({
-        "tool": "felix-loadgen", "mode": "throughput", "payload": a.payload, "fanout": a.fanout,
-        "batch": a.batch, "inflight": a.inflight, "count": sent, "load1": load, "truncated": truncated,
-        "out_of_order": out_of_order,
-        "publish_msgs_per_s": sent as f64 / pub_secs, "publish_mb_per_s": mb(sent as f64 / pub_secs),
+    let mut v = serde_json::json!({
+        "tool": "felix-loadgen", "mode": "throughput", "stream": a.stream, "shard": a.shard,
+        "payload": a.payload, "fanout": a.fanout,
+        "batch": a.batch, "inflight": a.inflight, "count": acked, "load1": load, "truncated": truncated,
+        "out_of_order": out_of_order, "duration_s": pub_secs,
+        "publish_msgs_per_s": acked as f64 / pub_secs, "publish_mb_per_s": mb(acked as f64 / pub_secs),
         "per_sub_msgs_per_s_avg": avg, "per_sub_mb_per_s_avg": mb(avg), "per_sub_msgs_per_s_min": min,
-        "total_msgs_per_s": avg * a.fanout as f64, "lost": lost_total,
-        "queue_policy": a.queue_policy.name(),
-    }));
+        "total_msgs_per_s": avg * a.fanout as f64,
+        "queue_policy": a.queue_policy.name(), "queue_records": a.queue_records,
+        "stall_ms": a.stall_ms,
+    });
+    let o = v.as_object_mut().unwrap();
+    plan.fields(a, o);
+    refused.fields(o);
+    loss_fields(&stats, acked, o);
+    emit(a, v);
     let _ = publisher.close().await;
     Ok(())
 }
 
 async fn latency(a: &Args) -> Result<(), felix_client::Error> {
-    let count = a.count.unwrap_or(10_000).min(COUNT_MAX);
-    let warmup = (count / 10).min(1000);
-    let deadline = Instant::now() + Duration::from_secs(a.max_secs);
+    let mut plan = Plan::new(a, 10_000);
+    let warmup = plan.warmup(10, 1000);
+    let total = plan.count.saturating_add(warmup);
+    let deadline = plan.deadline;
     let load = load1();
     let (_cs, mut subs) = subscribers(
         a,
         SubscribeOptions {
             policy: a.queue_policy,
+            queue_records_max: a.queue_records,
             ..Default::default()
         },
     )
@@ -474,14 +861,23 @@ async fn latency(a: &Args) -> Result<(), felix_client::Error> {
     let mut each = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
     let mut all = each.clone();
     let payload = Bytes::from(vec![b'x'; a.payload]);
-    let mut truncated = false;
-    let (_ticker, shown) = ticker(a.progress, "samples");
-    for i in 0..count + warmup {
-        if Instant::now() > deadline {
-            truncated = true;
-            break;
+    let tick = ticker(
+        a.progress,
+        report::Shown {
+            published: true,
+            acked: false,
+            subscribers: a.fanout,
+        },
+    );
+    plan.start();
+    let start = Instant::now();
+    let mut i = 0u64;
+    let truncated = loop {
+        if let Some(cut) = plan.stop(i, total) {
+            break cut;
         }
-        shown.store(i, std::sync::atomic::Ordering::Relaxed);
+        tick.set(|c| &c.published, i + 1);
+        let measured = !plan.warming(i, warmup);
         let t0 = Instant::now();
         // Fire-and-forget: the publish→delivery path, no ack round trip in the loop.
         publisher.publish_fire(
@@ -497,26 +893,41 @@ async fn latency(a: &Args) -> Result<(), felix_client::Error> {
                     .max(Duration::from_millis(1));
                 match s.next_timeout(left).await? {
                     Some(ev) if records_in(&ev) > 0 => break,
+                    Some(Event::End { code, message, .. }) => {
+                        let code = ErrorCode::from_number(code)
+                            .map_or_else(|| code.to_string(), |c| c.name().into());
+                        return Err(felix_client::Error::Closed(format!(
+                            "the broker ended a subscription: {code}: {message}"
+                        )));
+                    }
                     Some(_) => continue,
                     None => return Err(felix_client::Error::Closed("subscription ended".into())),
                 }
             }
+            tick.add(|c| &c.delivered, 1);
             let d = t0.elapsed();
             last = last.max(d);
-            if i >= warmup {
+            if measured {
                 each.record(d.as_micros().max(1) as u64).unwrap();
             }
         }
-        if i >= warmup {
+        if measured {
             all.record(last.as_micros().max(1) as u64).unwrap();
         }
-    }
-    let pct = |h: &hdrhistogram::Histogram<u64>| serde_json::json!({"p50": h.value_at_quantile(0.5), "p90": h.value_at_quantile(0.9), "p99": h.value_at_quantile(0.99), "p999": h.value_at_quantile(0.999), "max": h.max()});
-    emit(serde_json::json!({
-        "tool": "felix-loadgen", "mode": "latency", "payload": a.payload, "fanout": a.fanout,
+        i += 1;
+    };
+    let secs = start.elapsed().as_secs_f64();
+    drop(tick);
+    let (refused, last) = publisher.fire_and_forget_errors();
+    let mut v = serde_json::json!({
+        "tool": "felix-loadgen", "mode": "latency", "stream": a.stream, "shard": a.shard,
+        "payload": a.payload, "fanout": a.fanout, "queue_policy": a.queue_policy.name(),
         "count": all.len(), "load1": load, "truncated": truncated, "unit": "us",
-        "each": pct(&each), "all_f": pct(&all),
-    }));
+        "duration_s": secs, "each": stats::pct(&each), "all_f": stats::pct(&all),
+        "publish_refused": refused, "refused_last": last.map(|e| e.to_string()),
+    });
+    plan.fields(a, v.as_object_mut().unwrap());
+    emit(a, v);
     let _ = publisher.close().await;
     Ok(())
 }
@@ -524,53 +935,73 @@ async fn latency(a: &Args) -> Result<(), felix_client::Error> {
 /// One acked publish at a time on `--stream` (ephemeral or durable): the request round trip,
 /// kept apart from `latency` (publish → delivery, fire-and-forget) by its mode name.
 async fn rtt(a: &Args) -> Result<(), felix_client::Error> {
-    let count = a.count.unwrap_or(10_000).min(COUNT_MAX);
-    let warmup = (count / 10).min(1000);
-    let deadline = Instant::now() + Duration::from_secs(a.max_secs);
+    let mut plan = Plan::new(a, 10_000);
+    let warmup = plan.warmup(10, 1000);
+    let total = plan.count.saturating_add(warmup);
     let load = load1();
     let c = Client::connect(cfg(a)).await?;
     let info = c.describe_stream(&name(a)).await?;
     let p = c.publisher();
     let (stream, payload) = (name(a), Bytes::from(vec![b'x'; a.payload]));
     let mut hist = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
-    let (_ticker, shown) = ticker(a.progress, "requests");
-    let mut truncated = false;
-    let mut start = Instant::now();
-    for i in 0..count + warmup {
-        if Instant::now() > deadline {
-            truncated = true;
-            break;
+    let tick = ticker(
+        a.progress,
+        report::Shown {
+            published: false,
+            acked: true,
+            subscribers: 0,
+        },
+    );
+    let mut refused = Refused::default();
+    plan.start();
+    let begin = Instant::now();
+    let mut start = None;
+    let mut i = 0u64;
+    let truncated = loop {
+        if let Some(cut) = plan.stop(i, total) {
+            break cut;
         }
-        if i == warmup {
-            start = Instant::now();
+        let measured = !plan.warming(i, warmup);
+        if measured && start.is_none() {
+            start = Some(Instant::now());
         }
-        shown.store(i, std::sync::atomic::Ordering::Relaxed);
         let t0 = Instant::now();
-        p.publish_batch(
-            &stream,
-            ShardSelector::Shard(a.shard),
-            vec![payload.clone()],
-        )
-        .await?;
-        if i >= warmup {
-            hist.record(t0.elapsed().as_micros().max(1) as u64).unwrap();
+        match p
+            .publish_batch(
+                &stream,
+                ShardSelector::Shard(a.shard),
+                vec![payload.clone()],
+            )
+            .await
+        {
+            Ok(_) if measured => hist.record(t0.elapsed().as_micros().max(1) as u64).unwrap(),
+            Ok(_) => {}
+            Err(e) => refused.take(e, 1)?,
         }
-    }
-    let secs = start.elapsed().as_secs_f64();
-    emit(serde_json::json!({
-        "tool": "felix-loadgen", "mode": "rtt", "stream": a.stream, "durable": info.durable,
-        "payload": a.payload, "count": hist.len(), "load1": load, "truncated": truncated,
+        i += 1;
+        tick.set(|c| &c.acked, i);
+    };
+    let secs = start.map_or(0.0, |s| s.elapsed().as_secs_f64());
+    drop(tick);
+    let mut v = serde_json::json!({
+        "tool": "felix-loadgen", "mode": "rtt", "stream": a.stream, "shard": a.shard,
+        "durable": info.durable, "payload": a.payload, "count": hist.len(), "load1": load,
+        "truncated": truncated, "duration_s": begin.elapsed().as_secs_f64(),
         "requests_per_s": if secs > 0.0 { hist.len() as f64 / secs } else { 0.0 },
         "unit": "us", "rtt": stats::pct(&hist),
-    }));
+    });
+    let o = v.as_object_mut().unwrap();
+    plan.fields(a, o);
+    refused.fields(o);
+    emit(a, v);
     let _ = c.close().await;
     Ok(())
 }
 
 async fn ingest(a: &Args) -> Result<(), felix_client::Error> {
-    let count = a.count.unwrap_or(100_000).min(COUNT_MAX);
-    let warmup = (count / 20).min(2000);
-    let deadline = Instant::now() + Duration::from_secs(a.max_secs);
+    let mut plan = Plan::new(a, 100_000);
+    let warmup = plan.warmup(20, 2000);
+    let total = plan.count.saturating_add(warmup);
     let load = load1();
     let c = Client::connect(cfg(a)).await?;
     let info = c.describe_stream(&name(a)).await?;
@@ -578,66 +1009,89 @@ async fn ingest(a: &Args) -> Result<(), felix_client::Error> {
     let payload = Bytes::from(vec![b'x'; a.payload]);
     let mut hist = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
     let mut inflight = tokio::task::JoinSet::new();
-    let mut truncated = false;
-    let mut start = Instant::now();
-    let mut acked = 0u64;
-    let mut sent = 0u64;
-    let (_ticker, shown) = ticker(a.progress, "acked");
-    while sent < count + warmup {
-        shown.store(acked, std::sync::atomic::Ordering::Relaxed);
-        if Instant::now() > deadline {
-            truncated = true;
-            break;
-        }
-        while inflight.len() >= a.inflight {
-            let (i, d): (u64, Duration) = inflight.join_next().await.unwrap().unwrap()?;
-            if i >= warmup {
+    plan.start();
+    let begin = Instant::now();
+    let mut start = None;
+    let (mut acked, mut answered, mut sent) = (0u64, 0u64, 0u64);
+    let tick = ticker(
+        a.progress,
+        report::Shown {
+            published: true,
+            acked: true,
+            subscribers: 0,
+        },
+    );
+    let mut refused = Refused::default();
+    let mut answer = |r: Result<(bool, Result<Duration, felix_client::Error>), _>|
+     -> Result<(), felix_client::Error> {
+        let (measured, res) = r.expect("publish task");
+        answered += 1;
+        tick.set(|c| &c.acked, answered);
+        match res {
+            Ok(d) if measured => {
                 hist.record(d.as_micros().max(1) as u64).unwrap();
                 acked += 1;
+                Ok(())
             }
+            Ok(_) => Ok(()),
+            Err(e) => refused.take(e, 1),
         }
-        if sent == warmup {
-            start = Instant::now();
+    };
+    let truncated = loop {
+        if let Some(cut) = plan.stop(sent, total) {
+            break cut;
         }
-        let (p, n, pl, i) = (p.clone(), name(a), payload.clone(), sent);
+        tick.set(|c| &c.published, sent);
+        while inflight.len() >= a.inflight {
+            answer(inflight.join_next().await.unwrap())?;
+        }
+        let measured = !plan.warming(sent, warmup);
+        if measured && start.is_none() {
+            start = Some(Instant::now());
+        }
+        let (p, n, pl) = (p.clone(), name(a), payload.clone());
         let sel = ShardSelector::Shard(a.shard);
         inflight.spawn(async move {
             let t0 = Instant::now();
-            p.publish_batch(&n, sel, vec![pl])
-                .await
-                .map(|_| (i, t0.elapsed()))
+            (
+                measured,
+                p.publish_batch(&n, sel, vec![pl])
+                    .await
+                    .map(|_| t0.elapsed()),
+            )
         });
         sent += 1;
-    }
+    };
     while let Some(r) = inflight.join_next().await {
-        let (i, d) = r.unwrap()?;
-        if i >= warmup {
-            hist.record(d.as_micros().max(1) as u64).unwrap();
-            acked += 1;
-        }
+        answer(r)?;
     }
-    let secs = start.elapsed().as_secs_f64();
-    let rate = acked as f64 / secs;
-    emit(serde_json::json!({
-        "tool": "felix-loadgen", "mode": "ingest", "stream": a.stream, "durable": info.durable,
-        "payload": a.payload, "inflight": a.inflight, "count": acked, "load1": load,
-        "truncated": truncated, "acks_per_s": rate, "mb_per_s": rate * a.payload as f64 / 1e6,
-        "unit": "us", "ack": {"p50": hist.value_at_quantile(0.5), "p90": hist.value_at_quantile(0.9),
-        "p99": hist.value_at_quantile(0.99), "p999": hist.value_at_quantile(0.999), "max": hist.max()},
-    }));
+    drop(tick);
+    let secs = start.map_or(0.0, |s| s.elapsed().as_secs_f64());
+    let rate = if secs > 0.0 { acked as f64 / secs } else { 0.0 };
+    let mut v = serde_json::json!({
+        "tool": "felix-loadgen", "mode": "ingest", "stream": a.stream, "shard": a.shard,
+        "durable": info.durable, "payload": a.payload, "inflight": a.inflight, "count": acked,
+        "load1": load, "truncated": truncated, "duration_s": begin.elapsed().as_secs_f64(),
+        "acks_per_s": rate, "mb_per_s": rate * a.payload as f64 / 1e6,
+        "unit": "us", "ack": stats::pct(&hist),
+    });
+    let o = v.as_object_mut().unwrap();
+    plan.fields(a, o);
+    refused.fields(o);
+    emit(a, v);
     let _ = c.close().await;
     Ok(())
 }
 
 async fn group(a: &Args) -> Result<(), felix_client::Error> {
     use felix_client::{ClaimId, GroupOptions};
-    let count = a.count.unwrap_or(100_000).min(COUNT_MAX);
+    let count = a.count.unwrap_or(100_000);
     if a.consumers == 0 || a.consumers > 256 {
         return Err(felix_client::Error::InvalidArgument(
             "--consumers must be 1..=256".into(),
         ));
     }
-    let deadline = Instant::now() + Duration::from_secs(a.max_secs);
+    let deadline = Instant::now() + Duration::from_secs(a.bound_secs);
     let load = load1();
     let c = Client::connect(cfg(a)).await?;
     let info = c.describe_stream(&name(a)).await?;
@@ -723,15 +1177,19 @@ async fn group(a: &Args) -> Result<(), felix_client::Error> {
     let processed = all.len() as u64;
     let rate = processed as f64 / secs;
     let _ = c.group_delete(&name(a), &gname, None).await;
-    emit(serde_json::json!({
-        "tool": "felix-loadgen", "mode": "group", "stream": a.stream, "shards": info.shards,
-        "payload": a.payload, "batch": a.batch, "consumers": a.consumers, "count": count,
-        "load1": load, "processed": processed, "duplicates": dup, "redelivered": redelivered,
-        "lossless": processed == count && dup == 0, "truncated": processed < count,
-        "records_per_s": rate, "mb_per_s": rate * a.payload as f64 / 1e6,
-        "unit": "us", "poll_ack": {"p50": hist.value_at_quantile(0.5), "p90": hist.value_at_quantile(0.9),
-        "p99": hist.value_at_quantile(0.99), "max": hist.max()},
-    }));
+    emit(
+        a,
+        serde_json::json!({
+            "tool": "felix-loadgen", "mode": "group", "stream": a.stream, "shards": info.shards,
+            "max_secs": a.bound_secs, "duration_s": secs,
+            "payload": a.payload, "batch": a.batch, "consumers": a.consumers, "count": count,
+            "load1": load, "processed": processed, "duplicates": dup, "redelivered": redelivered,
+            "lossless": processed == count && dup == 0, "truncated": processed < count,
+            "records_per_s": rate, "mb_per_s": rate * a.payload as f64 / 1e6,
+            "unit": "us", "poll_ack": {"p50": hist.value_at_quantile(0.5), "p90": hist.value_at_quantile(0.9),
+            "p99": hist.value_at_quantile(0.99), "max": hist.max()},
+        }),
+    );
     let _ = c.close().await;
     Ok(())
 }
@@ -750,8 +1208,8 @@ fn rss_bytes(pid: u32) -> Option<u64> {
 }
 
 async fn fanout_scale(a: &Args) -> Result<(), felix_client::Error> {
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    use std::sync::{Arc, Mutex};
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Mutex;
     let subs_n = a.subscribers;
     if subs_n == 0 || subs_n > 10_000 || a.rate == 0 || a.rate > 1_000_000 || a.secs == 0 {
         return Err(felix_client::Error::InvalidArgument(
@@ -770,6 +1228,7 @@ async fn fanout_scale(a: &Args) -> Result<(), felix_client::Error> {
     }
     let opts = SubscribeOptions {
         policy: a.queue_policy,
+        queue_records_max: a.queue_records,
         ..Default::default()
     };
     let mut subs = Vec::with_capacity(subs_n);
@@ -784,7 +1243,14 @@ async fn fanout_scale(a: &Args) -> Result<(), felix_client::Error> {
     let rss1 = a.broker_pid.and_then(rss_bytes);
     let epoch = Instant::now();
     let sent = Arc::new(AtomicU64::new(0));
-    let _ticker = Ticker(progress(a.progress, "published", sent.clone()));
+    let ticker = ticker(
+        a.progress,
+        report::Shown {
+            published: true,
+            acked: false,
+            subscribers: subs_n,
+        },
+    );
     let done = Arc::new(AtomicBool::new(false));
     let hists: Vec<_> = (0..conns_n)
         .map(|_| {
@@ -793,16 +1259,19 @@ async fn fanout_scale(a: &Args) -> Result<(), felix_client::Error> {
             ))
         })
         .collect();
-    let drain_end = Duration::from_secs(a.secs + 10).min(Duration::from_secs(a.max_secs));
+    let drain_end = Duration::from_secs(a.secs + 10).min(Duration::from_secs(a.bound_secs));
     let readers: Vec<_> = subs
         .into_iter()
         .enumerate()
         .map(|(i, mut s)| {
             let (sent, done, h) = (sent.clone(), done.clone(), hists[i % conns_n].clone());
+            let progress = ticker.counters();
             tokio::spawn(async move {
-                let (mut got, mut lost) = (0u64, 0u64);
+                let mut st = SubStat::default();
                 loop {
-                    if done.load(Ordering::Acquire) && got + lost >= sent.load(Ordering::Acquire) {
+                    if done.load(Ordering::Acquire)
+                        && st.got + st.lost >= sent.load(Ordering::Acquire)
+                    {
                         break;
                     }
                     let left = drain_end.saturating_sub(epoch.elapsed());
@@ -817,14 +1286,27 @@ async fn fanout_scale(a: &Args) -> Result<(), felix_client::Error> {
                                 let now = epoch.elapsed().as_micros() as u64;
                                 let _ = h.lock().unwrap().record(now.saturating_sub(t).max(1));
                             }
-                            got += recs.len() as u64;
+                            st.got += recs.len() as u64;
+                            if let Some(p) = &progress {
+                                p.delivered.fetch_add(recs.len() as u64, Ordering::Relaxed);
+                            }
                         }
-                        Ok(Some(Event::Lag { lost: l, .. })) => lost += l,
-                        Ok(Some(Event::End { .. })) | Ok(None) => break,
+                        Ok(Some(Event::Lag { lost: l, .. })) => {
+                            st.lost += l;
+                            st.lag_notices += 1;
+                            if let Some(p) = &progress {
+                                p.lost.fetch_add(l, Ordering::Relaxed);
+                            }
+                        }
+                        Ok(Some(Event::End { code, message, .. })) => {
+                            st.end = Some((code, message));
+                            break;
+                        }
+                        Ok(None) => break,
                         Ok(Some(Event::Watch(_))) | Err(_) => {}
                     }
                 }
-                (got, lost)
+                st
             })
         })
         .collect();
@@ -854,41 +1336,48 @@ async fn fanout_scale(a: &Args) -> Result<(), felix_client::Error> {
         publisher.publish_fire(&name(a), ShardSelector::Shard(a.shard), batch)?;
         n = due;
         sent.store(n, Ordering::Release);
+        ticker.set(|c| &c.published, n);
     }
     let pub_secs = start.elapsed().as_secs_f64();
     done.store(true, Ordering::Release);
-    let (mut delivered, mut lost, mut complete) = (0u64, 0u64, 0usize);
+    let (mut delivered, mut complete) = (0u64, 0usize);
     let mut min_got = u64::MAX;
+    let mut stats = Vec::with_capacity(subs_n);
     for r in readers {
-        let (g, l) = r.await.unwrap();
-        delivered += g;
-        lost += l;
-        min_got = min_got.min(g);
-        complete += usize::from(g == n);
+        let st = r.await.unwrap();
+        delivered += st.got;
+        min_got = min_got.min(st.got);
+        complete += usize::from(st.got == n);
+        stats.push(st);
     }
+    drop(ticker);
     let elapsed = start.elapsed().as_secs_f64();
     let mut hist = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000, 2).unwrap();
     for h in &hists {
         hist.add(&*h.lock().unwrap()).unwrap();
     }
-    let (refused, _) = publisher.fire_and_forget_errors();
+    let (refused, last) = publisher.fire_and_forget_errors();
     let per_sub = match (rss0, rss1) {
         (Some(a0), Some(a1)) => serde_json::json!(a1.saturating_sub(a0) as f64 / subs_n as f64),
         _ => serde_json::Value::Null,
     };
-    emit(serde_json::json!({
-        "tool": "felix-loadgen", "mode": "fanout-scale", "subscribers": subs_n,
+    let mut v = serde_json::json!({
+        "tool": "felix-loadgen", "mode": "fanout-scale", "stream": a.stream, "shard": a.shard,
+        "subscribers": subs_n, "secs": a.secs, "max_secs": a.bound_secs, "duration_s": pub_secs,
         "connections": conns_n, "payload": a.payload, "rate_target": a.rate,
         "publish_rate": n as f64 / pub_secs, "published": n, "publish_refused": refused,
+        "refused_last": last.map(|e| e.to_string()),
         "delivered": delivered, "delivered_per_s": delivered as f64 / elapsed,
-        "expected": n * subs_n as u64, "lost": lost, "min_per_sub": min_got,
+        "expected": n * subs_n as u64, "min_per_sub": min_got,
         "subs_complete": complete, "lossless": complete == subs_n,
         "queue_policy": a.queue_policy.name(), "load1": load,
         "broker_rss_before": rss0, "broker_rss_after_subscribe": rss1,
         "broker_rss_per_sub_bytes": per_sub, "unit": "us",
         "latency_sampled": {"p50": hist.value_at_quantile(0.5), "p90": hist.value_at_quantile(0.9),
             "p99": hist.value_at_quantile(0.99), "max": hist.max(), "samples": hist.len()},
-    }));
+    });
+    loss_fields(&stats, n, v.as_object_mut().unwrap());
+    emit(a, v);
     let _ = publisher.close().await;
     for c in clients {
         let _ = c.close().await;
@@ -900,10 +1389,10 @@ use stats::pct;
 
 async fn cache(a: &Args) -> Result<(), felix_client::Error> {
     use felix_client::{EventKind, WatchFilter, WatchItem, WatchOptions, WatchStart};
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    use std::sync::{Arc, Mutex};
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Mutex;
     let watchers_n = a.subscribers;
-    let count = a.count.unwrap_or(10_000).min(COUNT_MAX);
+    let count = a.count.unwrap_or(10_000);
     if watchers_n == 0 || watchers_n > 10_000 || a.rate == 0 || a.rate > 100_000 || a.secs == 0 {
         return Err(felix_client::Error::InvalidArgument(
             "need 1..=10000 watchers (--subscribers), rate 1..=100000, secs >= 1".into(),
@@ -912,7 +1401,7 @@ async fn cache(a: &Args) -> Result<(), felix_client::Error> {
     let cache = StreamName::new("default", "default", &a.cache);
     let load = load1();
     let writer = Client::connect(cfg(a)).await?;
-    let deadline = Instant::now() + Duration::from_secs(a.max_secs);
+    let deadline = Instant::now() + Duration::from_secs(a.bound_secs);
     let new_hist = || hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000, 2).unwrap();
     let value = Bytes::from(vec![b'v'; a.payload]);
     let (mut put_h, mut get_h) = (new_hist(), new_hist());
@@ -964,7 +1453,7 @@ async fn cache(a: &Args) -> Result<(), felix_client::Error> {
     let hists: Vec<_> = (0..conns_n)
         .map(|_| Arc::new(Mutex::new(new_hist())))
         .collect();
-    let drain_end = Duration::from_secs(a.secs + 10).min(Duration::from_secs(a.max_secs));
+    let drain_end = Duration::from_secs(a.secs + 10).min(Duration::from_secs(a.bound_secs));
     let readers: Vec<_> = watches
         .into_iter()
         .enumerate()
@@ -1034,16 +1523,20 @@ async fn cache(a: &Args) -> Result<(), felix_client::Error> {
     for h in &hists {
         hist.add(&*h.lock().unwrap()).unwrap();
     }
-    emit(serde_json::json!({
-        "tool": "felix-loadgen", "mode": "cache", "payload": a.payload, "unit": "us",
-        "puts": puts, "put_latency": pct(&put_h), "get_latency": pct(&get_h),
-        "watchers": watchers_n, "connections": conns_n, "rate_target": a.rate,
-        "write_rate": n as f64 / write_secs, "changes": n, "delivered": delivered,
-        "delivered_per_s": delivered as f64 / elapsed, "expected": n * watchers_n as u64,
-        "watches_ended": lagged, "watchers_complete": complete,
-        "lossless": complete == watchers_n, "load1": load,
-        "change_to_watcher_latency": pct(&hist),
-    }));
+    emit(
+        a,
+        serde_json::json!({
+            "tool": "felix-loadgen", "mode": "cache", "cache": a.cache, "payload": a.payload,
+            "unit": "us", "secs": a.secs, "max_secs": a.bound_secs, "truncated": puts < count,
+            "puts": puts, "put_latency": pct(&put_h), "get_latency": pct(&get_h),
+            "watchers": watchers_n, "connections": conns_n, "rate_target": a.rate,
+            "write_rate": n as f64 / write_secs, "changes": n, "delivered": delivered,
+            "delivered_per_s": delivered as f64 / elapsed, "expected": n * watchers_n as u64,
+            "watches_ended": lagged, "watchers_complete": complete,
+            "lossless": complete == watchers_n, "load1": load,
+            "change_to_watcher_latency": pct(&hist),
+        }),
+    );
     let _ = writer.close().await;
     for c in clients {
         let _ = c.close().await;
@@ -1060,7 +1553,7 @@ fn load_nanos() -> u128 {
 /// For each policy: a fast subscriber, a stalled one (not read while publishing), 2000
 /// records published; then the stalled one is read and both are summarized.
 async fn demo(a: &Args) -> Result<(), felix_client::Error> {
-    let n: u64 = a.count.unwrap_or(2000).min(100_000);
+    let n: u64 = a.count.unwrap_or(2000);
     println!("slow-consumer demo: {n} records of {} B to {}/{}; the slow subscriber reads nothing until publishing ends", a.payload, name(a), a.shard);
     for policy in [
         QueuePolicy::DropNew,
@@ -1106,7 +1599,7 @@ async fn demo(a: &Args) -> Result<(), felix_client::Error> {
         });
         // Read the fast one while publishing; under Block it can only get what is appended.
         let mut fast_got = 0u64;
-        let stop = Instant::now() + Duration::from_secs(a.max_secs.min(30));
+        let stop = Instant::now() + Duration::from_secs(a.bound_secs.min(30));
         while fast_got < n && Instant::now() < stop {
             if pub_task.is_finished() && fast_got >= n {
                 break;
@@ -1167,4 +1660,64 @@ async fn demo(a: &Args) -> Result<(), felix_client::Error> {
         let _ = slow_c.close().await;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// Every flag says what it does in --help; the counted modes' defaults and the bound of a
+    /// run are spelled out; --count and --duration exclude each other.
+    #[test]
+    fn every_flag_is_documented() {
+        let cmd = Args::command();
+        for arg in cmd.get_arguments() {
+            let id = arg.get_id().as_str();
+            if matches!(id, "help" | "version") {
+                continue;
+            }
+            let help = arg
+                .get_long_help()
+                .or(arg.get_help())
+                .map(|h| h.to_string());
+            assert!(
+                help.as_ref().is_some_and(|h| h.len() > 20),
+                "--{id} has no help: {help:?}"
+            );
+        }
+        let help = Args::command().render_long_help().to_string();
+        for want in [
+            "throughput 500,000",
+            "at most 600",
+            "500ms, 30s, 2m",
+            "Default 60, or --duration plus 30",
+            "localhost:7400",
+            "--json",
+        ] {
+            assert!(help.contains(want), "--help lacks {want:?}");
+        }
+        let both = Args::try_parse_from([
+            "felix-loadgen",
+            "--mode",
+            "rtt",
+            "--count",
+            "5",
+            "--duration",
+            "1s",
+        ]);
+        assert!(both.is_err());
+        let a = Args::try_parse_from([
+            "felix-loadgen",
+            "--mode",
+            "throughput",
+            "--duration",
+            "1.5s",
+            "--broker",
+            "localhost:7400",
+        ])
+        .unwrap();
+        assert_eq!(a.duration, Some(Duration::from_millis(1500)));
+        assert_eq!(a.broker, "localhost:7400");
+    }
 }
