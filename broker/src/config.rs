@@ -54,10 +54,118 @@ macro_rules! settings {
     };
 }
 
-fn online_cores() -> usize {
-    std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
+/// The CPUs this process may run on (`sched_getaffinity`: what `taskset` or systemd's
+/// `CPUAffinity=` allowed), ascending. Falls back to `0..online` if the call fails (more than
+/// 1024 CPUs).
+pub fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: cpu_set_t is plain bits; sched_getaffinity writes at most the size given.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let ok =
+        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) }
+            == 0;
+    let cpus: Vec<usize> = if ok {
+        (0..libc::CPU_SETSIZE as usize)
+            // SAFETY: c < CPU_SETSIZE, the set's size.
+            .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    if cpus.is_empty() {
+        let online = std::thread::available_parallelism().map_or(1, |n| n.get());
+        (0..online).collect()
+    } else {
+        cpus
+    }
+}
+
+/// Parse a CPU list in the kernel's and taskset's syntax: `2-3`, `0,2`, `0-1,4`. Order is
+/// kept (executor i runs on the i-th CPU listed); a CPU listed twice is refused.
+pub fn parse_cpu_list(s: &str) -> Result<Vec<usize>, String> {
+    const LIMIT: usize = libc::CPU_SETSIZE as usize;
+    let num = |t: &str| -> Result<usize, String> {
+        let n: usize = t
+            .trim()
+            .parse()
+            .map_err(|_| format!("{t:?} is not a CPU number (expected a list like 2-3 or 0,2)"))?;
+        if n >= LIMIT {
+            return Err(format!("CPU {n} is out of range (0..{LIMIT})"));
+        }
+        Ok(n)
+    };
+    let mut out = Vec::new();
+    for item in s.split(',') {
+        let (lo, hi) = match item.split_once('-') {
+            Some((a, b)) => (num(a)?, num(b)?),
+            None => {
+                let n = num(item)?;
+                (n, n)
+            }
+        };
+        if lo > hi {
+            return Err(format!("range {}-{} runs backwards", lo, hi));
+        }
+        for c in lo..=hi {
+            if out.contains(&c) {
+                return Err(format!("CPU {c} is listed twice"));
+            }
+            out.push(c);
+        }
+    }
+    Ok(out)
+}
+
+/// A CPU set for people: `0-3,6`.
+pub fn format_cpu_list(cpus: &[usize]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < cpus.len() {
+        let mut j = i;
+        while j + 1 < cpus.len() && cpus[j + 1] == cpus[j] + 1 {
+            j += 1;
+        }
+        out.push(if j > i {
+            format!("{}-{}", cpus[i], cpus[j])
+        } else {
+            cpus[i].to_string()
+        });
+        i = j + 1;
+    }
+    out.join(",")
+}
+
+/// Where the executors run: `Some(cpus)` pins executor i to `cpus[i]`; `None` runs them
+/// unpinned (each may use any CPU of the allowed set).
+///
+/// With `cpu_list`, every CPU listed must be in `allowed`, and `cores` may not exceed the
+/// list: executor i gets the i-th CPU listed. Without it, executor i gets the i-th allowed
+/// CPU; more executors than allowed CPUs cannot be pinned one per CPU, so they run unpinned
+/// within the allowed set (as before, when cores exceeded the machine's).
+pub fn executor_cpus(
+    cores: usize,
+    allowed: &[usize],
+    cpu_list: Option<&[usize]>,
+) -> Result<Option<Vec<usize>>, String> {
+    match cpu_list {
+        Some(list) => {
+            if let Some(c) = list.iter().find(|c| !allowed.contains(c)) {
+                return Err(format!(
+                    "cpu_list: CPU {c} is not one this process may run on (allowed: {}; set by taskset or systemd CPUAffinity=)",
+                    format_cpu_list(allowed)
+                ));
+            }
+            if cores > list.len() {
+                return Err(format!(
+                    "cores ({cores}) is more than the CPUs in cpu_list ({}: {})",
+                    format_cpu_list(list),
+                    list.len()
+                ));
+            }
+            Ok(Some(list[..cores].to_vec()))
+        }
+        None if cores <= allowed.len() => Ok(Some(allowed[..cores].to_vec())),
+        None => Ok(None),
+    }
 }
 
 settings! {
@@ -66,8 +174,8 @@ settings! {
         listen: SocketAddr = "127.0.0.1:7400".parse().unwrap(), "FELIX_LISTEN";
         /// HTTP address for /metrics, /livez, /readyz (port 0 picks a free port).
         metrics_listen: SocketAddr = "127.0.0.1:7401".parse().unwrap(), "FELIX_METRICS_LISTEN";
-        /// Number of cores (executors) to run; default all online.
-        cores: usize = online_cores(), "FELIX_CORES";
+        /// Number of cores (executors) to run; default the number of CPUs in cpu_list, else in the process's allowed set (taskset, systemd CPUAffinity=). Executor i is pinned to the i-th of those CPUs; more cores than allowed CPUs run unpinned within the allowed set; more than cpu_list holds is refused.
+        cores: usize = allowed_cpus().len().min(255), "FELIX_CORES";
         /// Data directory (dev TLS certificate lives in `<data-dir>/tls`).
         data_dir: PathBuf = PathBuf::from("felix-data"), "FELIX_DATA_DIR";
         /// Largest accepted frame (header + body), bytes.
@@ -145,6 +253,8 @@ settings! {
         controlplane_wait_ms: u64 = 30_000, "FELIX_CONTROLPLANE_WAIT_MS";
     }
     optional {
+        /// CPUs to pin the executors to, in the kernel's list syntax (`2-3`, `0,2`): executor i runs on the i-th CPU listed. Each must be in the process's allowed set. Default: the allowed set itself.
+        cpu_list: String, "FELIX_CPU_LIST";
         /// Stream catalog file (YAML).
         catalog: PathBuf, "FELIX_CATALOG";
         /// TLS certificate chain (PEM); with --tls-key. Default: generated dev certificate.
@@ -178,10 +288,16 @@ impl Config {
             }
             None => FileConfig::default(),
         };
-        let c = Config::merge(flags, file);
+        let cores_given = flags.cores.is_some() || file.cores.is_some();
+        let mut c = Config::merge(flags, file);
+        let cpu_list = c.cpu_list_cpus()?;
+        if let (Some(list), false) = (&cpu_list, cores_given) {
+            c.cores = list.len();
+        }
         if c.cores == 0 || c.cores > 255 {
             return Err(format!("cores must be 1..=255, got {}", c.cores));
         }
+        executor_cpus(c.cores, &allowed_cpus(), cpu_list.as_deref())?;
         if c.tls_cert.is_some() != c.tls_key.is_some() {
             return Err("tls_cert and tls_key must be set together".into());
         }
@@ -304,6 +420,26 @@ impl Config {
     }
 }
 
+impl Config {
+    fn cpu_list_cpus(&self) -> Result<Option<Vec<usize>>, String> {
+        self.cpu_list
+            .as_deref()
+            .map(parse_cpu_list)
+            .transpose()
+            .map_err(|e| format!("cpu_list: {e}"))
+    }
+
+    /// The CPU of each executor, or `None` for unpinned ([`executor_cpus`] on this process's
+    /// allowed set, read now).
+    pub fn executor_cpus(&self) -> Result<Option<Vec<usize>>, String> {
+        executor_cpus(
+            self.cores,
+            &allowed_cpus(),
+            self.cpu_list_cpus()?.as_deref(),
+        )
+    }
+}
+
 /// The broker's settings table in docs/operations.md (flag, environment variable, YAML key,
 /// default, meaning), rendered from the same declarations the parser uses so the document
 /// cannot drift (checked by a test).
@@ -325,7 +461,7 @@ pub fn operations_table() -> String {
             .map_or_else(|| "–".into(), felix_control::docs::env_cell);
         let value = defaults.get(&key);
         let default = match (key.as_str(), value) {
-            ("cores", _) => "all online cores".to_string(),
+            ("cores", _) => "CPUs in `cpu_list`, else allowed CPUs".to_string(),
             (_, None) => "–".to_string(),
             (_, Some(serde_json::Value::Null)) => "unset".to_string(),
             (_, Some(serde_json::Value::String(s))) => format!("`{s}`"),
@@ -358,6 +494,111 @@ mod tests {
             "/../docs/operations.md"
         ));
         felix_control::docs::check_doc_block(p, "broker-settings", &operations_table()).unwrap();
+    }
+
+    #[test]
+    fn cpu_lists_parse_and_each_executor_gets_an_allowed_cpu() {
+        assert_eq!(parse_cpu_list("2-3").unwrap(), vec![2, 3]);
+        assert_eq!(parse_cpu_list("0,2").unwrap(), vec![0, 2]);
+        assert_eq!(parse_cpu_list(" 0-1, 4 ").unwrap(), vec![0, 1, 4]);
+        assert_eq!(parse_cpu_list("3,1").unwrap(), vec![3, 1], "order kept");
+        for bad in [
+            "",
+            "a",
+            "1-",
+            "-1",
+            "3-2",
+            "1,1",
+            "0-2,2",
+            "1024",
+            "0-99999999999",
+        ] {
+            assert!(parse_cpu_list(bad).is_err(), "{bad:?} accepted");
+        }
+        assert_eq!(format_cpu_list(&[0, 1, 2, 3, 6, 8, 9]), "0-3,6,8-9");
+        assert_eq!(format_cpu_list(&[1]), "1");
+        // Executor i on the i-th allowed CPU, not on CPU i.
+        assert_eq!(executor_cpus(1, &[1], None).unwrap(), Some(vec![1]));
+        assert_eq!(executor_cpus(2, &[2, 3], None).unwrap(), Some(vec![2, 3]));
+        assert_eq!(executor_cpus(1, &[2, 3], None).unwrap(), Some(vec![2]));
+        // More executors than allowed CPUs: unpinned (within the allowed set).
+        assert_eq!(executor_cpus(3, &[2, 3], None).unwrap(), None);
+        // An explicit list: its CPUs in order, each allowed, no more executors than listed.
+        let all = [0, 1, 2, 3];
+        assert_eq!(
+            executor_cpus(2, &all, Some(&[3, 1])).unwrap(),
+            Some(vec![3, 1])
+        );
+        assert_eq!(
+            executor_cpus(1, &all, Some(&[2, 3])).unwrap(),
+            Some(vec![2])
+        );
+        let e = executor_cpus(1, &[1], Some(&[0])).unwrap_err();
+        assert!(
+            e.contains("cpu_list: CPU 0") && e.contains("allowed: 1"),
+            "{e}"
+        );
+        let e = executor_cpus(3, &all, Some(&[2, 3])).unwrap_err();
+        assert!(
+            e.contains("cores (3)") && e.contains("cpu_list (2-3"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn cores_default_to_the_allowed_cpus_or_the_cpu_list() {
+        let allowed = allowed_cpus();
+        let c = Config::resolve(&Flags::default()).unwrap();
+        assert_eq!(c.cores, allowed.len().min(255));
+        assert_eq!(
+            c.executor_cpus().unwrap(),
+            Some(allowed[..c.cores].to_vec())
+        );
+        // One allowed CPU listed: one core, pinned to it; from a flag or the YAML file.
+        let last = *allowed.last().unwrap();
+        let f = Flags {
+            cpu_list: Some(last.to_string()),
+            ..Default::default()
+        };
+        let c = Config::resolve(&f).unwrap();
+        assert_eq!((c.cores, c.executor_cpus().unwrap()), (1, Some(vec![last])));
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.yaml");
+        for yaml in [
+            format!("cpu_list: \"{last}\"\n"),
+            format!("cpu_list: {last}\n"),
+        ] {
+            std::fs::write(&p, &yaml).unwrap();
+            let f = Flags {
+                config: Some(p.clone()),
+                ..Default::default()
+            };
+            let c = Config::resolve(&f).unwrap_or_else(|e| panic!("{yaml}: {e}"));
+            assert_eq!(c.cores, 1, "{yaml}");
+        }
+        // A CPU outside the allowed set, a bad list, and more cores than listed are refused.
+        let outside = (0..).find(|c| !allowed.contains(c)).unwrap();
+        for (list, cores, want) in [
+            (outside.to_string(), None, "cpu_list: CPU"),
+            ("x".to_string(), None, "cpu_list: \"x\""),
+            (last.to_string(), Some(2), "cores (2)"),
+        ] {
+            let f = Flags {
+                cpu_list: Some(list),
+                cores,
+                ..Default::default()
+            };
+            let e = Config::resolve(&f).unwrap_err();
+            assert!(e.contains(want), "{e}");
+        }
+        // glommio needs at least 512 KiB of io_memory per executor.
+        let f = Flags {
+            io_memory_bytes: Some(256 << 10),
+            ..Default::default()
+        };
+        assert!(Config::resolve(&f)
+            .unwrap_err()
+            .contains("io_memory_bytes must be at least 512 KiB"));
     }
 
     #[test]

@@ -135,9 +135,19 @@ fn run(cfg: Config) -> Result<(), String> {
     let drain_idle: Arc<Vec<AtomicBool>> =
         Arc::new((0..cfg.cores).map(|_| AtomicBool::new(false)).collect());
     let mesh = MeshBuilder::<MeshMsg, _>::full(cfg.cores, 1024);
-    let online = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
+    // Executor i on the i-th CPU of the allowed set (or of cpu_list), never on CPU i blindly.
+    let cpus = cfg.executor_cpus()?;
+    match &cpus {
+        Some(c) => tracing::info!(
+            cpus = %felix_broker::config::format_cpu_list(c),
+            "executors pinned one per CPU"
+        ),
+        None => tracing::info!(
+            cores = cfg.cores,
+            allowed = %felix_broker::config::format_cpu_list(&felix_broker::config::allowed_cpus()),
+            "more cores than allowed CPUs: executors run unpinned within the allowed set"
+        ),
+    }
     let mut handles = Vec::new();
     for (i, sock) in sockets.into_iter().enumerate() {
         let mesh = mesh.clone();
@@ -154,10 +164,9 @@ fn run(cfg: Config) -> Result<(), String> {
             started: started.clone(),
             drain_idle: drain_idle.clone(),
         };
-        let placement = if cfg.cores <= online {
-            Placement::Fixed(i)
-        } else {
-            Placement::Unbound
+        let placement = match &cpus {
+            Some(c) => Placement::Fixed(c[i]),
+            None => Placement::Unbound,
         };
         let seed_dir = cfg
             .durable_storage_dir

@@ -86,7 +86,7 @@ impl Broker {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Result<Broker, String> {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_felix-broker"))
+        let child = Command::new(env!("CARGO_BIN_EXE_felix-broker"))
             .args([
                 "--listen",
                 "127.0.0.1:0",
@@ -104,6 +104,33 @@ impl Broker {
             .stderr(Stdio::piped())
             .spawn()
             .expect("start felix-broker");
+        Broker::wait_ready(child, dir)
+    }
+
+    /// Start the broker under a wrapper command (e.g. `["taskset", "-c", "1"]`), with no
+    /// `--cores` unless `extra` gives it: loopback on random ports, a temp data dir.
+    pub fn try_start_with_prefix(prefix: &[&str], extra: &[&str]) -> Result<Broker, String> {
+        let dir = tempfile::tempdir().unwrap();
+        let child = Command::new(prefix[0])
+            .args(&prefix[1..])
+            .arg(env!("CARGO_BIN_EXE_felix-broker"))
+            .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+            .arg("--data-dir")
+            .arg(dir.path())
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .env_remove("FELIX_CORES")
+            .env_remove("FELIX_CPU_LIST")
+            .env_remove("FELIX_CONFIG")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {}: {e}", prefix[0]));
+        Broker::wait_ready(child, dir)
+    }
+
+    /// Wait (bounded) for the ready line; the exit status and stderr if the broker exits.
+    fn wait_ready(mut child: Child, dir: tempfile::TempDir) -> Result<Broker, String> {
         let mut err = child.stderr.take().unwrap();
         let stderr = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
         let sink = stderr.clone();
