@@ -8,14 +8,21 @@
 #
 #   ./scripts/run.sh                 # control plane + broker
 #   ./scripts/run.sh --standalone    # broker alone, built-in catalog (no control plane)
-# Other arguments go to felix-broker.
+# Other arguments go to felix-broker. FELIX_BIN_DIR: use the binaries there (no build).
+# Exit: 130 on Ctrl-C, 143 on SIGTERM, 1 when the control plane dies (the broker is stopped
+# with it), the broker's own code when it stops first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/setup.sh
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/cache/felix-target}"
-mkdir -p "$CARGO_TARGET_DIR" 2>/dev/null || export CARGO_TARGET_DIR="$HOME/.cache/felix-target"
-cargo build --release --workspace --bins
-BIN="$CARGO_TARGET_DIR/release"
+if [ -n "${FELIX_BIN_DIR:-}" ]; then
+  # Binaries built already (scripts/tour.sh passes the test build's).
+  BIN="$FELIX_BIN_DIR"
+else
+  ./scripts/setup.sh
+  export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/cache/felix-target}"
+  mkdir -p "$CARGO_TARGET_DIR" 2>/dev/null || export CARGO_TARGET_DIR="$HOME/.cache/felix-target"
+  cargo build --release --workspace --bins
+  BIN="$CARGO_TARGET_DIR/release"
+fi
 DATA="${FELIX_DATA_DIR:-felix-data}"
 
 if [ "${1:-}" = "--standalone" ]; then
@@ -52,6 +59,38 @@ ensure cache create kv --shards 4
 export FELIX_CONTROLPLANE_URL="$URL"
 "$BIN/felix-broker" --data-dir "$DATA" --durable-storage-dir "$DATA/durable" "$@" &
 BROKER_PID=$!
-trap 'kill -TERM "$BROKER_PID" 2>/dev/null || true; wait "$BROKER_PID" 2>/dev/null || true; kill "$CP_PID" 2>/dev/null || true; wait "$CP_PID" 2>/dev/null || true' EXIT
-trap 'exit 130' INT TERM
-wait "$BROKER_PID"
+# felixctl finds this broker and its certificate from anywhere: a context named "local"
+# (made current if there is none) holds the addresses and the CA's absolute path, once the
+# broker has generated its dev certificate.
+for _ in $(seq 1 300); do
+  [ -f "$DATA/tls/dev-cert.pem" ] && break
+  kill -0 "$BROKER_PID" 2>/dev/null || break
+  sleep 0.1
+done
+if [ -f "$DATA/tls/dev-cert.pem" ]; then
+  "$BIN/felixctl" context set local --url "$URL" --broker "${FELIX_LISTEN:-127.0.0.1:7400}" \
+    --ca "$(cd "$DATA" && pwd)/tls/dev-cert.pem" > /dev/null ||
+    echo "run.sh: could not write felixctl's context (felixctl will look for ./felix-data/tls)" >&2
+fi
+stop_all() {
+  kill -TERM "$BROKER_PID" 2>/dev/null || true
+  wait "$BROKER_PID" 2>/dev/null || true
+  kill "$CP_PID" 2>/dev/null || true
+  wait "$CP_PID" 2>/dev/null || true
+}
+trap stop_all EXIT
+# Ctrl-C is 130 and SIGTERM 143, as for any process ended by those signals.
+trap 'exit 130' INT
+trap 'exit 143' TERM
+# Whichever stops first: a dead control plane stops the broker too (rather than leaving it
+# retrying against nothing), and says so.
+set +e
+wait -n "$BROKER_PID" "$CP_PID"
+code=$?
+set -e
+if ! kill -0 "$CP_PID" 2>/dev/null; then
+  echo "felix-controlplane exited (code $code); stopping the broker" >&2
+  exit 1
+fi
+echo "felix-broker exited (code $code); stopping the control plane" >&2
+exit "$code"

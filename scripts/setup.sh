@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the system packages and tools Felix needs on Debian 12 (idempotent).
+# Installs the system packages Felix needs to build on Debian 12 (idempotent); with --test,
+# also cargo-nextest, which only the test command needs.
 set -euo pipefail
 need=()
 command -v cmake >/dev/null || need+=(cmake)
@@ -10,6 +11,10 @@ if [ ${#need[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}"
 fi
-if ! cargo nextest --version >/dev/null 2>&1; then
+if ! command -v cargo >/dev/null; then
+  echo "setup: cargo not found. Felix needs a Rust toolchain of at least the workspace's rust-version (Cargo.toml); Debian 12's rustc is too old: install one with rustup." >&2
+  exit 1
+fi
+if [ "${1:-}" = "--test" ] && ! cargo nextest --version >/dev/null 2>&1; then
   cargo install cargo-nextest --locked
 fi

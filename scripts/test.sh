@@ -2,11 +2,15 @@
 # The whole test suite. Uses a target dir outside the clone so reruns are incremental.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/setup.sh
+./scripts/setup.sh --test
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/cache/felix-target}"
 mkdir -p "$CARGO_TARGET_DIR" 2>/dev/null || export CARGO_TARGET_DIR="$HOME/.cache/felix-target"
 cargo build --workspace --all-targets
+# The systemd units and the .deb metadata (systemd-analyze verify, docs vs package).
+./scripts/check-packaging.sh
 cargo nextest run --workspace --no-fail-fast
+# A new user's walk through the README, on the binaries just built (no second build).
+FELIX_BIN_DIR="$CARGO_TARGET_DIR/debug" ./scripts/tour.sh
 # Generated-input run against the control plane's OpenAPI document: no 5xx on either store.
 ST_MAX_TIME="${ST_MAX_TIME:-15}" ./scripts/schemathesis.sh
 if [ -x tla/check.sh ]; then

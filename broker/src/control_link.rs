@@ -319,6 +319,71 @@ async fn sleep_unless_stopped(ms: u64, shutdown: &AtomicBool) -> bool {
     !shutdown.load(Ordering::Acquire)
 }
 
+/// Whether the catalog source (the control plane) answers, for `/readyz`: one per process,
+/// as the control link is.
+pub struct SourceHealth {
+    /// Unix ms since when the control plane has not answered; 0 while it answers.
+    lost_since_ms: AtomicU64,
+    why: Mutex<String>,
+}
+
+/// The process's catalog source health (read by the ops listener).
+pub static SOURCE: SourceHealth = SourceHealth {
+    lost_since_ms: AtomicU64::new(0),
+    why: Mutex::new(String::new()),
+};
+
+impl SourceHealth {
+    /// The control plane answered. Returns how long it had been lost (ms), if it had.
+    fn answered(&self) -> Option<u64> {
+        let since = self.lost_since_ms.swap(0, Ordering::AcqRel);
+        (since != 0).then(|| felix_storage::log::now_ms().saturating_sub(since))
+    }
+
+    /// The control plane did not answer; true when this starts a loss (log it once).
+    fn failed(&self, why: &str) -> bool {
+        *self.why.lock().unwrap_or_else(|p| p.into_inner()) = why.to_string();
+        self.lost_since_ms
+            .compare_exchange(
+                0,
+                felix_storage::log::now_ms().max(1),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
+    }
+
+    /// `Some(description)` while the control plane is lost.
+    pub fn lost(&self) -> Option<String> {
+        let since = self.lost_since_ms.load(Ordering::Acquire);
+        if since == 0 {
+            return None;
+        }
+        let secs = felix_storage::log::now_ms().saturating_sub(since) / 1000;
+        let why = self.why.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        Some(format!(
+            "catalog source lost: the control plane has not answered for {secs} s ({why}); serving the last catalog"
+        ))
+    }
+}
+
+/// Log a failed control-plane call: a warning when a loss starts, then quietly (debug) while
+/// it lasts, so a control plane that is gone does not fill the log.
+fn note_failure(what: &str, e: &dyn std::fmt::Display) {
+    let why = format!("{what}: {e}");
+    if SOURCE.failed(&why) {
+        tracing::warn!(error = %e, "{what}; retrying with backoff (further failures at debug level)");
+    } else {
+        tracing::debug!(error = %e, "{what}");
+    }
+}
+
+fn note_answer() {
+    if let Some(ms) = SOURCE.answered() {
+        tracing::info!(lost_ms = ms, "control plane answers again");
+    }
+}
+
 async fn run(
     cfg: LinkConfig,
     cell: Arc<CatalogCell>,
@@ -345,13 +410,14 @@ async fn run(
     let hb_interval_ms = loop {
         match register(&http, &base, &cfg).await {
             Ok(r) => {
+                note_answer();
                 incarnation.store(r.broker.incarnation, Ordering::Release);
                 tracing::info!(node_id = cfg.node_id, incarnation = r.broker.incarnation,
                     url = %base, "registered with the control plane");
                 break r.heartbeat_interval_ms.max(50);
             }
             Err(e) => {
-                tracing::warn!(error = %e, url = %base, "control plane registration failed; retrying");
+                note_failure(&format!("registration at {base} failed"), &e);
                 if !sleep_unless_stopped(backoff_ms, &shutdown).await {
                     return;
                 }
@@ -392,7 +458,7 @@ async fn run(
                         st.republish(&cell, cfg.node_id);
                         return;
                     }
-                    Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
+                    Err(e) => note_failure("heartbeat failed", &e),
                 }
             }
         });
@@ -451,13 +517,16 @@ async fn run(
             }),
         };
         match result {
-            Ok(()) => backoff_ms = 200,
+            Ok(()) => {
+                note_answer();
+                backoff_ms = 200
+            }
             Err(CallError::Api(410, b)) => {
                 tracing::warn!(message = %b.message, "feed position too old; re-reading the snapshot");
                 state.lock().unwrap_or_else(|p| p.into_inner()).mirror = None;
             }
             Err(e) => {
-                tracing::warn!(error = %e, "control plane feed failed; serving the last catalog");
+                note_failure(&format!("the catalog feed at {base} failed"), &e);
                 if !sleep_unless_stopped(backoff_ms, &shutdown).await {
                     return;
                 }

@@ -12,8 +12,11 @@ use std::sync::Arc;
 fn init_logs(json: bool) {
     let filter =
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    // Colour only for a person at a terminal; a pipe, a file or the journal gets plain text.
+    use std::io::IsTerminal;
     let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     if json {
         b.json().init();

@@ -249,7 +249,15 @@ pub fn serve(listener: std::net::TcpListener, ops: Arc<Ops>) {
                 let (status, body) = match path {
                     "/metrics" => ("200 OK", ops.render()),
                     "/livez" => ("200 OK", "ok\n".to_string()),
-                    "/readyz" if ops.ready.load(Ordering::Acquire) => ("200 OK", "ready\n".to_string()),
+                    // Still ready while the control plane is lost (the last catalog serves),
+                    // but the body says so.
+                    "/readyz" if ops.ready.load(Ordering::Acquire) => (
+                        "200 OK",
+                        match crate::control_link::SOURCE.lost() {
+                            Some(l) => format!("ready; {l}\n"),
+                            None => "ready\n".to_string(),
+                        },
+                    ),
                     "/readyz" => ("503 Service Unavailable", "not ready\n".to_string()),
                     _ => ("404 Not Found", "not found\n".to_string()),
                 };

@@ -187,3 +187,36 @@ fn json_logs_are_one_object_per_line() {
         "{line}"
     );
 }
+
+/// Text logs written to a pipe (not a terminal) carry no ANSI colour codes.
+#[test]
+fn text_logs_to_a_pipe_have_no_colour() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_felix-broker"))
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--cores",
+            "1",
+        ])
+        .arg("--data-dir")
+        .arg(dir.path())
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let err = child.stderr.take().unwrap();
+    let line = std::io::BufReader::new(err)
+        .lines()
+        .next()
+        .unwrap()
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(line.contains("INFO"), "{line}");
+    assert!(!line.contains('\u{1b}'), "ANSI escape in {line:?}");
+}

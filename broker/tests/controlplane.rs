@@ -66,7 +66,7 @@ fn start_control_plane(dead_after_ms: u64) -> ControlPlane {
 fn felixctl(cp: &ControlPlane, cfg_dir: &Path, args: &[&str]) -> Output {
     Command::new(sibling("felixctl"))
         .args(["--controlplane", &cp.url])
-        .arg("--config")
+        .arg("--context-file")
         .arg(cfg_dir.join("felixctl.json"))
         .args(args)
         .env_remove("FELIX_CONTROLPLANE_URL")
@@ -466,4 +466,30 @@ async fn shards_placed_on_another_broker_answer_not_leader_naming_it() {
             (o, r) => panic!("subscribe shard {shard} owned by {o}: {:?}", r.map(|_| ())),
         }
     }
+}
+
+/// A broker whose control plane dies keeps serving its last catalog, and its /readyz says the
+/// catalog source is lost; when the control plane is back, the note goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_shows_a_lost_catalog_source() {
+    let cp = start_control_plane(5_000);
+    let durable = tempfile::tempdir().unwrap();
+    let b = start_broker(&cp, durable.path());
+    let ready = b.http_get("/readyz");
+    assert!(
+        ready.contains("200 OK") && !ready.contains("lost"),
+        "{ready}"
+    );
+    drop(cp);
+    let body = eventually("readyz names the lost source", || async {
+        let r = b.http_get("/readyz");
+        if r.contains("catalog source lost") {
+            Ok(r)
+        } else {
+            Err(r)
+        }
+    })
+    .await;
+    assert!(body.contains("200 OK"), "still serving: {body}");
+    assert!(body.contains("serving the last catalog"), "{body}");
 }

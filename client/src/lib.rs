@@ -120,8 +120,14 @@ pub fn resolve_broker(addr: &str) -> Result<(SocketAddr, String), Error> {
     let mut found = addr
         .to_socket_addrs()
         .map_err(|e| bad(format!("cannot resolve {host}: {e}")))?;
-    let sa = found
-        .next()
+    // Prefer an IPv4 address: a name such as localhost may list ::1 first while the broker
+    // listens on 127.0.0.1 (its default).
+    let all: Vec<SocketAddr> = found.by_ref().collect();
+    let sa = all
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(all.first())
+        .copied()
         .ok_or_else(|| bad(format!("{host} has no address")))?;
     Ok((sa, host.trim_matches(['[', ']']).to_string()))
 }

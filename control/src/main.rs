@@ -27,6 +27,8 @@ async fn main() {
             tracing_subscriber::EnvFilter::try_from_env("FELIX_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn")),
         )
+        // Colour only for a person at a terminal; a pipe, a file or the journal gets plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     match cfg.log_format {
         LogFormat::Json => b.json().init(),
