@@ -579,6 +579,24 @@ pub fn core_for_shard(name: &StreamName, shard: u32, cores: u32) -> u32 {
     (splitmix64(h ^ shard as u64) % cores as u64) as u32
 }
 
+/// The catalog example of docs/operations.md (the YAML block between its
+/// `catalog-example` markers): its unit test loads it and the wire conformance suite serves
+/// it, so the documented example is a working one.
+#[doc(hidden)]
+pub fn operations_doc_catalog_example() -> String {
+    let doc = include_str!("../../docs/operations.md");
+    let block = doc
+        .split_once("<!-- catalog-example:begin -->")
+        .and_then(|(_, r)| r.split_once("<!-- catalog-example:end -->"))
+        .expect("docs/operations.md has the catalog example")
+        .0;
+    block
+        .lines()
+        .filter(|l| !l.starts_with("```"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 fn splitmix64(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -639,24 +657,9 @@ mod tests {
         assert!(Catalog::from_yaml("streams:\n  - {tenant: t, namespace: n, stream: s}\n  - {tenant: t, namespace: n, stream: s}\n").is_err());
     }
 
-    /// The YAML block of docs/operations.md's catalog example.
-    pub fn operations_doc_example() -> String {
-        let doc = include_str!("../../docs/operations.md");
-        let block = doc
-            .split_once("<!-- catalog-example:begin -->")
-            .and_then(|(_, r)| r.split_once("<!-- catalog-example:end -->"))
-            .expect("docs/operations.md has the catalog example")
-            .0;
-        block
-            .lines()
-            .filter(|l| !l.starts_with("```"))
-            .collect::<Vec<_>>()
-            .join("\n")
-    }
-
     #[test]
     fn the_operations_doc_example_loads() {
-        let c = Catalog::from_yaml(&operations_doc_example()).unwrap();
+        let c = Catalog::from_yaml(&operations_doc_catalog_example()).unwrap();
         let (_, orders) = c
             .lookup(&StreamName::new("acme", "prod", "orders"))
             .unwrap();

@@ -145,21 +145,15 @@ fn felixctl_publish_then_subscribe_json() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown_stream"));
 }
 
-#[test]
-fn json_logs_are_one_object_per_line() {
+/// The first line a fresh broker logs on stderr (a pipe), started with `extra` flags: it reports
+/// the generated development certificate.
+fn first_log_line(extra: &[&str]) -> String {
     use std::io::BufRead;
     let dir = tempfile::tempdir().unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_felix-broker"))
-        .args([
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--cores",
-            "1",
-            "--log-format",
-            "json",
-        ])
+        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+        .args(["--cores", "1"])
+        .args(extra)
         .arg("--data-dir")
         .arg(dir.path())
         .env("RUST_LOG", "info")
@@ -168,7 +162,6 @@ fn json_logs_are_one_object_per_line() {
         .spawn()
         .unwrap();
     let err = child.stderr.take().unwrap();
-    // A fresh data dir: the first line reports the generated development certificate.
     let line = std::io::BufReader::new(err)
         .lines()
         .next()
@@ -176,6 +169,12 @@ fn json_logs_are_one_object_per_line() {
         .unwrap();
     let _ = child.kill();
     let _ = child.wait();
+    line
+}
+
+#[test]
+fn json_logs_are_one_object_per_line() {
+    let line = first_log_line(&["--log-format", "json"]);
     let v: serde_json::Value =
         serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
     assert_eq!(v["level"], "INFO", "{line}");
@@ -191,32 +190,7 @@ fn json_logs_are_one_object_per_line() {
 /// Text logs written to a pipe (not a terminal) carry no ANSI colour codes.
 #[test]
 fn text_logs_to_a_pipe_have_no_colour() {
-    use std::io::BufRead;
-    let dir = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_felix-broker"))
-        .args([
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--cores",
-            "1",
-        ])
-        .arg("--data-dir")
-        .arg(dir.path())
-        .env("RUST_LOG", "info")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let err = child.stderr.take().unwrap();
-    let line = std::io::BufReader::new(err)
-        .lines()
-        .next()
-        .unwrap()
-        .unwrap();
-    let _ = child.kill();
-    let _ = child.wait();
+    let line = first_log_line(&[]);
     assert!(line.contains("INFO"), "{line}");
     assert!(!line.contains('\u{1b}'), "ANSI escape in {line:?}");
 }

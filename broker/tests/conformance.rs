@@ -371,7 +371,11 @@ impl Suite {
 fn suite(env: &[(&str, &str)]) -> Suite {
     let dir = tempfile::tempdir().unwrap();
     let catalog = dir.path().join("catalog.yaml");
-    std::fs::write(&catalog, operations_doc_example()).unwrap();
+    std::fs::write(
+        &catalog,
+        felix_broker::catalog::operations_doc_catalog_example(),
+    )
+    .unwrap();
     let durable = dir.path().join("durable");
     let b = Broker::try_start_env(
         tempfile::tempdir().unwrap(),
@@ -447,20 +451,6 @@ fn a_row_without_a_case_fails_the_suite() {
         missing_rows(&doc, &all),
         vec!["GroupPollCancel", "too-large"]
     );
-}
-
-fn operations_doc_example() -> String {
-    let doc = include_str!("../../docs/operations.md");
-    let block = doc
-        .split_once("<!-- catalog-example:begin -->")
-        .and_then(|(_, r)| r.split_once("<!-- catalog-example:end -->"))
-        .expect("docs/operations.md has the catalog example")
-        .0;
-    block
-        .lines()
-        .filter(|l| !l.starts_with("```"))
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 async fn handshake(s: &mut Suite) {

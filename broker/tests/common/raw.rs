@@ -88,6 +88,18 @@ impl Raw {
         max_frame_bytes: usize,
         uni_window_bytes: u64,
     ) -> Raw {
+        Raw::try_connect(addr, ca, max_frame_bytes, uni_window_bytes)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// As [`Raw::connect`], but a handshake that does not complete (within 3 s) is an error.
+    pub async fn try_connect(
+        addr: std::net::SocketAddr,
+        ca: &Path,
+        max_frame_bytes: usize,
+        uni_window_bytes: u64,
+    ) -> Result<Raw, String> {
         let transport = TransportConfig {
             max_stream_data_uni_bytes: uni_window_bytes,
             ..TransportConfig::default()
@@ -102,17 +114,18 @@ impl Raw {
         let tx = spawn_client(addr, Some("localhost"), &mut cfg, max_frame_bytes, h)
             .await
             .unwrap();
-        tokio::time::timeout(WAIT, erx)
-            .await
-            .expect("QUIC handshake in time")
-            .unwrap();
-        Raw {
+        match tokio::time::timeout(Duration::from_secs(3), erx).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return Err("the handshake failed (connection closed)".into()),
+            Err(_) => return Err("no QUIC handshake within 3 s".into()),
+        }
+        Ok(Raw {
             tx,
             rx: irx,
             held: HashMap::new(),
             other: VecDeque::new(),
             closed: None,
-        }
+        })
     }
 
     /// Send `Hello` announcing `max_frame_bytes` and return the `HelloOk` (panics otherwise).
