@@ -30,6 +30,18 @@ fn bare(context_file: &std::path::Path) -> Command {
     c
 }
 
+/// Run `cmd` with `input` on its stdin (then closed); its output.
+fn with_stdin(mut cmd: Command, input: &[u8]) -> std::process::Output {
+    let mut p = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    p.stdin.take().unwrap().write_all(input).unwrap();
+    p.wait_with_output().unwrap()
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
@@ -58,38 +70,18 @@ async fn records(b: &Broker, shard: u32, n: usize) -> Vec<Vec<u8>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stdin_records_are_bytes_and_none_is_dropped() {
     let b = Broker::start(1, &[]);
-    let mut p = b
-        .felixctl_cmd()
-        .args(["publish", "events", "--shard", "2"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    p.stdin
-        .take()
-        .unwrap()
-        .write_all(b"b1\n\xff\xfe\nb3\n")
-        .unwrap();
-    let out = p.wait_with_output().unwrap();
+    let mut cmd = b.felixctl_cmd();
+    cmd.args(["publish", "events", "--shard", "2"]);
+    let out = with_stdin(cmd, b"b1\n\xff\xfe\nb3\n");
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(
         records(&b, 2, 3).await,
         vec![b"b1".to_vec(), vec![0xff, 0xfe], b"b3".to_vec()]
     );
     // A NUL-delimited stream and a raw one.
-    let o = b
-        .felixctl_cmd()
-        .args(["publish", "events", "--shard", "1", "--delimiter", "\\0"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .and_then(|mut p| {
-            p.stdin.take().unwrap().write_all(b"x\ny\0z")?;
-            p.wait_with_output()
-        })
-        .unwrap();
+    let mut cmd = b.felixctl_cmd();
+    cmd.args(["publish", "events", "--shard", "1", "--delimiter", "\\0"]);
+    let o = with_stdin(cmd, b"x\ny\0z");
     assert!(o.status.success(), "{}", text(&o.stderr));
     assert_eq!(
         records(&b, 1, 2).await,
@@ -131,18 +123,9 @@ async fn refused_records_are_named_and_the_rest_published() {
     let mut input = b"a\n".to_vec();
     input.extend_from_slice(&line);
     input.extend_from_slice(b"c\n");
-    let o = b
-        .felixctl_cmd()
-        .args(["publish", "events", "--shard", "3"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .and_then(|mut p| {
-            p.stdin.take().unwrap().write_all(&input)?;
-            p.wait_with_output()
-        })
-        .unwrap();
+    let mut cmd = b.felixctl_cmd();
+    cmd.args(["publish", "events", "--shard", "3"]);
+    let o = with_stdin(cmd, &input);
     assert_eq!(o.status.code(), Some(4), "partial: {}", text(&o.stderr));
     let err = text(&o.stderr);
     assert!(
@@ -153,18 +136,9 @@ async fn refused_records_are_named_and_the_rest_published() {
     assert_eq!(records(&b, 3, 2).await, vec![b"a".to_vec(), b"c".to_vec()]);
     // A record too big for any frame is refused before it is sent, naming the limit.
     let big = vec![b'y'; 16_777_300];
-    let o = b
-        .felixctl_cmd()
-        .args(["--json", "publish", "events", "--shard", "3", "--raw"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .and_then(|mut p| {
-            p.stdin.take().unwrap().write_all(&big)?;
-            p.wait_with_output()
-        })
-        .unwrap();
+    let mut cmd = b.felixctl_cmd();
+    cmd.args(["--json", "publish", "events", "--shard", "3", "--raw"]);
+    let o = with_stdin(cmd, &big);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
     let e: serde_json::Value = serde_json::from_slice(&o.stderr).expect("a JSON error");
     assert_eq!(e["error"]["code"], "payload_too_large");
