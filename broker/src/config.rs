@@ -382,6 +382,12 @@ impl Config {
                 c.log_format
             ));
         }
+        // Host names are fine (the control plane and clients resolve them); the form is
+        // checked here, at start, rather than by a registration refused over and over.
+        if let Some(a) = &c.advertise_addr {
+            felix_control::catalog::check_addr(a)
+                .map_err(|_| format!("advertise_addr must be HOST:PORT (a host name or an IP, port 1-65535), got {a:?}"))?;
+        }
         if c.controlplane_url.is_some() && c.catalog.is_some() {
             return Err("catalog and controlplane_url are exclusive: the catalog comes from the control plane when it is set".into());
         }
@@ -618,6 +624,29 @@ mod tests {
             ..Default::default()
         };
         assert!(Config::resolve(&f).unwrap_err().contains("log_format"));
+    }
+
+    #[test]
+    fn advertise_addresses_take_host_names() {
+        for (a, ok) in [
+            ("broker-1.example:7400", true),
+            ("localhost:7400", true),
+            ("[::1]:7400", true),
+            ("10.0.0.5:7400", true),
+            ("localhost", false),
+            ("localhost:0", false),
+            (":7400", false),
+        ] {
+            let f = Flags {
+                advertise_addr: Some(a.into()),
+                ..Default::default()
+            };
+            let r = Config::resolve(&f);
+            assert_eq!(r.is_ok(), ok, "{a}: {r:?}");
+            if !ok {
+                assert!(r.unwrap_err().contains("advertise_addr"));
+            }
+        }
     }
 
     #[test]
