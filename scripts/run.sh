@@ -59,29 +59,36 @@ ensure cache create kv --shards 4
 export FELIX_CONTROLPLANE_URL="$URL"
 "$BIN/felix-broker" --data-dir "$DATA" --durable-storage-dir "$DATA/durable" "$@" &
 BROKER_PID=$!
+stop_all() {
+  if [ -n "$BROKER_PID" ]; then kill -TERM "$BROKER_PID" 2>/dev/null || true; wait "$BROKER_PID" 2>/dev/null || true; fi
+  if [ -n "$CP_PID" ]; then kill "$CP_PID" 2>/dev/null || true; wait "$CP_PID" 2>/dev/null || true; fi
+}
+trap stop_all EXIT
+# Ctrl-C is 130 and SIGTERM 143, as for any process ended by those signals.
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
 # felixctl finds this broker and its certificate from anywhere: a context named "local"
 # (made current if there is none) holds the addresses and the CA's absolute path, once the
 # broker has generated its dev certificate.
+BROKER_ADDR="${FELIX_LISTEN:-127.0.0.1:7400}"
+prev=""
+for a in "$@"; do
+  case "$prev:$a" in --listen:*) BROKER_ADDR="$a" ;; esac
+  case "$a" in --listen=*) BROKER_ADDR="${a#--listen=}" ;; esac
+  prev="$a"
+done
 for _ in $(seq 1 300); do
   [ -f "$DATA/tls/dev-cert.pem" ] && break
   kill -0 "$BROKER_PID" 2>/dev/null || break
   sleep 0.1
 done
 if [ -f "$DATA/tls/dev-cert.pem" ]; then
-  "$BIN/felixctl" context set local --url "$URL" --broker "${FELIX_LISTEN:-127.0.0.1:7400}" \
+  "$BIN/felixctl" context set local --url "$URL" --broker "$BROKER_ADDR" \
     --ca "$(cd "$DATA" && pwd)/tls/dev-cert.pem" > /dev/null ||
     echo "run.sh: could not write felixctl's context (felixctl will look for ./felix-data/tls)" >&2
 fi
-stop_all() {
-  kill -TERM "$BROKER_PID" 2>/dev/null || true
-  wait "$BROKER_PID" 2>/dev/null || true
-  kill "$CP_PID" 2>/dev/null || true
-  wait "$CP_PID" 2>/dev/null || true
-}
-trap stop_all EXIT
-# Ctrl-C is 130 and SIGTERM 143, as for any process ended by those signals.
-trap 'exit 130' INT
-trap 'exit 143' TERM
+
 # Whichever stops first: a dead control plane stops the broker too (rather than leaving it
 # retrying against nothing), and says so.
 set +e
@@ -89,8 +96,10 @@ wait -n "$BROKER_PID" "$CP_PID"
 code=$?
 set -e
 if ! kill -0 "$CP_PID" 2>/dev/null; then
+  CP_PID="" # reaped by wait -n
   echo "felix-controlplane exited (code $code); stopping the broker" >&2
   exit 1
 fi
+BROKER_PID=""
 echo "felix-broker exited (code $code); stopping the control plane" >&2
 exit "$code"

@@ -14,6 +14,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/cache/felix-target}"
 F="${FELIX_BIN_DIR:-$CARGO_TARGET_DIR/debug}"
+F=$(cd "$F" && pwd) # the README commands run from another directory
 for b in felix-broker felix-controlplane felixctl; do
   [ -x "$F/$b" ] || { echo "tour: $F/$b missing (build first, or set FELIX_BIN_DIR)" >&2; exit 1; }
 done
@@ -116,12 +117,19 @@ done
 (cd / && "$F/felixctl" describe events > /dev/null) || fail "felixctl from / did not find the broker"
 echo "tour: ok: felixctl from another directory"
 
+# Wait (bounded) for run.sh to end; its exit code in $code (no subshell: only this shell
+# can wait for its child).
+run_exit() {
+  timeout 30 tail --pid="$RUN_PID" -f /dev/null || fail "run.sh did not exit within 30 s"
+  set +e
+  wait "$RUN_PID"
+  code=$?
+  set -e
+}
+
 # SIGTERM: run.sh exits 143 and stops both processes.
 kill -TERM "$RUN_PID"
-set +e
-wait "$RUN_PID"
-code=$?
-set -e
+run_exit
 RUN_PID=""
 [ "$code" = 143 ] || fail "run.sh exited $code on SIGTERM, not 143"
 "$F/felixctl" --timeout-ms 500 describe events > /dev/null 2>&1 && fail "the broker still answers after SIGTERM"
@@ -137,11 +145,7 @@ echo "tour: ok: restart keeps durable records"
 cp=$(pgrep -P "$RUN_PID" -f "/felix-controlplane " || true)
 [ -n "$cp" ] || fail "no felix-controlplane child of run.sh"
 kill -KILL "$cp"
-set +e
-timeout 20 tail --pid="$RUN_PID" -f /dev/null
-wait "$RUN_PID"
-code=$?
-set -e
+run_exit
 RUN_PID=""
 [ "$code" = 1 ] || fail "run.sh exited $code when the control plane died, not 1"
 grep -q "felix-controlplane exited" "$T/run.log" || fail "run.sh did not say the control plane exited"

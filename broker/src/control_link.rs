@@ -433,6 +433,7 @@ async fn run(
         let (state, cell, shutdown) = (state.clone(), cell.clone(), shutdown.clone());
         let (incarnation, applied) = (incarnation.clone(), applied.clone());
         tokio::spawn(async move {
+            let mut hb_ok = true;
             loop {
                 if !sleep_unless_stopped(hb_interval_ms, &shutdown).await {
                     return;
@@ -443,7 +444,7 @@ async fn run(
                 };
                 let url = format!("{base}/v1/brokers/{}/heartbeat", cfg.node_id);
                 match call::<api::HeartbeatReply>(http.post(&url).json(&hb)).await {
-                    Ok(_) => {}
+                    Ok(_) => hb_ok = true,
                     Err(CallError::Api(404, _)) => match register(&http, &base, &cfg).await {
                         Ok(r) => {
                             incarnation.store(r.broker.incarnation, Ordering::Release);
@@ -458,7 +459,14 @@ async fn run(
                         st.republish(&cell, cfg.node_id);
                         return;
                     }
-                    Err(e) => note_failure("heartbeat failed", &e),
+                    // The feed alone says whether the catalog source is lost (/readyz): a
+                    // heartbeat failing while the feed answers would make it flap. Logged at
+                    // warn when failures start, then at debug.
+                    Err(e) if hb_ok => {
+                        hb_ok = false;
+                        tracing::warn!(error = %e, "heartbeat failed (further failures at debug level)");
+                    }
+                    Err(e) => tracing::debug!(error = %e, "heartbeat failed"),
                 }
             }
         });

@@ -255,6 +255,8 @@ struct PubStream {
 #[derive(Default)]
 struct Session {
     hello_done: bool,
+    /// Being closed by the broker (`close_with`): frames still arriving are ignored.
+    closing: bool,
     inflight_bytes: u64,
     unacked: u32,
     subs: Vec<u64>,
@@ -363,6 +365,9 @@ struct CoreState {
     gauges_at: Instant,
     /// Connections that have not said Hello yet, with their deadline (FIFO: one timeout).
     hello_waits: VecDeque<(Instant, ConnKey)>,
+    /// Connections closing after their Error frame, with the moment the close is forced even
+    /// if the frame could not leave (FIFO: one grace period).
+    closes_due: VecDeque<(Instant, ConnKey)>,
 }
 
 /// Run one core until shutdown. `sock` is this core's SO_REUSEPORT socket.
@@ -424,6 +429,7 @@ pub async fn run_core(
         next_cache_epoch: 0,
         gauges_at: Instant::now(),
         hello_waits: VecDeque::new(),
+        closes_due: VecDeque::new(),
     }));
     state.borrow_mut().me = Rc::downgrade(&state);
     open_durable_shards(&state).await;
@@ -883,6 +889,9 @@ async fn flusher(state: Rc<RefCell<CoreState>>, sock: Rc<GlommioUdp>, wake_rx: W
         }
     }
 }
+
+/// How long a close waits for its Error frame to leave before it is forced.
+const CLOSE_GRACE: Duration = Duration::from_secs(1);
 
 /// A shard count in words for people: "shard 0" or "shards 0–3" (0..n in Rust reads wrong).
 pub(crate) fn shard_range(shards: u32) -> String {
@@ -2165,8 +2174,7 @@ impl CoreState {
         if new {
             CoreCounters::inc(&self.s.counters.connections_accepted);
             self.sessions.insert(key, Session::default());
-            let cfg = &self.s.cfg;
-            let wait_ms = cfg.hello_timeout_ms.min(cfg.idle_timeout_ms);
+            let wait_ms = self.hello_wait_ms();
             let deadline = Instant::now() + Duration::from_millis(wait_ms);
             self.hello_waits.push_back((deadline, key));
         }
@@ -2232,7 +2240,9 @@ impl CoreState {
             self.close_with(key, 0, code, msg);
             return;
         }
-        let msg = if err.fatal {
+        let msg = if err.truncated_at_end {
+            format!("{what}; the stream ended inside a frame")
+        } else if err.fatal {
             format!("{what}; the stream's framing is lost and the stream was stopped")
         } else if code == ErrorCode::FrameTooLarge {
             format!("{what}; the frame is discarded and the stream goes on")
@@ -2248,9 +2258,27 @@ impl CoreState {
         );
     }
 
+    /// How long a new connection has for its Hello: `hello_timeout_ms`, or the idle timeout
+    /// when that is shorter (0 means no idle timeout to quiche, so it does not count).
+    fn hello_wait_ms(&self) -> u64 {
+        let cfg = &self.s.cfg;
+        match cfg.idle_timeout_ms {
+            0 => cfg.hello_timeout_ms,
+            idle => cfg.hello_timeout_ms.min(idle),
+        }
+    }
+
     /// Send `Error code msg` on `stream`, then close the connection with the code's number as
-    /// the QUIC application error and the same text as the reason.
+    /// the QUIC application error and the same text as the reason. Once per connection: what
+    /// it sends afterwards is ignored. The close waits for the Error frame to leave, at most
+    /// `CLOSE_GRACE` (a peer that grants no flow control cannot hold the connection open).
     fn close_with(&mut self, key: ConnKey, stream: u64, code: ErrorCode, msg: String) {
+        let Some(session) = self.sessions.get_mut(&key) else {
+            return;
+        };
+        if std::mem::replace(&mut session.closing, true) {
+            return;
+        }
         CoreCounters::inc(&self.s.counters.connections_closed_hello);
         tracing::debug!(conn = key, code = code.name(), "{msg}");
         self.send_err(key, stream, 0, code, msg.clone());
@@ -2258,18 +2286,35 @@ impl CoreState {
             e.conn
                 .close_after_flush(code.number() as u64, &format!("{}: {msg}", code.name()));
         }
+        self.closes_due
+            .push_back((Instant::now() + CLOSE_GRACE, key));
         self.ep.mark_dirty(key);
+    }
+
+    /// Force the closes whose Error frame could not leave within `CLOSE_GRACE`.
+    fn force_due_closes(&mut self, now: Instant) {
+        while let Some(&(at, key)) = self.closes_due.front() {
+            if at > now {
+                break;
+            }
+            self.closes_due.pop_front();
+            if let Some(e) = self.ep.get(key) {
+                e.conn.close_pending_now();
+                self.ep.mark_dirty(key);
+            }
+        }
     }
 
     /// Close the connections that said no Hello within `hello_timeout_ms`.
     fn expire_hellos(&mut self, now: Instant) {
+        self.force_due_closes(now);
         while let Some(&(at, key)) = self.hello_waits.front() {
             if at > now {
                 break;
             }
             self.hello_waits.pop_front();
             if self.sessions.get(&key).is_some_and(|s| !s.hello_done) {
-                let ms = self.s.cfg.hello_timeout_ms.min(self.s.cfg.idle_timeout_ms);
+                let ms = self.hello_wait_ms();
                 let msg = format!("no Hello within {ms} ms (hello_timeout_ms) of the connection's first packet; the connection is closed");
                 self.close_with(key, 0, ErrorCode::InvalidRequest, msg);
             }
@@ -2291,6 +2336,9 @@ impl CoreState {
                 let Some(session) = self.sessions.get(&key) else {
                     return;
                 };
+                if session.closing {
+                    return; // answered and closing: nothing more is taken
+                }
                 // Which stream carries what (docs/protocol.md, conformance table).
                 let ack = matches!(frame, Frame::Publish { ack: true, .. });
                 let verdict = admit(frame.kind(), stream, ack, session.hello_done);
@@ -2421,7 +2469,9 @@ impl CoreState {
             }
             ConnEvent::BadFrame { stream, error } => {
                 CoreCounters::inc(&counters.bad_frames);
-                self.on_bad_frame(key, stream, error);
+                if self.sessions.get(&key).is_some_and(|s| !s.closing) {
+                    self.on_bad_frame(key, stream, error);
+                }
             }
             ConnEvent::Finished { stream } => {
                 if stream % 4 == 0 && stream != 0 {

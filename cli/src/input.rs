@@ -211,8 +211,22 @@ pub async fn publish(
         send(client, name, &sel, batch, &opts, &mut tally).await?;
     }
     if opts.no_ack && tally.sent > 0 {
-        // Refusals of fire-and-forget publishes come back on their own; give them a moment.
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        // Every byte must have reached the broker before felixctl exits: a close would discard
+        // whatever QUIC still held.
+        client.flush_fire().await.map_err(|e| {
+            let f = Fail::from(e);
+            Fail::unreachable(
+                f.parts().0,
+                format!(
+                    "{}; the broker did not confirm receiving the {} fire-and-forget record(s) sent",
+                    f.parts().1,
+                    tally.sent
+                ),
+            )
+        })?;
+        // Refusals the connection's core makes are queued on the control stream before the
+        // answer to a request sent after them: one round trip collects them.
+        client.describe_stream(name).await?;
         let (refused, last) = client.fire_and_forget_errors();
         if refused > 0 {
             tally.sent -= refused.min(tally.sent);
@@ -248,7 +262,7 @@ async fn send(
         return match client.publish_fire(name, sel.clone(), payloads) {
             Ok(()) => {
                 tally.sent += count;
-                Ok(())
+                wait_for_room(client).await
             }
             Err(e) => refused_or_stop(e, &numbers, opts.json, tally),
         };
@@ -272,6 +286,26 @@ async fn send(
         }
         Err(e) => refused_or_stop(e, &numbers, opts.json, tally),
     }
+}
+
+/// Fire-and-forget records queued in the client beyond this wait for QUIC to take them, so
+/// felixctl's memory stays bounded when stdin is faster than the network.
+const FIRE_BACKLOG_BYTES_MAX: u64 = 8 << 20;
+
+/// Wait (bounded) while the client holds more than `FIRE_BACKLOG_BYTES_MAX` of unsent
+/// fire-and-forget records.
+async fn wait_for_room(client: &Client) -> Result<(), Fail> {
+    let give_up = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    while client.fire_backlog_bytes() > FIRE_BACKLOG_BYTES_MAX {
+        if tokio::time::Instant::now() > give_up {
+            return Err(Fail::unreachable(
+                "timeout",
+                "the broker took no fire-and-forget records for 30 s",
+            ));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    Ok(())
 }
 
 fn refused_or_stop(

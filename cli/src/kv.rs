@@ -344,7 +344,13 @@ async fn watch_loop(
             },
             None => w.next().await,
         };
-        let Some(item) = item else { return Ok(()) };
+        let Some(item) = item else {
+            // Every shard's watch ended without an end this loop saw: the connection went.
+            return Err(Fail::unreachable(
+                "closed",
+                "the connection to the broker ended",
+            ));
+        };
         match item {
             WatchItem::Event {
                 shard,
@@ -405,8 +411,10 @@ async fn watch_loop(
                 let name = end_code_name(code);
                 let msg =
                     format!("watch of shard {shard} ended ({name}): {message}; resume from offset {resume_from}");
-                if code != 0 {
-                    return Err(Fail::refused(&name, msg));
+                match code {
+                    0 => {}
+                    u16::MAX => return Err(Fail::unreachable(&name, msg)),
+                    _ => return Err(Fail::refused(&name, msg)),
                 }
                 if !json {
                     eprintln!("felixctl: {msg}");

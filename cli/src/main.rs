@@ -446,13 +446,17 @@ async fn subscribe(
             } => {
                 let name = end_code_name(*code);
                 let msg = format!("subscription to shard {shard} ended ({name}): {message}");
-                if *code == 0 {
-                    if !json {
-                        eprintln!("felixctl: {msg}");
+                return match *code {
+                    0 => {
+                        if !json {
+                            eprintln!("felixctl: {msg}");
+                        }
+                        Ok(())
                     }
-                    return Ok(());
-                }
-                return Err(Fail::refused(&name, msg));
+                    // The connection went away under the subscription.
+                    u16::MAX => Err(Fail::unreachable(&name, msg)),
+                    _ => Err(Fail::refused(&name, msg)),
+                };
             }
             Event::Watch(_) => {}
         }

@@ -95,6 +95,9 @@ pub struct ClientConfig {
     pub transport: TransportConfig,
     /// The address as the user wrote it (error messages name it).
     pub display_addr: String,
+    /// The largest frame this client takes (announced in Hello; the broker refuses a value
+    /// below its `max_payload_bytes` + 1 KiB).
+    pub max_frame_bytes: usize,
 }
 
 /// Resolve a broker address as people write it — `host:port`, `ip:port` or `[v6]:port` — to a
@@ -154,6 +157,7 @@ impl ClientConfig {
             close_timeout: Duration::from_secs(2),
             transport: TransportConfig::default(),
             display_addr: addr.to_string(),
+            max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
         }
     }
 }
@@ -308,6 +312,10 @@ enum Cmd {
     },
     /// An application drained a paused subscription: try to resume reading.
     Resume,
+    /// Finish the fire-and-forget stream and answer once the broker acknowledged all of it.
+    FlushFire {
+        done: oneshot::Sender<Result<(), Error>>,
+    },
     Close {
         done: oneshot::Sender<()>,
     },
@@ -344,6 +352,12 @@ struct ConnHandler {
     /// Request ids of recent poll cancels (bounded): a cancel that reaches the broker after
     /// its poll was answered is answered `not_found`, which is no fire-and-forget refusal.
     cancels: VecDeque<u64>,
+    /// Fire-and-forget streams finished and waiting for the broker's acknowledgement.
+    flushing: Vec<(u64, oneshot::Sender<Result<(), Error>>)>,
+    /// Bytes of fire-and-forget publishes queued in this client, not yet taken by QUIC.
+    fire_backlog: Arc<AtomicU64>,
+    /// The frame maximum announced in Hello.
+    max_frame_bytes: usize,
 }
 
 /// Poll cancels remembered for their late `not_found` answers.
@@ -454,7 +468,7 @@ impl Handler for ConnHandler {
             0,
             &Frame::Hello {
                 features: features::ALL,
-                max_frame_bytes: DEFAULT_MAX_FRAME_BYTES as u32,
+                max_frame_bytes: self.max_frame_bytes as u32,
                 client: "felix-rs".into(),
             },
         );
@@ -463,8 +477,21 @@ impl Handler for ConnHandler {
         }
     }
     fn on_event(&mut self, c: &mut FelixConn, ev: ConnEvent) {
-        let ConnEvent::Frame { frame, stream } = ev else {
-            return;
+        let (frame, stream) = match ev {
+            ConnEvent::Frame { frame, stream } => (frame, stream),
+            // An answer this client cannot read fails its request at once rather than
+            // leaving it to time out.
+            ConnEvent::BadFrame { stream, error } => {
+                tracing::warn!(stream, ?error, "unreadable frame from the broker");
+                if let Some(tx) = error.request_id.and_then(|id| self.pending.remove(&id)) {
+                    let _ = tx.send(Err(Error::Protocol(format!(
+                        "the broker's answer could not be read: {}",
+                        error.error
+                    ))));
+                }
+                return;
+            }
+            _ => return,
         };
         // Server-initiated unidirectional streams (id % 4 == 3) are subscriptions.
         if stream % 4 == 3 {
@@ -619,6 +646,15 @@ impl Handler for ConnHandler {
                 c.send_frame(0, &frame)
             }
             Cmd::Resume => {}
+            Cmd::FlushFire { done } => match self.fire_stream.take() {
+                None => {
+                    let _ = done.send(Ok(()));
+                }
+                Some(s) => {
+                    c.finish(s);
+                    self.flushing.push((s, done));
+                }
+            },
             Cmd::Close { done } => {
                 c.close(0, "client close");
                 self.closing.push(done);
@@ -626,6 +662,24 @@ impl Handler for ConnHandler {
         }
     }
     fn before_flush(&mut self, c: &mut FelixConn, events: &mut Vec<ConnEvent>) {
+        let backlog = self.fire_stream.map_or(0, |s| c.queued_bytes(s));
+        self.fire_backlog.store(backlog as u64, Ordering::Relaxed);
+        let mut i = 0;
+        while i < self.flushing.len() {
+            match c.send_settled(self.flushing[i].0) {
+                None => i += 1,
+                Some(ok) => {
+                    let (s, done) = self.flushing.swap_remove(i);
+                    let _ = done.send(if ok {
+                        Ok(())
+                    } else {
+                        Err(Error::Closed(format!(
+                            "the broker stopped fire-and-forget stream {s}: some of its records may be lost"
+                        )))
+                    });
+                }
+            }
+        }
         let streams: Vec<u64> = self.blocked.keys().copied().collect();
         for stream in streams {
             let Some(&sid) = self.stream_sub.get(&stream) else {
@@ -668,6 +722,9 @@ impl Handler for ConnHandler {
         }
     }
     fn on_closed(&mut self, reason: String) {
+        for (_, done) in self.flushing.drain(..) {
+            let _ = done.send(Err(Error::Closed(reason.clone())));
+        }
         for (_, tx) in self.pending.drain() {
             let _ = tx.send(Err(Error::Closed(reason.clone())));
         }
@@ -693,6 +750,7 @@ struct Inner {
     next_id: AtomicU64,
     next_lane: AtomicU64,
     fire_errors: Arc<FireErrors>,
+    fire_backlog: Arc<AtomicU64>,
 }
 
 impl Inner {
@@ -727,6 +785,14 @@ impl Inner {
         self.tx
             .send(cmd)
             .map_err(|_| Error::Closed("connection task ended".into()))
+    }
+    async fn wait_result(&self, rx: oneshot::Receiver<Result<(), Error>>) -> Result<(), Error> {
+        let t = self.cfg.request_timeout;
+        match tokio::time::timeout(t, rx).await {
+            Err(_) => Err(Error::Timeout(t)),
+            Ok(Err(_)) => Err(Error::Closed("connection task ended".into())),
+            Ok(Ok(r)) => r,
+        }
     }
     async fn wait(&self, rx: oneshot::Receiver<Result<Frame, Error>>) -> Result<Frame, Error> {
         let t = self.cfg.request_timeout;
@@ -860,6 +926,7 @@ impl Client {
         let (etx, erx) = oneshot::channel();
         let (htx, hrx) = oneshot::channel();
         let fire_errors = Arc::new(FireErrors::default());
+        let fire_backlog = Arc::new(AtomicU64::new(0));
         let handler = ConnHandler {
             established: Some(etx),
             hello: Some(htx),
@@ -874,12 +941,15 @@ impl Client {
             fire_errors: fire_errors.clone(),
             closing: Vec::new(),
             cancels: VecDeque::new(),
+            flushing: Vec::new(),
+            fire_backlog: fire_backlog.clone(),
+            max_frame_bytes: cfg.max_frame_bytes,
         };
         let tx = spawn_client(
             cfg.addr,
             Some(&cfg.server_name),
             &mut qc,
-            DEFAULT_MAX_FRAME_BYTES,
+            cfg.max_frame_bytes,
             handler,
         )
         .await
@@ -916,6 +986,7 @@ impl Client {
                     next_id: AtomicU64::new(1),
                     next_lane: AtomicU64::new(1),
                     fire_errors,
+                    fire_backlog,
                 }),
                 limits,
                 core,
@@ -1006,6 +1077,22 @@ impl Client {
             lane: Lane::Fire,
             reply: None,
         })
+    }
+
+    /// Bytes of fire-and-forget publishes queued in this client that QUIC has not taken yet
+    /// (flow control holds them): a publisher that outruns the network waits on this.
+    pub fn fire_backlog_bytes(&self) -> u64 {
+        self.inner.fire_backlog.load(Ordering::Relaxed)
+    }
+
+    /// Finish the fire-and-forget stream and wait (bounded by the request timeout) until the
+    /// broker has acknowledged every byte of it: after `Ok`, every fire-and-forget publish sent
+    /// so far reached the broker (which may still refuse one: `fire_and_forget_errors`). The
+    /// next fire-and-forget publish opens a new stream.
+    pub async fn flush_fire(&self) -> Result<(), Error> {
+        let (done, rx) = oneshot::channel();
+        self.inner.send(Cmd::FlushFire { done })?;
+        self.inner.wait_result(rx).await
     }
 
     /// Fire-and-forget publishes the broker refused so far, and the last refusal.

@@ -222,7 +222,10 @@ impl FelixConn {
                                     },
                                     kind: None,
                                     request_id: None,
-                                    fatal: true,
+                                    // The stream is over anyway; no framing was lost that
+                                    // anything after it depended on.
+                                    fatal: false,
+                                    truncated_at_end: true,
                                 },
                             });
                         }
@@ -300,6 +303,21 @@ impl FelixConn {
             .q
             .stream_shutdown(stream, quiche::Shutdown::Write, code);
         let _ = self.q.stream_shutdown(stream, quiche::Shutdown::Read, code);
+    }
+
+    /// Where the sending side of a locally opened stream stands after [`FelixConn::finish`]:
+    /// `Some(true)` once every byte and the FIN were acknowledged by the peer (quiche then
+    /// collects the stream), `Some(false)` when the peer stopped it (the data may be lost),
+    /// `None` while bytes are still queued or unacknowledged.
+    pub fn send_settled(&mut self, stream: u64) -> Option<bool> {
+        if self.out.contains_key(&stream) {
+            return None;
+        }
+        match self.q.stream_capacity(stream) {
+            Err(quiche::Error::InvalidStreamState(_)) => Some(true),
+            Err(quiche::Error::StreamStopped(_)) => Some(false),
+            _ => None,
+        }
     }
 
     /// Bytes queued on `stream` that quiche has not taken yet.
@@ -412,6 +430,14 @@ impl FelixConn {
     /// text, so a peer that lost the packet with the frame still learns why.
     pub fn close_after_flush(&mut self, code: u64, reason: &str) {
         self.pending_close = Some((code, reason.to_string()));
+    }
+
+    /// Start the close [`FelixConn::close_after_flush`] asked for now, whatever is still
+    /// queued (the caller's grace period ran out).
+    pub fn close_pending_now(&mut self) {
+        if let Some((code, reason)) = self.pending_close.take() {
+            let _ = self.q.close(true, code, reason.as_bytes());
+        }
     }
 
     /// Next UDP payload to send, written into `out`.

@@ -606,8 +606,8 @@ impl CacheFrame {
                 watch_id: r.u64("watch_id")?,
                 shard: r.u32("shard")?,
                 live_from: r.u64("live_from")?,
-                queue_events_max: r.u32("queue_events_max")?,
-                queue_bytes_max: r.u64("queue_bytes_max")?,
+                queue_events_max: r.appended_u32("queue_events_max", 0)?,
+                queue_bytes_max: r.appended_u64("queue_bytes_max", 0)?,
             },
             kind::CACHE_EVENT => CacheEvent {
                 kind: EventKind::from_u8(r.u8("event_kind")?)?,

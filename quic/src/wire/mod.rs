@@ -802,6 +802,22 @@ impl Reader {
     fn u64(&mut self, f: &'static str) -> Result<u64, WireError> {
         Ok(u64::from_le_bytes(self.take(8, f)?[..].try_into().unwrap()))
     }
+    /// A field a newer peer appends: read when present, else `default` (an older peer that
+    /// does not send it still decodes).
+    fn appended_u32(&mut self, f: &'static str, default: u32) -> Result<u32, WireError> {
+        if self.buf.len() - self.pos >= 4 {
+            self.u32(f)
+        } else {
+            Ok(default)
+        }
+    }
+    fn appended_u64(&mut self, f: &'static str, default: u64) -> Result<u64, WireError> {
+        if self.buf.len() - self.pos >= 8 {
+            self.u64(f)
+        } else {
+            Ok(default)
+        }
+    }
     fn bool(&mut self, f: &'static str) -> Result<bool, WireError> {
         match self.u8(f)? {
             0 => Ok(false),
@@ -878,7 +894,7 @@ pub fn decode_body(kind_: u8, flags: u16, body: Bytes) -> Result<Frame, WireErro
                     max_frame_bytes,
                     max_payload_bytes,
                     max_subscriptions,
-                    max_key_bytes: r.u32("max_key_bytes")?,
+                    max_key_bytes: r.appended_u32("max_key_bytes", u16::MAX as u32)?,
                 },
                 core,
                 server,
@@ -954,8 +970,8 @@ pub fn decode_body(kind_: u8, flags: u16, body: Bytes) -> Result<Frame, WireErro
             subscription_id: r.u64("subscription_id")?,
             shard: r.u32("shard")?,
             next_offset: r.u64("next_offset")?,
-            queue_records_max: r.u32("queue_records_max")?,
-            queue_bytes_max: r.u64("queue_bytes_max")?,
+            queue_records_max: r.appended_u32("queue_records_max", 0)?,
+            queue_bytes_max: r.appended_u64("queue_bytes_max", 0)?,
         },
         kind::SUB_STREAM => Frame::SubStream {
             subscription_id: r.u64("subscription_id")?,
@@ -1055,6 +1071,8 @@ pub struct FrameError {
     /// The framing is lost (bad magic or version): nothing more on the stream can be read.
     /// Otherwise the frame's length was known, the frame was skipped, and the stream goes on.
     pub fatal: bool,
+    /// The stream finished inside a frame (set by the connection at the stream's end).
+    pub truncated_at_end: bool,
 }
 
 impl FrameError {
@@ -1064,6 +1082,7 @@ impl FrameError {
             kind: None,
             request_id: None,
             fatal: true,
+            truncated_at_end: false,
         }
     }
 }
@@ -1144,6 +1163,7 @@ impl FrameReader {
                 kind: Some(k),
                 request_id,
                 fatal: false,
+                truncated_at_end: false,
             })
     }
 
@@ -1171,6 +1191,7 @@ impl FrameReader {
             kind: Some(k),
             request_id,
             fatal: false,
+            truncated_at_end: false,
         })
     }
 }

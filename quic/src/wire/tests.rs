@@ -1088,3 +1088,49 @@ proptest! {
         prop_assert_eq!(&after[..], &rids[victim + 1..]);
     }
 }
+
+/// Fields appended in this version decode as their defaults when an older peer leaves them
+/// out (the evolution rule: newer peers append; older ones still decode).
+#[test]
+fn appended_fields_are_optional_on_decode() {
+    let full = Frame::SubscribeOk {
+        request_id: 1,
+        subscription_id: 2,
+        shard: 3,
+        next_offset: 4,
+        queue_records_max: 5,
+        queue_bytes_max: 6,
+    }
+    .encode();
+    let mut old = full[..full.len() - 12].to_vec();
+    let body_len = (old.len() - HEADER_LEN) as u32;
+    old[6..10].copy_from_slice(&body_len.to_le_bytes());
+    match decode_frame(&old, MAX).unwrap() {
+        Frame::SubscribeOk {
+            next_offset,
+            queue_records_max,
+            queue_bytes_max,
+            ..
+        } => assert_eq!((next_offset, queue_records_max, queue_bytes_max), (4, 0, 0)),
+        other => panic!("{other:?}"),
+    }
+    let hello_ok = Frame::HelloOk {
+        features: 0,
+        limits: Limits {
+            max_frame_bytes: 1,
+            max_payload_bytes: 2,
+            max_subscriptions: 3,
+            max_key_bytes: 4,
+        },
+        core: 0,
+        server: "s".into(),
+    }
+    .encode();
+    let mut old = hello_ok[..hello_ok.len() - 4].to_vec();
+    let body_len = (old.len() - HEADER_LEN) as u32;
+    old[6..10].copy_from_slice(&body_len.to_le_bytes());
+    match decode_frame(&old, MAX).unwrap() {
+        Frame::HelloOk { limits, .. } => assert_eq!(limits.max_key_bytes, 65_535),
+        other => panic!("{other:?}"),
+    }
+}
