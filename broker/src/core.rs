@@ -257,6 +257,8 @@ struct Session {
     hello_done: bool,
     /// Being closed by the broker (`close_with`): frames still arriving are ignored.
     closing: bool,
+    /// Answer stream → the streams not read until it drains (refusals piled up unread).
+    held_sources: HashMap<u64, Vec<u64>>,
     inflight_bytes: u64,
     unacked: u32,
     subs: Vec<u64>,
@@ -889,6 +891,11 @@ async fn flusher(state: Rc<RefCell<CoreState>>, sock: Rc<GlommioUdp>, wake_rx: W
         }
     }
 }
+
+/// Refusals queued on one answer stream past this stop the reading of the stream that caused
+/// them until they drain: refused frames are cheap to send, and a peer that does not read its
+/// answers must not grow the broker's memory.
+const REFUSALS_QUEUED_BYTES_MAX: usize = 1 << 20;
 
 /// How long a close waits for its Error frame to leave before it is forced.
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
@@ -1987,6 +1994,7 @@ impl CoreState {
         for _ in 0..64 {
             let Some(e) = self.ep.get(key) else { return };
             let drained = e.conn.flush_streams();
+            self.release_held(key, &drained);
             let Some(session) = self.sessions.get(&key) else {
                 return;
             };
@@ -2256,6 +2264,9 @@ impl CoreState {
             code,
             msg,
         );
+        if !err.fatal {
+            self.hold_if_unread(key, stream, answer_stream(stream));
+        }
     }
 
     /// How long a new connection has for its Hello: `hello_timeout_ms`, or the idle timeout
@@ -2321,6 +2332,47 @@ impl CoreState {
         }
     }
 
+    /// After a refusal of a frame from `source` answered on `answer`: stop reading `source`
+    /// while `answer` holds more than `REFUSALS_QUEUED_BYTES_MAX` (see `release_held`).
+    fn hold_if_unread(&mut self, key: ConnKey, source: u64, answer: u64) {
+        let Some(e) = self.ep.get(key) else { return };
+        if e.conn.queued_bytes(answer) <= REFUSALS_QUEUED_BYTES_MAX {
+            return;
+        }
+        e.conn.pause(source);
+        if let Some(s) = self.sessions.get_mut(&key) {
+            let held = s.held_sources.entry(answer).or_default();
+            if !held.contains(&source) {
+                held.push(source);
+            }
+        }
+    }
+
+    /// Resume the streams held for answer streams that just drained, and take what they hold.
+    fn release_held(&mut self, key: ConnKey, drained: &[u64]) {
+        let Some(session) = self.sessions.get_mut(&key) else {
+            return;
+        };
+        if session.held_sources.is_empty() {
+            return;
+        }
+        let release: Vec<u64> = drained
+            .iter()
+            .filter_map(|d| session.held_sources.remove(d))
+            .flatten()
+            .collect();
+        let mut events = Vec::new();
+        if let Some(e) = self.ep.get(key) {
+            for s in release {
+                e.conn.resume(s);
+                e.conn.read_stream(s, &mut events);
+            }
+        }
+        for ev in events {
+            self.on_event(key, ev);
+        }
+    }
+
     fn send_err(&mut self, key: ConnKey, stream: u64, rid: u64, code: ErrorCode, msg: String) {
         CoreCounters::inc(&self.s.counters.errors_sent);
         if let Some(e) = self.ep.get(key) {
@@ -2358,6 +2410,7 @@ impl CoreState {
                             _ => frame.request_id().unwrap_or(0),
                         };
                         self.send_err(key, answer_on, rid, code, message);
+                        self.hold_if_unread(key, stream, answer_on);
                         return;
                     }
                 }

@@ -1291,3 +1291,48 @@ async fn peer_max(s: &mut Suite) {
     small.assert_no_bad();
     s.cover(&["peer-max"]);
 }
+
+/// Refused frames are cheap to send: a peer that sends them without reading the answers is
+/// held (its stream is not read) once about 1 MiB of answers waits, and once it reads again
+/// every frame is answered, none lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unread_refusals_hold_the_stream_they_come_from() {
+    let b = Broker::start(1, &[]);
+    let transport = felix_quic::tls::TransportConfig {
+        max_stream_data_bidi_bytes: 64 << 10,
+        ..Default::default()
+    };
+    let max = felix_quic::wire::DEFAULT_MAX_FRAME_BYTES;
+    let mut c = Raw::connect_with(b.quic, &b.ca(), max, &transport)
+        .await
+        .unwrap();
+    c.hello(max as u32).await;
+    c.pause(4);
+    // Without the hold all N would be answered at once (~4 MB queued); with it, about 1 MiB.
+    const N: usize = 60_000;
+    // A broker-only frame, refused each time: ~18 bytes in, an Error of ~120 bytes out.
+    let one = Frame::Group(GroupFrame::GroupOk { request_id: 1 }).encode();
+    let mut all = Vec::with_capacity(one.len() * N);
+    for _ in 0..N {
+        all.extend_from_slice(&one);
+    }
+    c.send_raw(4, all);
+    // Bounded wait for the broker to take what it will.
+    let mut sent = 0;
+    for _ in 0..40 {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        sent = b.total("errors_sent");
+    }
+    assert!(
+        sent < (N as u64) / 2,
+        "{sent} refusals queued for a peer that reads none"
+    );
+    c.resume(4);
+    for i in 0..N {
+        match c.next_on(4).await {
+            Frame::Error { code, .. } => assert_eq!(code, ErrorCode::InvalidRequest.number()),
+            other => panic!("answer {i}: {other:?}"),
+        }
+    }
+    assert_eq!(b.total("errors_sent"), N as u64);
+}

@@ -28,6 +28,7 @@ enum Cmd {
     Send(u64, Bytes),
     Fin(u64),
     Pause(u64),
+    Resume(u64),
     PeerMax(usize),
 }
 
@@ -56,6 +57,14 @@ impl Handler for H {
             Cmd::Send(s, b) => c.send_bytes(s, b),
             Cmd::Fin(s) => c.finish(s),
             Cmd::Pause(s) => c.pause(s),
+            Cmd::Resume(s) => {
+                c.resume(s);
+                let mut events = Vec::new();
+                c.read_stream(s, &mut events);
+                for ev in events {
+                    self.on_event(c, ev);
+                }
+            }
             Cmd::PeerMax(n) => c.set_peer_max_frame_bytes(n),
         }
     }
@@ -104,7 +113,17 @@ impl Raw {
             max_stream_data_uni_bytes: uni_window_bytes,
             ..TransportConfig::default()
         };
-        let mut cfg = client_config(&Verify::CaFile(ca.to_path_buf()), &transport).unwrap();
+        Raw::connect_with(addr, ca, max_frame_bytes, &transport).await
+    }
+
+    /// Connect with these transport settings (windows, limits).
+    pub async fn connect_with(
+        addr: std::net::SocketAddr,
+        ca: &Path,
+        max_frame_bytes: usize,
+        transport: &TransportConfig,
+    ) -> Result<Raw, String> {
+        let mut cfg = client_config(&Verify::CaFile(ca.to_path_buf()), transport).unwrap();
         let (itx, irx) = mpsc::unbounded_channel();
         let (etx, erx) = tokio::sync::oneshot::channel();
         let h = H {
@@ -154,6 +173,11 @@ impl Raw {
     /// Stop reading `stream` (flow control then holds the broker).
     pub fn pause(&self, stream: u64) {
         let _ = self.tx.send(Cmd::Pause(stream));
+    }
+
+    /// Read `stream` again.
+    pub fn resume(&self, stream: u64) {
+        let _ = self.tx.send(Cmd::Resume(stream));
     }
 
     /// Pull one event from the connection into the per-stream holds; false on timeout.
