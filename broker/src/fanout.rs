@@ -1,6 +1,6 @@
 //! Pure fanout state: the encoded delivery batch, the shard owner's replay ring and offset
 //! counter, and the per-subscriber queue with its three policies. No clock, no socket: the
-//! core driver (`core.rs`) feeds these and moves what they hand back onto QUIC streams.
+//! core driver (`core/`) feeds these and moves what they hand back onto QUIC streams.
 
 use bytes::Bytes;
 use felix_quic::wire::{encode_delivery_head, QueuePolicy, Records};

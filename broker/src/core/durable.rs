@@ -1,0 +1,368 @@
+//! Durable stream shards on this core: their directories, opening their logs (deferring what
+//! arrives meanwhile), the commit watcher that answers publishes once committed, and failures.
+
+use super::*;
+
+/// The log directory of one durable shard of the standalone catalog.
+pub fn shard_dir(
+    root: &std::path::Path,
+    name: &felix_quic::wire::StreamName,
+    shard: u32,
+) -> std::path::PathBuf {
+    slot_shard_dir(root, name, 0, shard)
+}
+
+/// The log directory of one shard of a stream incarnation (see [`stream_dir`]).
+pub(in crate::core) fn slot_shard_dir(
+    root: &std::path::Path,
+    name: &felix_quic::wire::StreamName,
+    incarnation: u64,
+    shard: u32,
+) -> std::path::PathBuf {
+    stream_dir(root, name, incarnation).join(format!("{shard:05}"))
+}
+
+/// Close a deleted shard's log (if open) and remove its directory, then the stream's
+/// directory once it is empty (removing it fails while another core's shard is still there).
+pub(in crate::core) fn remove_deleted_shard(
+    log: Option<Log>,
+    root: Option<std::path::PathBuf>,
+    slot: &Slot,
+    shard: u32,
+) {
+    let name = slot.def.name();
+    let incarnation = slot.incarnation;
+    glommio::spawn_local(async move {
+        if let Some(log) = log {
+            let _ = log.close().await;
+        }
+        let Some(root) = root else { return };
+        let dir = slot_shard_dir(&root, &name, incarnation, shard);
+        if let Err(e) = std::fs::remove_dir_all(&dir) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(dir = %dir.display(), error = %e, "cannot remove a deleted shard's log");
+            }
+        }
+        let _ = std::fs::remove_dir(stream_dir(&root, &name, incarnation));
+    })
+    .detach();
+}
+
+/// A stream's directory: `tenant/namespace/stream`, and for a control-plane stream
+/// `tenant/namespace/stream@incarnation` (`@` is outside the name charset), so a stream
+/// deleted and created again never reads the old incarnation's records.
+pub fn stream_dir(
+    root: &std::path::Path,
+    name: &felix_quic::wire::StreamName,
+    incarnation: u64,
+) -> std::path::PathBuf {
+    let ns = root.join(&name.tenant).join(&name.namespace);
+    if incarnation == 0 {
+        ns.join(&name.stream)
+    } else {
+        ns.join(format!("{}@{incarnation}", name.stream))
+    }
+}
+
+/// Remove directories of older incarnations of a stream (deleted while this broker was
+/// down). Errors are ignored: another core may be removing the same directory.
+pub(in crate::core) fn remove_older_incarnations(root: &std::path::Path, slot: &Slot) {
+    let name = slot.def.name();
+    let ns = root.join(&name.tenant).join(&name.namespace);
+    let Ok(rd) = std::fs::read_dir(&ns) else {
+        return;
+    };
+    let prefix = format!("{}@", name.stream);
+    for e in rd.flatten() {
+        let f = e.file_name().to_string_lossy().to_string();
+        let Some(inc) = f.strip_prefix(&prefix).and_then(|n| n.parse::<u64>().ok()) else {
+            continue;
+        };
+        if inc < slot.incarnation {
+            tracing::info!(stream = %name, incarnation = inc, "removing the logs of a deleted incarnation");
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+pub(in crate::core) fn commit_bytes_max(cfg: &Config) -> usize {
+    let seg = cfg.durable_segment_bytes as usize - 2 * felix_storage::segment::BLOCK;
+    cfg.max_frame_bytes
+        .saturating_mul(4)
+        .min(seg)
+        .min(256 << 20)
+}
+
+/// The storage settings of a durable stream (its own, else the broker's defaults).
+pub fn log_config(cfg: &Config, def: &crate::catalog::StreamDef) -> LogConfig {
+    let mode = def.fsync.as_deref().unwrap_or(&cfg.durable_fsync);
+    LogConfig {
+        segment_bytes_max: cfg.durable_segment_bytes,
+        // A frame's records grow on disk (24 more header bytes per record): allow 4x the
+        // frame, within the segment. A batch beyond it is refused `payload_too_large`.
+        commit_bytes_max: commit_bytes_max(cfg),
+        pending_bytes_max: cfg.durable_pending_bytes_max.max(commit_bytes_max(cfg)),
+        fsync: FsyncMode::parse(mode, cfg.durable_fsync_interval_ms).expect("validated at start"),
+        retention: felix_storage::retention::RetentionLimits {
+            bytes_max: def.retention_bytes.or(cfg.durable_retention_bytes),
+            age_max_ms: def
+                .retention_seconds
+                .or(cfg.durable_retention_seconds)
+                .map(|s| s.saturating_mul(1000)),
+        },
+        inline_write_slow_us: cfg.durable_inline_write_slow_us,
+        ..LogConfig::default()
+    }
+}
+
+/// Open the logs of the durable shards this core owns (before serving, standalone). A log
+/// that cannot be opened (refused: corruption in the middle, or an I/O error) leaves its
+/// shard failed: it answers `unavailable`, the rest serve.
+pub(in crate::core) async fn open_durable_shards(state: &Rc<RefCell<CoreState>>) {
+    let keys: Vec<ShardKey> = {
+        let mut st = state.borrow_mut();
+        let keys = st.durable_keys_to_open();
+        for k in &keys {
+            st.durable.insert(*k, DurableShard::opening());
+        }
+        keys
+    };
+    for key in keys {
+        let job = state.borrow().open_job(key);
+        let r = job.run().await;
+        state.borrow_mut().on_durable_opened(key, r);
+    }
+}
+
+/// Everything needed to open one durable shard's log off the core state.
+pub(in crate::core) struct OpenJob {
+    root: Option<std::path::PathBuf>,
+    slot: Slot,
+    shard: u32,
+    config: LogConfig,
+}
+
+impl OpenJob {
+    pub(in crate::core) async fn run(self) -> OpenResult {
+        let Some(root) = self.root else {
+            return Err("no durable storage directory is configured on this broker (durable_storage_dir / FELIX_DURABLE_STORAGE_DIR)".into());
+        };
+        if self.slot.incarnation != 0 {
+            remove_older_incarnations(&root, &self.slot);
+        }
+        let dir = slot_shard_dir(
+            &root,
+            &self.slot.def.name(),
+            self.slot.incarnation,
+            self.shard,
+        );
+        Log::open(&dir, self.config)
+            .await
+            .map_err(|e| e.to_string())
+    }
+}
+
+pub(in crate::core) type OpenResult = Result<(Log, felix_storage::log::OpenReport), String>;
+
+/// Answer and deliver publishes as their commits complete; fail the shard on a device error.
+pub(in crate::core) async fn commit_watcher(
+    state: Weak<RefCell<CoreState>>,
+    key: ShardKey,
+    log: Log,
+) {
+    let mut seen = log.acked();
+    loop {
+        let r = log.wait_acked_beyond(seen).await;
+        let Some(st) = state.upgrade() else { return };
+        let mut st = st.borrow_mut();
+        match r {
+            Ok(acked) => {
+                seen = acked;
+                st.on_durable_acked(key, acked);
+            }
+            Err(e) => {
+                st.on_durable_failed(key, e.to_string());
+                st.drain_inbox();
+                st.wake.wake();
+                return;
+            }
+        }
+        st.drain_inbox();
+        st.wake.wake();
+    }
+}
+
+impl CoreState {
+    /// Durable shards of active streams placed on this broker, owned by this core, whose
+    /// log is not open or opening yet.
+    pub(in crate::core) fn durable_keys_to_open(&self) -> Vec<ShardKey> {
+        let mut keys = Vec::new();
+        if self.catalog.fenced {
+            return keys;
+        }
+        for (i, slot) in self.catalog.slots().iter().enumerate() {
+            if slot.deleted || !slot.def.durable {
+                continue;
+            }
+            for shard in 0..slot.def.shards {
+                let key = (i as u32, shard);
+                if matches!(slot.places[shard as usize], Place::Mine { .. })
+                    && self.owner_core(key.0, shard) == self.id
+                    && !self.durable.contains_key(&key)
+                {
+                    keys.push(key);
+                }
+            }
+        }
+        keys
+    }
+
+    pub(in crate::core) fn open_job(&self, key: ShardKey) -> OpenJob {
+        let slot = self.catalog.slot(key.0).clone();
+        OpenJob {
+            root: self.s.cfg.durable_storage_dir.clone(),
+            config: self.observed(log_config(&self.s.cfg, &slot.def)),
+            slot,
+            shard: key.1,
+        }
+    }
+
+    pub(in crate::core) fn on_durable_opened(&mut self, key: ShardKey, r: OpenResult) {
+        let name = self.catalog.slot(key.0).def.name();
+        let still_wanted = matches!(
+            self.durable.get(&key),
+            Some(DurableShard {
+                log: None,
+                failed: None,
+                ..
+            })
+        );
+        // Whatever waited for the open is handled again after this (as open or failed).
+        if let Some(d) = self.durable.get_mut(&key) {
+            let deferred = std::mem::take(&mut d.deferred);
+            self.inbox.extend(deferred);
+        }
+        match r {
+            Ok((log, report)) if still_wanted => {
+                tracing::info!(stream = %name, shard = key.1, next_offset = report.next_offset,
+                    oldest = report.oldest_offset, verdict = ?report.verdict, "durable shard open");
+                self.owner(key.0, key.1).start_at(report.next_offset);
+                self.load_groups(key, report.next_offset);
+                let hist = self.s.shard_metrics.register(name.to_string(), key.1);
+                let d = self.durable.get_mut(&key).expect("checked above");
+                d.log = Some(log.clone());
+                d.commit_hist = Some(hist);
+                glommio::spawn_local(commit_watcher(self.me.clone(), key, log)).detach();
+            }
+            Ok((log, _)) => {
+                // Deleted while opening: close it and remove what the open (re)created.
+                remove_deleted_shard(
+                    Some(log),
+                    self.s.cfg.durable_storage_dir.clone(),
+                    self.catalog.slot(key.0),
+                    key.1,
+                );
+            }
+            Err(e) if still_wanted => {
+                tracing::error!(stream = %name, shard = key.1, error = %e, "durable shard cannot open; it will answer unavailable");
+                CoreCounters::inc(&self.s.counters.durable_shards_failed);
+                self.durable.get_mut(&key).expect("checked above").failed = Some(e);
+            }
+            Err(_) => {}
+        }
+    }
+
+    /// Publishes, attaches, detaches and park notices for a durable shard whose log is still
+    /// opening wait in arrival order (per sender) and are handled once it is open or failed;
+    /// anything else is handed back.
+    pub(in crate::core) fn defer_while_opening(&mut self, msg: MeshMsg) -> Option<MeshMsg> {
+        let key = match &msg {
+            MeshMsg::Publish(req) => (req.stream, req.shard),
+            MeshMsg::Group { stream, frame, .. } => match frame.target() {
+                Some(t) => (*stream, t.shard),
+                None => return Some(msg),
+            },
+            MeshMsg::Attach { stream, shard, .. }
+            | MeshMsg::Detach { stream, shard, .. }
+            | MeshMsg::Parked { stream, shard, .. } => (*stream, *shard),
+            _ => return Some(msg),
+        };
+        match self.durable.get_mut(&key) {
+            Some(d) if d.is_opening() => {
+                d.deferred.push(msg);
+                None
+            }
+            _ => Some(msg),
+        }
+    }
+
+    /// Commit progress of a durable shard: every pending publish wholly below `acked` is now
+    /// on disk — append it to the in-memory tail (ring), deliver it, answer it.
+    pub(in crate::core) fn on_durable_acked(&mut self, key: ShardKey, acked: u64) {
+        CoreCounters::inc(&self.s.counters.durable_commits);
+        loop {
+            let Some(d) = self.durable.get_mut(&key) else {
+                return;
+            };
+            match d.pending.front() {
+                Some((_, r, _)) if r.end <= acked => {}
+                _ => return,
+            }
+            let (req, range, at) = d.pending.pop_front().unwrap();
+            let us = at.elapsed().as_micros() as u64;
+            self.s.counters.durable_commit.observe_us(us);
+            if let Some(h) = &d.commit_hist {
+                h.observe_us(us);
+            }
+            let next = self.owner(key.0, key.1).next_offset();
+            assert_eq!(
+                next, range.start,
+                "the ring continues exactly where the log assigned"
+            );
+            CoreCounters::add(
+                &self.s.counters.durable_records_committed,
+                range.end - range.start,
+            );
+            self.publish_committed(req);
+        }
+    }
+
+    /// The log failed: nothing pending will be acknowledged.
+    pub(in crate::core) fn on_durable_failed(&mut self, key: ShardKey, why: String) {
+        let closing = self.closing_logs;
+        let Some(d) = self.durable.get_mut(&key) else {
+            return;
+        };
+        if closing && d.pending.is_empty() {
+            // Closed for shutdown with nothing waiting: not a failure.
+            return;
+        }
+        if d.failed.is_none() && !closing {
+            CoreCounters::inc(&self.s.counters.durable_shards_failed);
+            d.failed = Some(why.clone());
+        }
+        let pending: Vec<_> = d.pending.drain(..).collect();
+        let (code, msg) = if closing {
+            (
+                ErrorCode::ShuttingDown,
+                "the broker shut down before this publish was committed; it was not acknowledged"
+                    .to_string(),
+            )
+        } else {
+            (
+                ErrorCode::Unavailable,
+                format!("shard storage failed; the publish was not acknowledged: {why}"),
+            )
+        };
+        for (req, _, _) in pending {
+            CoreCounters::inc(&self.s.counters.durable_publishes_refused);
+            self.route(
+                req.origin.core,
+                MeshMsg::PublishResult {
+                    origin: req.origin,
+                    result: Err((code, msg.clone())),
+                },
+            );
+        }
+    }
+}

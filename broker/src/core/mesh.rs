@@ -1,0 +1,244 @@
+//! Messages between cores (and from a core to itself, through its inbox), and their routing:
+//! `route` never awaits a full channel (overflow queues drained by the pump task), and
+//! `on_mesh` dispatches what arrives to the owner side or the connection side.
+
+use super::*;
+
+/// Messages between cores (and from a core to itself, through its inbox).
+pub enum MeshMsg {
+    /// A datagram for a connection that lives on the receiving core.
+    Packet { buf: Vec<u8>, from: SocketAddr },
+    /// Connection core → owner.
+    Publish(PublishReq),
+    /// Owner → connection core: `(shard, first_offset, count)` or the refusal.
+    PublishResult { origin: Origin, result: PubResult },
+    /// Owner → every core with subscribers for the shard: one per core per batch.
+    Delivery {
+        stream: u32,
+        shard: u32,
+        batch: Batch,
+    },
+    /// Connection core → owner: a subscriber on `core` wants the shard from `start`.
+    Attach {
+        core: u8,
+        sub: u64,
+        stream: u32,
+        shard: u32,
+        start: StartAt,
+    },
+    /// Owner → connection core: what to replay, and the offset live deliveries continue at.
+    AttachResult {
+        sub: u64,
+        result: Result<AttachOk, (ErrorCode, String)>,
+    },
+    /// Connection core → owner of a durable shard: the next history chunk from `from`.
+    Fetch {
+        core: u8,
+        sub: u64,
+        stream: u32,
+        shard: u32,
+        from: u64,
+    },
+    /// Owner → connection core: a history chunk (from disk), or the ring's tail and the
+    /// switch to live delivery (`live`).
+    FetchResult {
+        sub: u64,
+        result: Result<Fetched, (ErrorCode, String)>,
+    },
+    /// Connection core → owner: one subscriber of `core` is gone.
+    Detach { core: u8, stream: u32, shard: u32 },
+    /// Connection core → owner: whether any Block subscriber of `core` has parked batches.
+    Parked {
+        core: u8,
+        stream: u32,
+        shard: u32,
+        parked: bool,
+    },
+    /// Connection core → owner of a durable shard: a consumer-group request.
+    Group {
+        origin: GroupOrigin,
+        stream: u32,
+        frame: felix_quic::wire::GroupFrame,
+    },
+    /// Owner → connection core: the answer to a group request.
+    GroupReply { origin: GroupOrigin, frame: Frame },
+    /// Connection core → every core: a connection that long-polled is gone.
+    GroupConnClosed { core: u8, conn: ConnKey },
+    /// A cache request, to the owner of its shard.
+    CacheReq {
+        origin: CacheOrigin,
+        cache: u32,
+        shard: u32,
+        frame: felix_quic::wire::CacheFrame,
+    },
+    /// The answer, back to the connection's core.
+    CacheReply { origin: CacheOrigin, frame: Frame },
+    /// Register a watch and compute its start, at the owner.
+    WatchOpen(WatchReq),
+    WatchOpened {
+        watch: u64,
+        result: Result<Opened, (ErrorCode, String)>,
+    },
+    /// A change of a cache shard, to a core with a matching watch.
+    CacheChange { cache: u32, shard: u32, ev: Arc<Ev> },
+    /// Unregister a watch at the owner.
+    WatchClose { watch: u64, cache: u32, shard: u32 },
+    /// The owner dropped a shard (its storage failed): end the local watches on it.
+    WatchesEnded {
+        cache: u32,
+        shard: u32,
+        code: ErrorCode,
+        message: String,
+    },
+    /// Owner → itself: try the next held publish (queued behind the deliveries just sent, so
+    /// local subscribers park before the next append if they are full).
+    DrainHeld { stream: u32, shard: u32 },
+}
+
+/// A successful attach.
+#[derive(Debug)]
+pub struct AttachOk {
+    pub lag: Option<Lag>,
+    pub replay: Vec<Batch>,
+    pub from: u64,
+    /// The subscriber starts below the owner's in-memory tail: it fetches history from disk
+    /// (one chunk at a time, as its queue empties) and ignores live batches until a fetch
+    /// answers `live`.
+    pub catch_up: bool,
+}
+
+/// A history chunk.
+#[derive(Debug)]
+pub struct Fetched {
+    /// Records retention deleted while the subscriber was catching up.
+    pub lag: Option<Lag>,
+    pub batches: Vec<Batch>,
+    /// These batches reach the owner's current end: live deliveries follow them.
+    pub live: bool,
+}
+
+impl CoreState {
+    // ---------- mesh plumbing ----------
+
+    pub(in crate::core) fn route(&mut self, to: u8, msg: MeshMsg) {
+        if to == self.id {
+            self.inbox.push_back(msg);
+            return;
+        }
+        let to = to as usize;
+        if !self.mesh_overflow[to].is_empty() {
+            self.mesh_overflow[to].push_back(msg);
+            self.mesh_wake.wake();
+            return;
+        }
+        match self.senders.try_send_to(to, msg) {
+            Ok(()) => {}
+            Err(glommio::GlommioError::WouldBlock(glommio::ResourceType::Channel(msg))) => {
+                self.mesh_overflow[to].push_back(msg);
+                self.mesh_wake.wake();
+            }
+            // Closed peer (shutdown): nothing can carry it any more.
+            Err(_) => {}
+        }
+    }
+
+    pub(in crate::core) fn drain_inbox(&mut self) {
+        while let Some(m) = self.inbox.pop_front() {
+            self.on_mesh(m);
+        }
+    }
+
+    pub(in crate::core) fn on_mesh(&mut self, msg: MeshMsg) -> Option<(Vec<u8>, SocketAddr)> {
+        // A peer may act on a newer catalog than ours (a slot we have not seen yet): catch up
+        // first. The cell only moves forward, so after this we know every slot it knows.
+        self.refresh_catalog();
+        let msg = self.defer_while_opening(msg)?;
+        let msg = self.cache_gate(msg)?;
+        match msg {
+            MeshMsg::Packet { mut buf, from } => {
+                CoreCounters::inc(&self.s.counters.packets_forwarded_in);
+                match self.ep.on_datagram(&mut buf, from, true) {
+                    Route::Conn { key, new } => self.after_recv(key, new),
+                    Route::Reply(r) => return Some((r, from)),
+                    _ => {}
+                }
+            }
+            MeshMsg::Publish(req) => self.on_publish_at_owner(req),
+            MeshMsg::PublishResult { origin, result } => self.on_publish_result(origin, result),
+            MeshMsg::Delivery {
+                stream,
+                shard,
+                batch,
+            } => self.on_delivery(stream, shard, batch),
+            MeshMsg::Attach {
+                core,
+                sub,
+                stream,
+                shard,
+                start,
+            } => self.on_attach(core, sub, stream, shard, start),
+            MeshMsg::AttachResult { sub, result } => self.on_attach_result(sub, result),
+            MeshMsg::Fetch {
+                core,
+                sub,
+                stream,
+                shard,
+                from,
+            } => self.on_fetch(core, sub, stream, shard, from),
+            MeshMsg::FetchResult { sub, result } => self.on_fetch_result(sub, result),
+            MeshMsg::Detach {
+                core,
+                stream,
+                shard,
+            } => {
+                // Only a deleted stream's shard state is ever dropped (slots are not reused),
+                // so a Detach for state that is gone is a late one for a deleted stream.
+                let o = self.owned.get_mut(&(stream, shard))?;
+                o.detach(core as usize);
+                self.drop_if_deleted_and_idle((stream, shard));
+            }
+            MeshMsg::Parked {
+                core,
+                stream,
+                shard,
+                parked,
+            } => {
+                let o = self.owned.get_mut(&(stream, shard))?;
+                o.set_parked(core as usize, parked);
+                if !parked {
+                    self.drain_held(stream, shard);
+                }
+            }
+            MeshMsg::DrainHeld { stream, shard } => self.drain_held(stream, shard),
+            MeshMsg::Group {
+                origin,
+                stream,
+                frame,
+            } => self.on_group(origin, stream, frame),
+            MeshMsg::GroupReply { origin, frame } => self.on_group_reply(origin, frame),
+            MeshMsg::GroupConnClosed { core, conn } => self.on_group_conn_closed(core, conn),
+            MeshMsg::CacheReq {
+                origin,
+                cache,
+                shard,
+                frame,
+            } => self.on_cache_req(origin, cache, shard, frame),
+            MeshMsg::CacheReply { origin, frame } => self.on_cache_reply(origin, frame),
+            MeshMsg::WatchOpen(req) => self.on_watch_open(req),
+            MeshMsg::WatchOpened { watch, result } => self.on_watch_opened(watch, result),
+            MeshMsg::CacheChange { cache, shard, ev } => self.on_cache_change(cache, shard, ev),
+            MeshMsg::WatchClose {
+                watch,
+                cache,
+                shard,
+            } => self.on_watch_close(watch, cache, shard),
+            MeshMsg::WatchesEnded {
+                cache,
+                shard,
+                code,
+                message,
+            } => self.end_local_watches((cache, shard), (code, message)),
+        }
+        None
+    }
+}
