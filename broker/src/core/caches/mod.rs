@@ -1,0 +1,687 @@
+//! The cache driver of a core, around the pure state in [`crate::cache`]: in-memory caches,
+//! and log-backed ones whose two logs (changes, counter deltas) are `cache_logs`; a
+//! log-backed cache is refused `unsupported` only on a broker without `durable_storage_dir`.
+//! This file: the connection side of requests and the shard state; `owner` applies requests
+//! and starts watches at the shard's owner; `watch` delivers watches on the watching core.
+//!
+//! - A request is validated by the connection's core, which hashes the key (or counter
+//!   name) to a shard and routes it to the shard's owner core; the owner applies it and
+//!   answers through the mesh ([`MeshMsg::CacheReply`]).
+//! - Every applied change gets the next offset of the shard. An in-memory shard starts its
+//!   offsets at `wall-clock ms << 20` when it is created, so versions never repeat across
+//!   restarts (a process would need a million writes per millisecond to catch up with the
+//!   next one's start; a wall clock stepped back by more than the process lived breaks this).
+//! - The owner keeps the last changes in a bounded replay ring (entries and bytes), which is
+//!   what a watch resuming by offset replays; below the ring (or from an earlier process)
+//!   the resume is answered with a marked snapshot of current values.
+//! - Watches: the owner registers the watch and computes its start (current values, or the
+//!   replay) in the same step, then sends each later matching change to the watching core;
+//!   the mesh keeps per-pair order, so the start and the changes meet with no gap and no
+//!   duplicate. The watching core queues events under the watch's bound
+//!   ([`crate::cache::WatchQueue`]) and moves them onto the watch's stream as flow control
+//!   allows; an overflow ends the watch with `watch_lagged` naming the offset to resume from
+//!   (after everything queued before it was delivered).
+//! - Expired keys are reclaimed by the owner's timer (Expire changes, seen by watches); reads
+//!   never return an expired value before that.
+
+use super::*;
+
+mod owner;
+mod watch;
+use crate::cache::{
+    CacheError, CacheLimits, CacheShard, ChangeKind, Cond, Counters, Filter, ResumePlan, WatchQueue,
+};
+use bytes::Bytes;
+use felix_quic::wire::cache::encode_event;
+use felix_quic::wire::{CacheFrame, EventKind, WatchFilter, WatchStart, WriteCond};
+
+/// Where a cache request came from.
+#[derive(Debug, Clone, Copy)]
+pub struct CacheOrigin {
+    pub core: u8,
+    pub conn: ConnKey,
+    pub quic_stream: u64,
+    pub request_id: u64,
+}
+
+/// One applied change as watchers get it.
+#[derive(Debug)]
+pub struct Ev {
+    pub offset: u64,
+    pub key: Bytes,
+    /// The encoded `CacheEvent` frame, shared by every watcher.
+    pub frame: Bytes,
+}
+
+/// A watch's start, computed by the owner.
+#[derive(Debug)]
+pub struct Opened {
+    pub shard: u32,
+    pub live_from: u64,
+    /// Where a resume would start before any change is delivered (the replay's start, else
+    /// `live_from`).
+    pub resume_from: u64,
+    /// State phase: encoded retained events and the `CacheStateDone` frame after them.
+    pub state: Option<(Vec<Bytes>, Bytes)>,
+    /// Changes to replay before live ones (offset order, filtered).
+    pub replay: Vec<Arc<Ev>>,
+    /// The replay stopped at this offset (past the watch's bound): the watch ends lagged there
+    /// once the replay is delivered (the owner did not register it).
+    pub truncated_at: Option<u64>,
+}
+
+/// Watch parameters the owner needs.
+#[derive(Debug, Clone)]
+pub struct WatchReq {
+    pub core: u8,
+    pub watch: u64,
+    pub cache: u32,
+    pub shard: u32,
+    pub filter: Filter,
+    pub start: WatchStart,
+    pub events_max: u32,
+    pub bytes_max: u64,
+}
+
+struct Reg {
+    core: u8,
+    watch: u64,
+    filter: Filter,
+}
+
+/// One cache shard this core owns.
+pub(super) struct OwnedCache {
+    shard: CacheShard,
+    counters: Counters,
+    ring: VecDeque<Arc<Ev>>,
+    ring_bytes: u64,
+    /// Lowest offset from which the ring still holds every change.
+    replayable_from: u64,
+    watches: Vec<Reg>,
+    /// Log-backed shards: their logs, and answers waiting for commits (in offset order).
+    pub(super) logs: Option<cache_logs::CacheLogs>,
+    pending: VecDeque<(u64, CacheOrigin, Frame)>,
+    pending_counters: VecDeque<(u64, CacheOrigin, Frame)>,
+    /// Records appended since the last snapshot was taken.
+    since_snapshot: u64,
+    compacting: bool,
+    /// Which open of the key this is (its logs' commit watchers carry it).
+    pub(super) epoch: u64,
+    /// Expiry appends refused (back-pressure): not retried before this wall-clock ms.
+    expire_retry_at_ms: u64,
+}
+
+/// An answer that waits until its log's acknowledged offset reaches `upto`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Wait {
+    counters: bool,
+    upto: u64,
+}
+
+impl OwnedCache {
+    fn new(
+        shard: CacheShard,
+        counters: Counters,
+        logs: Option<cache_logs::CacheLogs>,
+        epoch: u64,
+    ) -> Self {
+        let from = shard.next_offset();
+        OwnedCache {
+            shard,
+            counters,
+            ring: VecDeque::new(),
+            ring_bytes: 0,
+            replayable_from: from,
+            watches: Vec::new(),
+            logs,
+            pending: VecDeque::new(),
+            pending_counters: VecDeque::new(),
+            since_snapshot: 0,
+            compacting: false,
+            epoch,
+            expire_retry_at_ms: 0,
+        }
+    }
+
+    /// The state to snapshot, when a log-backed shard has appended `every` records since the
+    /// last one and no compaction runs.
+    pub(super) fn snapshot_due(&mut self, every: u64) -> Option<crate::cache::snapshot::Snapshot> {
+        let logs = self.logs.as_ref()?;
+        if self.compacting || self.since_snapshot < every {
+            return None;
+        }
+        self.compacting = true;
+        self.since_snapshot = 0;
+        Some(crate::cache::snapshot::Snapshot {
+            cache_log_id: logs.cache.log_id(),
+            counter_log_id: logs.counters.log_id(),
+            cache_next: self.shard.next_offset(),
+            counters_next: self.counters.next_offset(),
+            entries: self
+                .shard
+                .entries()
+                .map(|(k, e)| (k.clone(), e.clone()))
+                .collect(),
+            counters: self.counters.sums().map(|(k, v)| (k.clone(), v)).collect(),
+        })
+    }
+
+    pub(super) fn compaction_done(&mut self) {
+        self.compacting = false;
+    }
+
+    pub(super) fn with_logs(
+        shard: CacheShard,
+        counters: Counters,
+        logs: cache_logs::CacheLogs,
+        epoch: u64,
+    ) -> Self {
+        OwnedCache::new(shard, counters, Some(logs), epoch)
+    }
+
+    fn wait_for_commit(&mut self, w: Wait, origin: CacheOrigin, f: Frame) {
+        let q = if w.counters {
+            &mut self.pending_counters
+        } else {
+            &mut self.pending
+        };
+        debug_assert!(q.back().is_none_or(|(u, _, _)| *u < w.upto));
+        q.push_back((w.upto, origin, f));
+    }
+
+    /// The answers whose records are now committed (`acked`: the log's acknowledged end).
+    pub(super) fn take_committed(
+        &mut self,
+        counters: bool,
+        acked: u64,
+    ) -> Vec<(CacheOrigin, Frame)> {
+        let q = if counters {
+            &mut self.pending_counters
+        } else {
+            &mut self.pending
+        };
+        let mut out = Vec::new();
+        while q.front().is_some_and(|(u, _, _)| *u <= acked) {
+            let (_, o, f) = q.pop_front().expect("front checked");
+            out.push((o, f));
+        }
+        out
+    }
+
+    pub(super) fn take_all_pending(&mut self) -> Vec<(CacheOrigin, Frame)> {
+        self.pending
+            .drain(..)
+            .chain(self.pending_counters.drain(..))
+            .map(|(_, o, f)| (o, f))
+            .collect()
+    }
+
+    /// Every waiting answer: `(counter log, offset it waits for, origin, answer)`.
+    pub(super) fn take_pending_with_upto(&mut self) -> Vec<(bool, u64, CacheOrigin, Frame)> {
+        let a = self.pending.drain(..).map(|(u, o, f)| (false, u, o, f));
+        let b = self
+            .pending_counters
+            .drain(..)
+            .map(|(u, o, f)| (true, u, o, f));
+        a.chain(b).collect()
+    }
+
+    pub(super) fn has_pending(&self) -> bool {
+        !self.pending.is_empty() || !self.pending_counters.is_empty()
+    }
+
+    pub(super) fn watch_cores(&self) -> impl Iterator<Item = u8> + '_ {
+        self.watches.iter().map(|r| r.core)
+    }
+}
+
+/// A watch whose connection this core holds.
+pub(super) struct Watch {
+    conn: ConnKey,
+    /// The watch's stream, opened once the owner accepted the watch (a refused watch never
+    /// opens one).
+    quic_stream: Option<u64>,
+    cache: u32,
+    shard: u32,
+    filter: Filter,
+    request_id: u64,
+    /// Where the watch request came from (its answer goes there).
+    reply_stream: u64,
+    /// None until the owner answered; then the first offset taken live.
+    live_from: Option<u64>,
+    /// State-phase frames (sent before anything in `queue`).
+    state: VecDeque<Bytes>,
+    queue: WatchQueue,
+    frames: VecDeque<Bytes>,
+    /// Set once ended (lag): sent after what is queued, then the watch is gone.
+    end: Option<Frame>,
+    /// The offset after the last change handed to the connection: nothing from it on has
+    /// been delivered (what an end names when it drops the queue).
+    resume_at: u64,
+}
+
+/// Bytes a watch may have waiting in quiche before the pump stops (flow control does the
+/// rest: the queue fills behind it).
+const WATCH_PUMP_BYTES: usize = 64 << 10;
+
+/// Expired keys reclaimed per shard per tick (the rest on the next tick).
+const EXPIRE_BATCH: usize = 4096;
+
+/// Wall-clock ms since the epoch (cache expiries are absolute).
+use felix_storage::log::now_ms as wall_ms;
+
+fn cond(c: WriteCond) -> Cond {
+    match c {
+        WriteCond::Always => Cond::Always,
+        WriteCond::Version(v) => Cond::Version(v),
+        WriteCond::Absent => Cond::Absent,
+    }
+}
+
+fn cache_code(e: &CacheError) -> ErrorCode {
+    match e {
+        CacheError::KeySize { .. } | CacheError::TtlOutOfRange { .. } => ErrorCode::InvalidRequest,
+        CacheError::ValueTooLarge { .. } => ErrorCode::PayloadTooLarge,
+        CacheError::ConditionFailed { .. } => ErrorCode::ConditionFailed,
+        CacheError::NotFound => ErrorCode::NotFound,
+        CacheError::Full { .. } => ErrorCode::CacheFull,
+    }
+}
+
+fn event_frame(offset: u64, key: &Bytes, kind: &ChangeKind) -> Bytes {
+    match kind {
+        ChangeKind::Put {
+            value,
+            expires_at_ms,
+        } => encode_event(
+            EventKind::Put,
+            offset,
+            key.clone(),
+            expires_at_ms.unwrap_or(0),
+            value.clone(),
+        ),
+        ChangeKind::Delete => encode_event(EventKind::Delete, offset, key.clone(), 0, Bytes::new()),
+        ChangeKind::Expire => encode_event(EventKind::Expire, offset, key.clone(), 0, Bytes::new()),
+    }
+}
+
+fn filter_of(f: &WatchFilter) -> Filter {
+    match f {
+        WatchFilter::Key(k) => Filter::Key(k.clone()),
+        WatchFilter::Prefix { prefix, .. } => Filter::Prefix(prefix.clone()),
+    }
+}
+
+impl CoreState {
+    pub(in crate::core) fn cache_owner_core(&self, cache: u32, shard: u32) -> u8 {
+        let def = &self.catalog.cache_slot(cache).def;
+        core_for_shard(&def.name(), shard, self.s.cores as u32) as u8
+    }
+
+    pub(in crate::core) fn cache_limits(&self) -> CacheLimits {
+        let c = &self.s.cfg;
+        CacheLimits {
+            key_bytes_max: c.cache_key_bytes_max as usize,
+            value_bytes_max: c.max_payload_bytes as usize,
+            entries_max: c.cache_entries_max as usize,
+            bytes_max: c.cache_bytes_max,
+        }
+    }
+
+    pub(in crate::core) fn owned_cache(&mut self, key: ShardKey) -> &mut OwnedCache {
+        debug_assert_eq!(self.cache_owner_core(key.0, key.1), self.id);
+        let limits = self.cache_limits();
+        let durable = self.catalog.cache_slot(key.0).def.durable;
+        self.caches.entry(key).or_insert_with(|| {
+            // A log-backed shard is inserted once its logs are open (`cache_gate`).
+            assert!(!durable, "a log-backed cache shard is used only once open");
+            let base = wall_ms() << 20;
+            OwnedCache::new(CacheShard::new(limits, base), Counters::new(base), None, 0)
+        })
+    }
+
+    // ---------- connection side ----------
+
+    /// A cache frame from a client: answer it here (describe, unwatch) or route it to the
+    /// owner of the key's shard.
+    pub(in crate::core) fn on_cache_request(
+        &mut self,
+        key: ConnKey,
+        quic_stream: u64,
+        frame: CacheFrame,
+    ) -> Result<(), (ErrorCode, String)> {
+        let rid = frame.request_id();
+        let Some(name) = frame.cache().cloned() else {
+            return Err((
+                ErrorCode::InvalidRequest,
+                format!("frame kind {} is not a cache request", frame.kind()),
+            ));
+        };
+        let catalog = self.catalog.clone();
+        let (idx, def) = catalog.lookup_cache(&name)?;
+        let idx = idx as u32;
+        if let CacheFrame::DescribeCache { .. } = frame {
+            let reply = Frame::Cache(CacheFrame::CacheInfo {
+                request_id: rid,
+                shards: def.shards,
+                durable: def.durable,
+                default_ttl_ms: def.default_ttl_ms.unwrap_or(0),
+            });
+            if let Some(e) = self.ep.get(key) {
+                e.conn.send_frame(quic_stream, &reply);
+            }
+            return Ok(());
+        }
+        if def.durable && self.s.cfg.durable_storage_dir.is_none() {
+            return Err((
+                ErrorCode::Unsupported,
+                format!("cache {name} is log-backed (durable) and this broker has no durable_storage_dir (FELIX_DURABLE_STORAGE_DIR)"),
+            ));
+        }
+        let routing: &[u8] = match &frame {
+            CacheFrame::CachePut { key, .. }
+            | CacheFrame::CacheGet { key, .. }
+            | CacheFrame::CacheDelete { key, .. } => key,
+            CacheFrame::CounterAdd { name, .. } | CacheFrame::CounterGet { name, .. } => name,
+            CacheFrame::CacheWatch {
+                filter: WatchFilter::Key(k),
+                ..
+            } => k,
+            _ => &[],
+        };
+        let shard = match &frame {
+            CacheFrame::CacheWatch {
+                filter: WatchFilter::Prefix { shard, .. },
+                ..
+            } => {
+                if *shard >= def.shards {
+                    return Err((
+                        ErrorCode::UnknownShard,
+                        format!(
+                            "cache {name} has {}, not {shard}",
+                            crate::core::shard_range(def.shards)
+                        ),
+                    ));
+                }
+                *shard
+            }
+            _ => {
+                let max = self.s.cfg.cache_key_bytes_max as usize;
+                if routing.is_empty() || routing.len() > max {
+                    return Err((
+                        ErrorCode::InvalidRequest,
+                        format!("key of {} bytes is outside 1..={max}", routing.len()),
+                    ));
+                }
+                felix_quic::wire::hash::shard_for_key(routing, def.shards)
+            }
+        };
+        catalog.cache_serve_check(idx, shard)?;
+        if let CacheFrame::CacheWatch {
+            filter,
+            start,
+            queue_events_max,
+            queue_bytes_max,
+            ..
+        } = frame
+        {
+            return self.open_watch(
+                key,
+                quic_stream,
+                rid,
+                idx,
+                shard,
+                filter,
+                start,
+                queue_events_max,
+                queue_bytes_max,
+            );
+        }
+        let write = matches!(
+            frame,
+            CacheFrame::CachePut { .. }
+                | CacheFrame::CacheDelete { .. }
+                | CacheFrame::CounterAdd { .. }
+        );
+        if write && self.draining {
+            return Err((
+                ErrorCode::ShuttingDown,
+                "the broker is shutting down; the write was not applied".into(),
+            ));
+        }
+        if let Some(sess) = self.sessions.get_mut(&key) {
+            sess.cache_inflight += 1; // until its answer comes back (drain waits for it)
+        }
+        CoreCounters::inc(&self.s.counters.cache_requests);
+        let origin = CacheOrigin {
+            core: self.id,
+            conn: key,
+            quic_stream,
+            request_id: rid,
+        };
+        let owner = self.cache_owner_core(idx, shard);
+        self.route(
+            owner,
+            MeshMsg::CacheReq {
+                origin,
+                cache: idx,
+                shard,
+                frame,
+            },
+        );
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::core) fn open_watch(
+        &mut self,
+        key: ConnKey,
+        reply_stream: u64,
+        request_id: u64,
+        cache: u32,
+        shard: u32,
+        filter: WatchFilter,
+        start: WatchStart,
+        events_max: u32,
+        bytes_max: u64,
+    ) -> Result<(), (ErrorCode, String)> {
+        let cfg = self.s.cfg.clone();
+        if let WatchFilter::Prefix { prefix, .. } = &filter {
+            if prefix.len() > cfg.cache_key_bytes_max as usize {
+                return Err((
+                    ErrorCode::InvalidRequest,
+                    format!(
+                        "prefix of {} bytes is longer than cache_key_bytes_max ({})",
+                        prefix.len(),
+                        cfg.cache_key_bytes_max
+                    ),
+                ));
+            }
+        }
+        let session = self
+            .sessions
+            .get_mut(&key)
+            .expect("frames come from live sessions");
+        session.room_for_one_more(cfg.max_subscriptions)?;
+        let events_max = queue_bound(events_max as u64, cfg.cache_watch_max_events as u64) as u32;
+        let bytes_max = queue_bound(bytes_max, cfg.cache_watch_max_bytes);
+        let wid = ((self.id as u64) << 48) | self.next_sub;
+        self.next_sub += 1;
+        session.watches.push(wid);
+        let f = filter_of(&filter);
+        self.watches.insert(
+            wid,
+            Watch {
+                conn: key,
+                quic_stream: None,
+                cache,
+                shard,
+                filter: f.clone(),
+                request_id,
+                reply_stream,
+                live_from: None,
+                state: VecDeque::new(),
+                queue: WatchQueue::new(events_max as usize, bytes_max),
+                frames: VecDeque::new(),
+                end: None,
+                resume_at: 0,
+            },
+        );
+        self.local_watches
+            .entry((cache, shard))
+            .or_default()
+            .push(wid);
+        let owner = self.cache_owner_core(cache, shard);
+        self.route(
+            owner,
+            MeshMsg::WatchOpen(WatchReq {
+                core: self.id,
+                watch: wid,
+                cache,
+                shard,
+                filter: f,
+                start,
+                events_max,
+                bytes_max,
+            }),
+        );
+        Ok(())
+    }
+
+    pub(in crate::core) fn on_cache_reply(&mut self, origin: CacheOrigin, frame: Frame) {
+        if let Some(sess) = self.sessions.get_mut(&origin.conn) {
+            sess.cache_inflight = sess.cache_inflight.saturating_sub(1);
+        }
+        if let Some(e) = self.ep.get(origin.conn) {
+            e.conn.send_frame(origin.quic_stream, &frame);
+            self.ep.mark_dirty(origin.conn);
+        }
+    }
+
+    pub(in crate::core) fn on_watch_opened(
+        &mut self,
+        wid: u64,
+        result: Result<Opened, (ErrorCode, String)>,
+    ) {
+        let Some(w) = self.watches.get_mut(&wid) else {
+            return; // closed meanwhile; its WatchClose follows the open at the owner
+        };
+        let (conn, rid, rs) = (w.conn, w.request_id, w.reply_stream);
+        let refuse = |st: &mut Self, code, msg| {
+            st.remove_watch(wid, None, false);
+            st.send_err(conn, rs, rid, code, msg);
+            st.ep.mark_dirty(conn);
+        };
+        let opened = match result {
+            Ok(o) => o,
+            Err((code, msg)) => return refuse(self, code, msg),
+        };
+        // The stream opens only now, so a refused watch leaves nothing on the connection.
+        let Some(e) = self.ep.get(conn) else {
+            return self.remove_watch(wid, None, false);
+        };
+        if !e.conn.can_open_uni() {
+            return refuse(
+                self,
+                ErrorCode::TooManySubscriptions,
+                "the client's unidirectional stream limit is exhausted".into(),
+            );
+        }
+        let qs = e.conn.open_uni();
+        e.conn.send_frame(
+            qs,
+            &Frame::SubStream {
+                subscription_id: wid,
+            },
+        );
+        if let Some(session) = self.sessions.get_mut(&conn) {
+            session.sub_streams.insert(qs, wid);
+        }
+        CoreCounters::inc(&self.s.counters.cache_watches_opened);
+        let w = self.watches.get_mut(&wid).expect("looked up above");
+        w.quic_stream = Some(qs);
+        w.resume_at = opened.resume_from;
+        w.live_from = Some(opened.live_from);
+        if let Some((retained, done)) = opened.state {
+            w.state.extend(retained);
+            w.state.push_back(done);
+        }
+        let mut lagged = None;
+        for ev in opened.replay {
+            if w.queue.offer(ev.offset, ev.frame.len() as u64) {
+                w.frames.push_back(ev.frame.clone());
+            } else {
+                lagged = w.queue.ended_at();
+                break;
+            }
+        }
+        let (events_max, bytes_max) = w.queue.bounds();
+        let ok = Frame::Cache(CacheFrame::CacheWatchOk {
+            request_id: w.request_id,
+            watch_id: wid,
+            shard: opened.shard,
+            live_from: opened.live_from,
+            queue_events_max: events_max as u32,
+            queue_bytes_max: bytes_max,
+        });
+        self.send_to_conn(conn, rs, &ok);
+        if let Some(at) = lagged.or(opened.truncated_at) {
+            self.lag_end(wid, at);
+        }
+        self.pump_watch(wid);
+    }
+
+    pub(in crate::core) fn send_to_conn(&mut self, conn: ConnKey, stream: u64, f: &Frame) {
+        if let Some(e) = self.ep.get(conn) {
+            e.conn.send_frame(stream, f);
+            self.ep.mark_dirty(conn);
+        }
+    }
+
+    /// Catalog moved on: end watches of caches deleted or shards moved, drop owned state of
+    /// shards no longer served here (an in-memory shard's contents go with it).
+    pub(in crate::core) fn refresh_caches(&mut self, old: &Catalog) {
+        let new = self.catalog.clone();
+        for (i, slot) in new.cache_slots().iter().enumerate() {
+            let idx = i as u32;
+            let was = old.cache_slots().get(i);
+            for shard in 0..slot.def.shards {
+                let served_before = was.is_some_and(|w| {
+                    !w.deleted
+                        && !old.fenced
+                        && matches!(w.places.get(shard as usize), Some(Place::Mine { .. }))
+                });
+                let serves = new.cache_serve_check(idx, shard);
+                let same = was.and_then(|w| w.places.get(shard as usize))
+                    == slot.places.get(shard as usize);
+                if served_before && (serves.is_err() || !same) {
+                    let why = serves.err().unwrap_or((
+                        ErrorCode::NotLeader,
+                        format!(
+                            "shard {shard} of cache {} was placed again (new generation); watch again",
+                            slot.def.name()
+                        ),
+                    ));
+                    self.end_local_watches((idx, shard), why.clone());
+                    match self.caches.remove(&(idx, shard)) {
+                        Some(oc) if oc.logs.is_some() => self.retire_cache_shard((idx, shard), oc),
+                        Some(mut oc) => self.drop_owned_cache((idx, shard), &mut oc, why, false),
+                        None => {}
+                    }
+                }
+                // A deleted log-backed cache's shard this core owns but has not open: its
+                // logs go too (one that is opening is retired when its open completes).
+                let newly_deleted = slot.deleted && was.is_some_and(|w| !w.deleted);
+                if newly_deleted
+                    && slot.def.durable
+                    && self.cache_owner_core(idx, shard) == self.id
+                    && !self.caches.contains_key(&(idx, shard))
+                    && !self.cache_opening.contains_key(&(idx, shard))
+                    && !self.cache_closing.contains_key(&(idx, shard))
+                {
+                    self.remove_unopened_cache_shard((idx, shard));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,296 @@
+//! The consumer-group driver of a core: the groups of the durable shards this core owns,
+//! around the pure state machine in [`crate::group`]. This file: types, helpers and the
+//! connection side (validating and routing requests, answers back); `owner` applies them at
+//! the shard's owner; `files` loads, creates, deletes and writes groups on disk.
+//!
+//! - A request reaches the shard's owner core (validated and routed by the connection's core,
+//!   like a publish) and is answered back through the mesh ([`MeshMsg::GroupReply`]).
+//! - Records are handed out with the payloads read from the shard's in-memory tail, or from
+//!   disk when the tail no longer holds them. An answer is kept under the frame bound: claims
+//!   that do not fit are released (not counted as deliveries).
+//! - A poll with nothing to claim and a `wait_ms` waits (bounded per group) until records
+//!   are committed, a claim lapses, a nack delay passes, or its wait ends (then it is answered
+//!   with no records). The flusher wakes for the earliest of these (`group_due_ms`).
+//! - Durable changes (acks, dead letters, seeks, redrives, discards, create) are written
+//!   whole to `<shard dir>/groups/<group>.grp` (see [`crate::group::file`]) on the blocking
+//!   pool, one write per group at a time; each answer waits for the write that covers it, so
+//!   an acknowledged ack survives a broker crash. Changes made while a write runs go in the
+//!   next one (group commit). Claims are not persisted: after a restart every unfinished
+//!   record is delivered again (the at-least-once window of [`crate::group`]).
+
+use super::*;
+
+mod files;
+mod owner;
+use crate::group::{
+    file as gfile, Claim, ClaimId, DeadLetterReason, Fate, Group, GroupConfig, GroupError,
+};
+use bytes::Bytes;
+use felix_quic::wire::{
+    AnswerOp, ClaimRef, DeadLetterAction, DeadLetterRef, GroupFrame, GroupInfo,
+};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+/// Where a group request came from.
+#[derive(Debug, Clone, Copy)]
+pub struct GroupOrigin {
+    pub core: u8,
+    pub conn: ConnKey,
+    pub quic_stream: u64,
+    pub request_id: u64,
+    /// The largest frame the connection's client accepts (its Hello): answers are cut to it.
+    pub frame_bytes_max: u32,
+}
+
+/// The groups of one durable shard.
+#[derive(Default)]
+pub(super) struct ShardGroups {
+    groups: BTreeMap<String, GroupSlot>,
+    /// Group files that could not be read at open (name → why): they answer `unavailable`
+    /// until deleted, never silently reset.
+    broken: BTreeMap<String, String>,
+}
+
+struct Waiter {
+    origin: GroupOrigin,
+    max: u32,
+    visibility_timeout_ms: Option<u64>,
+    until_ms: u64,
+}
+
+pub(in crate::core) type Reply = (GroupOrigin, Frame);
+
+struct GroupSlot {
+    group: Group,
+    waiters: VecDeque<Waiter>,
+    /// A write of the group file is running.
+    writing: bool,
+    /// Changed since the running write took its snapshot.
+    dirty: bool,
+    /// Answers that wait for the next write.
+    queued: Vec<Reply>,
+    /// Deleted; removed (file and state) once the running write is done.
+    deleting: Option<GroupOrigin>,
+}
+
+fn ok(request_id: u64) -> Frame {
+    Frame::Group(GroupFrame::GroupOk { request_id })
+}
+
+fn empty_records(request_id: u64, shard: u32) -> Frame {
+    Frame::Group(GroupFrame::GroupRecords {
+        request_id,
+        shard,
+        visibility_timeout_ms: 0,
+        claims: Vec::new(),
+        records: Records::empty(),
+    })
+}
+
+fn group_code(e: &GroupError) -> ErrorCode {
+    match e {
+        GroupError::StaleClaim { .. } => ErrorCode::StaleClaim,
+        GroupError::NotDeadLettered { .. } => ErrorCode::NotFound,
+        GroupError::RedriveInProgress { .. } => ErrorCode::Conflict,
+        _ => ErrorCode::InvalidRequest,
+    }
+}
+
+fn err_frame(request_id: u64, e: &GroupError) -> Frame {
+    Frame::error(request_id, group_code(e), e.to_string())
+}
+
+fn reason_code(r: DeadLetterReason) -> u8 {
+    match r {
+        DeadLetterReason::Expired => 0,
+        DeadLetterReason::Nacked => 1,
+        DeadLetterReason::Rejected => 2,
+    }
+}
+
+/// Write `bytes` as `dir/name.grp`: temporary file, fdatasync, rename, directory fsync.
+fn write_group_file(dir: &std::path::Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let tmp = dir.join(format!("{name}{}.tmp", gfile::SUFFIX));
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_data()?;
+    std::fs::rename(&tmp, dir.join(format!("{name}{}", gfile::SUFFIX)))?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+fn remove_group_file(dir: &std::path::Path, name: &str) -> std::io::Result<()> {
+    match std::fs::remove_file(dir.join(format!("{name}{}", gfile::SUFFIX))) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    std::fs::File::open(dir)?.sync_all()
+}
+
+type GroupFileContents = (GroupConfig, crate::group::GroupSnapshot);
+
+/// Read every group file of a shard (at open): `(name, parsed or why not)`. Leftover
+/// temporary files (a crash mid-write: the old file is intact) are removed.
+pub(super) fn read_group_files(
+    dir: &std::path::Path,
+) -> Vec<(String, Result<GroupFileContents, String>)> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in rd.flatten() {
+        let f = e.file_name().to_string_lossy().to_string();
+        if f.ends_with(".tmp") {
+            let _ = std::fs::remove_file(e.path());
+            continue;
+        }
+        let Some(name) = f.strip_suffix(gfile::SUFFIX) else {
+            continue;
+        };
+        let parsed = std::fs::read(e.path())
+            .map_err(|e| e.to_string())
+            .and_then(|b| gfile::decode(&b).map_err(|e| e.to_string()));
+        out.push((name.to_string(), parsed));
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+/// Restore one group at open. A snapshot beyond the log's tail (the log lost records a
+/// machine crash took before their fsync, under `periodic`/`none`) is cut to the tail: the
+/// group cannot have finished records the log no longer has.
+fn restore(
+    cfg: GroupConfig,
+    mut snap: crate::group::GroupSnapshot,
+    tail: u64,
+) -> Result<Group, String> {
+    if snap.cursor > tail {
+        tracing::warn!(
+            cursor = snap.cursor,
+            tail,
+            "group cursor beyond the log's tail after recovery; cut to the tail"
+        );
+        snap.cursor = tail;
+    }
+    snap.finished.retain(|&o| o < tail && o > snap.cursor);
+    snap.dead_letters.retain(|d| d.offset < tail);
+    Group::restore(cfg, &snap, tail).map_err(|e| e.to_string())
+}
+
+pub(in crate::core) enum Payload {
+    Ready(Bytes),
+    /// Below the log's retention: the record is gone.
+    Gone,
+    Failed,
+}
+
+impl CoreState {
+    pub(in crate::core) fn group_now_ms(&self) -> u64 {
+        self.group_epoch.elapsed().as_millis() as u64
+    }
+
+    pub(in crate::core) fn group_reply(&mut self, origin: GroupOrigin, frame: Frame) {
+        self.route(origin.core, MeshMsg::GroupReply { origin, frame });
+    }
+
+    // ---------- connection side ----------
+
+    /// A group request from a client: validate what the connection's core can, then route
+    /// it to the shard's owner.
+    pub(in crate::core) fn on_group_request(
+        &mut self,
+        key: ConnKey,
+        quic_stream: u64,
+        frame: GroupFrame,
+    ) -> Result<(), (ErrorCode, String)> {
+        let Some(target) = frame.target().cloned() else {
+            return Err((
+                ErrorCode::InvalidRequest,
+                format!("frame kind {} is an answer, not a request", frame.kind()),
+            ));
+        };
+        felix_quic::wire::validate_name(&target.group)
+            .map_err(|e| (ErrorCode::InvalidName, format!("group name: {e}")))?;
+        let (idx, def) = self.catalog.lookup(&target.stream)?;
+        if target.shard >= def.shards {
+            return Err((
+                ErrorCode::UnknownShard,
+                format!(
+                    "stream {} has {}, not {}",
+                    target.stream,
+                    crate::core::shard_range(def.shards),
+                    target.shard
+                ),
+            ));
+        }
+        if !def.durable {
+            return Err((
+                ErrorCode::InvalidRequest,
+                format!(
+                    "stream {} is not durable; consumer groups need a durable stream",
+                    target.stream
+                ),
+            ));
+        }
+        let idx = idx as u32;
+        self.catalog.serve_check(idx, target.shard)?;
+        if matches!(frame, GroupFrame::GroupPoll { wait_ms, .. } if wait_ms > 0) {
+            if let Some(s) = self.sessions.get_mut(&key) {
+                s.long_polls = true;
+            }
+        }
+        let frame_bytes_max = self.ep.get(key).map_or(self.s.cfg.max_frame_bytes, |e| {
+            e.conn.peer_max_frame_bytes()
+        }) as u32;
+        let origin = GroupOrigin {
+            core: self.id,
+            conn: key,
+            quic_stream,
+            request_id: frame.request_id(),
+            frame_bytes_max,
+        };
+        let owner = self.owner_core(idx, target.shard);
+        self.route(
+            owner,
+            MeshMsg::Group {
+                origin,
+                stream: idx,
+                frame,
+            },
+        );
+        Ok(())
+    }
+
+    pub(in crate::core) fn on_group_reply(&mut self, origin: GroupOrigin, frame: Frame) {
+        if let Some(e) = self.ep.get(origin.conn) {
+            e.conn.send_frame(origin.quic_stream, &frame);
+            self.ep.mark_dirty(origin.conn);
+        }
+    }
+
+    /// A connection that long-polled is gone: every core drops its waiting polls.
+    pub(in crate::core) fn group_conn_closed(&mut self, key: ConnKey, long_polled: bool) {
+        if !long_polled {
+            return;
+        }
+        for core in 0..self.s.cores {
+            self.route(
+                core,
+                MeshMsg::GroupConnClosed {
+                    core: self.id,
+                    conn: key,
+                },
+            );
+        }
+    }
+
+    pub(in crate::core) fn on_group_conn_closed(&mut self, core: u8, conn: ConnKey) {
+        for sg in self.groups.values_mut() {
+            for slot in sg.groups.values_mut() {
+                slot.waiters
+                    .retain(|w| !(w.origin.core == core && w.origin.conn == conn));
+            }
+        }
+    }
+}
