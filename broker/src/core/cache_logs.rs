@@ -659,11 +659,5 @@ async fn compact(dir: PathBuf, cache: Log, counters: Log, snap: Snapshot) -> Res
 
 /// `dir/keys.idx`: temporary file, fdatasync, rename, directory fsync.
 fn write_snapshot(dir: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let tmp = dir.join(format!("{SNAPSHOT_FILE}.tmp"));
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_data()?;
-    std::fs::rename(&tmp, dir.join(SNAPSHOT_FILE))?;
-    std::fs::File::open(dir)?.sync_all()
+    super::durable::atomic_write(dir, SNAPSHOT_FILE, bytes)
 }

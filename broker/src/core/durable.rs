@@ -3,6 +3,24 @@
 
 use super::*;
 
+/// Replace `dir/name` with `bytes` atomically and durably: write a temporary file beside it,
+/// fdatasync it, rename it over the old one, and fsync the directory (so the rename itself
+/// survives a machine crash). A reader sees the old file or the new one, never a mix. Blocking:
+/// run it on the blocking pool.
+pub(in crate::core) fn atomic_write(
+    dir: &std::path::Path,
+    name: &str,
+    bytes: &[u8],
+) -> std::io::Result<()> {
+    use std::io::Write;
+    let tmp = dir.join(format!("{name}.tmp"));
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_data()?;
+    std::fs::rename(&tmp, dir.join(name))?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
 /// The log directory of one durable shard of the standalone catalog.
 pub fn shard_dir(
     root: &std::path::Path,
@@ -364,5 +382,24 @@ impl CoreState {
                 },
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::atomic_write;
+
+    #[test]
+    fn atomic_write_replaces_whole_and_leaves_no_temporary() {
+        let d = tempfile::tempdir().unwrap();
+        atomic_write(d.path(), "f.grp", b"one").unwrap();
+        atomic_write(d.path(), "f.grp", b"second").unwrap();
+        assert_eq!(std::fs::read(d.path().join("f.grp")).unwrap(), b"second");
+        let names: Vec<_> = std::fs::read_dir(d.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("f.grp")]);
+        assert!(atomic_write(&d.path().join("missing"), "f", b"x").is_err());
     }
 }

@@ -111,13 +111,7 @@ fn reason_code(r: DeadLetterReason) -> u8 {
 
 /// Write `bytes` as `dir/name.grp`: temporary file, fdatasync, rename, directory fsync.
 fn write_group_file(dir: &std::path::Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let tmp = dir.join(format!("{name}{}.tmp", gfile::SUFFIX));
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_data()?;
-    std::fs::rename(&tmp, dir.join(format!("{name}{}", gfile::SUFFIX)))?;
-    std::fs::File::open(dir)?.sync_all()
+    super::durable::atomic_write(dir, &format!("{name}{}", gfile::SUFFIX), bytes)
 }
 
 fn remove_group_file(dir: &std::path::Path, name: &str) -> std::io::Result<()> {
