@@ -524,7 +524,7 @@ impl CoreState {
             let acked = (logs.cache.acked(), logs.counters.acked());
             if let Some(d) = dir.clone() {
                 let _ = glommio::executor()
-                    .spawn_blocking(move || remove_dir_logged(&d))
+                    .spawn_blocking(move || super::durable::remove_shard_dir(&d))
                     .await;
             }
             reenter(&me, |st| {
@@ -562,7 +562,7 @@ impl CoreState {
         let dir = cache_shard_dir(&root, &slot.def.name(), slot.incarnation, key.1);
         glommio::spawn_local(async move {
             let _ = glommio::executor()
-                .spawn_blocking(move || remove_dir_logged(&dir))
+                .spawn_blocking(move || super::durable::remove_shard_dir(&dir))
                 .await;
         })
         .detach();
@@ -618,18 +618,6 @@ impl CoreState {
             .filter_map(|c| c.logs.as_ref())
             .flat_map(|l| [l.cache.clone(), l.counters.clone()])
             .collect()
-    }
-}
-
-/// Remove a deleted shard's directory, then its cache directory once empty.
-fn remove_dir_logged(dir: &std::path::Path) {
-    if let Err(e) = std::fs::remove_dir_all(dir) {
-        if e.kind() != std::io::ErrorKind::NotFound {
-            tracing::warn!(dir = %dir.display(), error = %e, "cannot remove a deleted cache shard's logs");
-        }
-    }
-    if let Some(parent) = dir.parent() {
-        let _ = std::fs::remove_dir(parent);
     }
 }
 

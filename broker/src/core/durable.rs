@@ -56,14 +56,26 @@ pub(in crate::core) fn remove_deleted_shard(
         }
         let Some(root) = root else { return };
         let dir = slot_shard_dir(&root, &name, incarnation, shard);
-        if let Err(e) = std::fs::remove_dir_all(&dir) {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                tracing::warn!(dir = %dir.display(), error = %e, "cannot remove a deleted shard's log");
-            }
-        }
-        let _ = std::fs::remove_dir(stream_dir(&root, &name, incarnation));
+        // Off the executor: removing a directory tree blocks.
+        let _ = glommio::executor()
+            .spawn_blocking(move || remove_shard_dir(&dir))
+            .await;
     })
     .detach();
+}
+
+/// Remove a deleted shard's directory (stream or cache), then its parent — the stream's or
+/// cache's directory — once that is empty (removing it fails while another core's shard is
+/// still there). Blocking: run it on the blocking pool.
+pub(in crate::core) fn remove_shard_dir(dir: &std::path::Path) {
+    if let Err(e) = std::fs::remove_dir_all(dir) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot remove a deleted shard's logs");
+        }
+    }
+    if let Some(parent) = dir.parent() {
+        let _ = std::fs::remove_dir(parent);
+    }
 }
 
 /// A stream's directory: `tenant/namespace/stream`, and for a control-plane stream
