@@ -275,174 +275,194 @@ impl CoreState {
         }
     }
 
+    /// Everything a connection's streams produced: whole frames go through admission, then to
+    /// their handler; frames that could not be taken are answered; a finished publisher stream
+    /// is finished on our side once its last answer is queued.
     pub(in crate::core) fn on_event(&mut self, key: ConnKey, ev: ConnEvent) {
-        let counters = self.s.counters.clone();
         match ev {
             ConnEvent::Frame { stream, frame } => {
-                CoreCounters::inc(&counters.frames_received);
-                let Some(session) = self.sessions.get(&key) else {
-                    return;
-                };
-                if session.closing {
-                    return; // answered and closing: nothing more is taken
-                }
-                // Which stream carries what (docs/protocol.md, conformance table).
-                let ack = matches!(frame, Frame::Publish { ack: true, .. });
-                let verdict = admit(frame.kind(), stream, ack, session.hello_done);
-                match broken_for_tests(verdict, frame.kind(), stream) {
-                    Verdict::Serve => {}
-                    Verdict::Skip => return,
-                    Verdict::Refuse {
-                        answer_on,
-                        code,
-                        message,
-                    } => {
-                        CoreCounters::inc(&counters.frames_refused);
-                        // A refused request is named by its id; a broker-only frame is no
-                        // request of the client's, so its refusal carries 0.
-                        let rid = match streams::kind_info(frame.kind()) {
-                            Some((_, streams::Placement::BrokerOnly)) => 0,
-                            _ => frame.request_id().unwrap_or(0),
-                        };
-                        self.send_err(key, answer_on, rid, code, message);
-                        self.hold_if_unread(key, stream, answer_on);
-                        return;
-                    }
-                }
-                match frame {
-                    Frame::Hello {
-                        features: f,
-                        max_frame_bytes,
-                        ..
-                    } => self.on_hello(key, stream, f, max_frame_bytes),
-                    Frame::DescribeStream {
-                        request_id,
-                        stream: name,
-                    } => {
-                        let reply = match self.catalog.lookup(&name) {
-                            Ok((_, def)) => Frame::StreamInfo {
-                                request_id,
-                                shards: def.shards,
-                                durable: def.durable,
-                            },
-                            Err((code, msg)) => Frame::error(request_id, code, msg),
-                        };
-                        if let Some(e) = self.ep.get(key) {
-                            e.conn.send_frame(stream, &reply);
-                        }
-                    }
-                    Frame::Publish {
-                        request_id,
-                        stream: name,
-                        shard,
-                        ack,
-                        records,
-                    } => {
-                        if let Err((code, msg)) =
-                            self.on_publish(key, stream, request_id, &name, shard, ack, records)
-                        {
-                            CoreCounters::inc(&counters.publishes_refused);
-                            self.send_err(key, answer_stream(stream), request_id, code, msg);
-                        }
-                    }
-                    Frame::Subscribe {
-                        request_id,
-                        stream: name,
-                        shard,
-                        start,
-                        policy,
-                        queue_records_max,
-                        queue_bytes_max,
-                    } => {
-                        if let Err((code, msg)) = self.on_subscribe(
-                            key,
-                            stream,
-                            request_id,
-                            &name,
-                            shard,
-                            start,
-                            policy,
-                            queue_records_max,
-                            queue_bytes_max,
-                        ) {
-                            self.send_err(key, stream, request_id, code, msg);
-                        }
-                    }
-                    Frame::Unsubscribe {
-                        request_id,
-                        subscription_id,
-                    } => {
-                        let owned = self
-                            .subs
-                            .get(&subscription_id)
-                            .map(|s| s.conn == key)
-                            .unwrap_or(false);
-                        if owned {
-                            self.remove_sub(subscription_id, Some((0, "unsubscribed".into())));
-                        } else if !self.unwatch(key, subscription_id) {
-                            self.send_err(
-                                key,
-                                stream,
-                                request_id,
-                                ErrorCode::NotFound,
-                                format!("no subscription {subscription_id} on this connection"),
-                            );
-                        }
-                    }
-                    Frame::Group(g) => {
-                        let rid = g.request_id();
-                        if let Err((code, msg)) = self.on_group_request(key, stream, g) {
-                            self.send_err(key, stream, rid, code, msg);
-                        }
-                    }
-                    Frame::Cache(c) => {
-                        let rid = c.request_id();
-                        if let Err((code, msg)) = self.on_cache_request(key, stream, c) {
-                            CoreCounters::inc(&counters.cache_refused);
-                            self.send_err(key, stream, rid, code, msg);
-                        }
-                    }
-                    other => {
-                        // `admit` serves only the kinds above; anything else is a table defect.
-                        tracing::error!(kind = other.kind(), "admitted frame has no handler");
-                        self.send_err(
-                            key,
-                            answer_stream(stream),
-                            other.request_id().unwrap_or(0),
-                            ErrorCode::Internal,
-                            format!("{} has no handler", streams::kind_name(other.kind())),
-                        );
-                    }
+                CoreCounters::inc(&self.s.counters.frames_received);
+                if self.admit_frame(key, stream, &frame) {
+                    self.dispatch(key, stream, frame);
                 }
             }
             ConnEvent::BadFrame { stream, error } => {
-                CoreCounters::inc(&counters.bad_frames);
+                CoreCounters::inc(&self.s.counters.bad_frames);
                 if self.sessions.get(&key).is_some_and(|s| !s.closing) {
                     self.on_bad_frame(key, stream, error);
                 }
             }
-            ConnEvent::Finished { stream } => {
-                if stream % 4 == 0 && stream != 0 {
-                    // Finish our side of a publisher stream once its last answer is queued.
-                    let Some(session) = self.sessions.get_mut(&key) else {
-                        return;
-                    };
-                    let pending = session
-                        .pub_streams
-                        .get(&stream)
-                        .map(|p| p.pending)
-                        .unwrap_or(0);
-                    if pending == 0 {
-                        session.pub_streams.remove(&stream);
-                        if let Some(e) = self.ep.get(key) {
-                            e.conn.finish(stream);
-                        }
-                    } else {
-                        session.pub_streams.entry(stream).or_default().fin_requested = true;
-                    }
+            ConnEvent::Finished { stream } => self.on_stream_finished(key, stream),
+            ConnEvent::Reset { .. } => {}
+        }
+    }
+
+    /// Admission: the one place every frame passes before anything acts on it (which stream
+    /// carries what, before Hello, a closing connection; auth and forwarding will hang here).
+    /// False when the frame was skipped or refused (and answered).
+    fn admit_frame(&mut self, key: ConnKey, stream: u64, frame: &Frame) -> bool {
+        let Some(session) = self.sessions.get(&key) else {
+            return false;
+        };
+        if session.closing {
+            return false; // answered and closing: nothing more is taken
+        }
+        // Which stream carries what (docs/protocol.md, conformance table).
+        let ack = matches!(frame, Frame::Publish { ack: true, .. });
+        let verdict = admit(frame.kind(), stream, ack, session.hello_done);
+        match broken_for_tests(verdict, frame.kind(), stream) {
+            Verdict::Serve => true,
+            Verdict::Skip => false,
+            Verdict::Refuse {
+                answer_on,
+                code,
+                message,
+            } => {
+                CoreCounters::inc(&self.s.counters.frames_refused);
+                // A refused request is named by its id; a broker-only frame is no request of
+                // the client's, so its refusal carries 0.
+                let rid = match streams::kind_info(frame.kind()) {
+                    Some((_, streams::Placement::BrokerOnly)) => 0,
+                    _ => frame.request_id().unwrap_or(0),
+                };
+                self.send_err(key, answer_on, rid, code, message);
+                self.hold_if_unread(key, stream, answer_on);
+                false
+            }
+        }
+    }
+
+    /// An admitted frame to its handler; a refusal is answered with the request's id.
+    fn dispatch(&mut self, key: ConnKey, stream: u64, frame: Frame) {
+        let counters = self.s.counters.clone();
+        match frame {
+            Frame::Hello {
+                features: f,
+                max_frame_bytes,
+                ..
+            } => self.on_hello(key, stream, f, max_frame_bytes),
+            Frame::DescribeStream {
+                request_id,
+                stream: name,
+            } => {
+                let reply = match self.catalog.lookup(&name) {
+                    Ok((_, def)) => Frame::StreamInfo {
+                        request_id,
+                        shards: def.shards,
+                        durable: def.durable,
+                    },
+                    Err((code, msg)) => Frame::error(request_id, code, msg),
+                };
+                if let Some(e) = self.ep.get(key) {
+                    e.conn.send_frame(stream, &reply);
                 }
             }
-            ConnEvent::Reset { .. } => {}
+            Frame::Publish {
+                request_id,
+                stream: name,
+                shard,
+                ack,
+                records,
+            } => {
+                if let Err((code, msg)) =
+                    self.on_publish(key, stream, request_id, &name, shard, ack, records)
+                {
+                    CoreCounters::inc(&counters.publishes_refused);
+                    self.send_err(key, answer_stream(stream), request_id, code, msg);
+                }
+            }
+            Frame::Subscribe {
+                request_id,
+                stream: name,
+                shard,
+                start,
+                policy,
+                queue_records_max,
+                queue_bytes_max,
+            } => {
+                if let Err((code, msg)) = self.on_subscribe(
+                    key,
+                    stream,
+                    request_id,
+                    &name,
+                    shard,
+                    start,
+                    policy,
+                    queue_records_max,
+                    queue_bytes_max,
+                ) {
+                    self.send_err(key, stream, request_id, code, msg);
+                }
+            }
+            Frame::Unsubscribe {
+                request_id,
+                subscription_id,
+            } => {
+                let owned = self
+                    .subs
+                    .get(&subscription_id)
+                    .map(|s| s.conn == key)
+                    .unwrap_or(false);
+                if owned {
+                    self.remove_sub(subscription_id, Some((0, "unsubscribed".into())));
+                } else if !self.unwatch(key, subscription_id) {
+                    self.send_err(
+                        key,
+                        stream,
+                        request_id,
+                        ErrorCode::NotFound,
+                        format!("no subscription {subscription_id} on this connection"),
+                    );
+                }
+            }
+            Frame::Group(g) => {
+                let rid = g.request_id();
+                if let Err((code, msg)) = self.on_group_request(key, stream, g) {
+                    self.send_err(key, stream, rid, code, msg);
+                }
+            }
+            Frame::Cache(c) => {
+                let rid = c.request_id();
+                if let Err((code, msg)) = self.on_cache_request(key, stream, c) {
+                    CoreCounters::inc(&counters.cache_refused);
+                    self.send_err(key, stream, rid, code, msg);
+                }
+            }
+            other => {
+                // `admit` serves only the kinds above; anything else is a table defect.
+                tracing::error!(kind = other.kind(), "admitted frame has no handler");
+                self.send_err(
+                    key,
+                    answer_stream(stream),
+                    other.request_id().unwrap_or(0),
+                    ErrorCode::Internal,
+                    format!("{} has no handler", streams::kind_name(other.kind())),
+                );
+            }
+        }
+    }
+
+    /// The peer finished `stream`: a publisher stream is finished on our side once its last
+    /// answer is queued.
+    fn on_stream_finished(&mut self, key: ConnKey, stream: u64) {
+        if stream % 4 == 0 && stream != 0 {
+            // Finish our side of a publisher stream once its last answer is queued.
+            let Some(session) = self.sessions.get_mut(&key) else {
+                return;
+            };
+            let pending = session
+                .pub_streams
+                .get(&stream)
+                .map(|p| p.pending)
+                .unwrap_or(0);
+            if pending == 0 {
+                session.pub_streams.remove(&stream);
+                if let Some(e) = self.ep.get(key) {
+                    e.conn.finish(stream);
+                }
+            } else {
+                session.pub_streams.entry(stream).or_default().fin_requested = true;
+            }
         }
     }
 
