@@ -118,72 +118,13 @@ impl CoreState {
                     self.finish_delete(key, name);
                 }
             }
-            GroupFrame::GroupDescribe { .. } => {
-                self.expire_group(key, &name, now);
-                let slot = &self.groups[&key].groups[&name];
-                let st = slot.group.stats();
-                let cfg = slot.group.config();
-                let info = GroupInfo {
-                    cursor: st.cursor,
-                    tail: st.tail,
-                    in_flight: st.in_flight,
-                    waiting: st.waiting,
-                    parked: st.parked,
-                    dead_letters: st.dead_letters,
-                    max_attempts: cfg.max_attempts,
-                    visibility_timeout_ms: cfg.default_visibility_timeout_ms,
-                };
-                let f = Frame::Group(GroupFrame::GroupInfo {
-                    request_id: rid,
-                    shard: target.shard,
-                    info,
-                });
-                self.group_reply(origin, f);
-            }
+            GroupFrame::GroupDescribe { .. } => self.group_describe(origin, key, &name, now),
             GroupFrame::GroupPoll {
                 max,
                 visibility_timeout_ms,
                 wait_ms,
                 ..
-            } => {
-                let vt = (visibility_timeout_ms > 0).then_some(visibility_timeout_ms);
-                CoreCounters::inc(&self.s.counters.group_polls);
-                self.expire_group(key, &name, now);
-                let slot = self
-                    .groups
-                    .get_mut(&key)
-                    .unwrap()
-                    .groups
-                    .get_mut(&name)
-                    .unwrap();
-                match slot.group.poll(max, vt, now) {
-                    Err(e) => self.group_reply(origin, err_frame(rid, &e)),
-                    Ok(claims) if claims.is_empty() && wait_ms > 0 && !self.draining => {
-                        if slot.waiters.len() >= self.s.cfg.group_poll_waiters_max as usize {
-                            let msg = format!(
-                                "group {name} has {} polls waiting (group_poll_waiters_max)",
-                                slot.waiters.len()
-                            );
-                            return self.group_reply(
-                                origin,
-                                Frame::error(rid, ErrorCode::InflightLimit, msg),
-                            );
-                        }
-                        let wait = wait_ms.min(self.s.cfg.group_poll_wait_max_ms);
-                        slot.waiters.push_back(Waiter {
-                            origin,
-                            max,
-                            visibility_timeout_ms: vt,
-                            until_ms: now.saturating_add(wait),
-                        });
-                        self.note_group_due(key, &name);
-                    }
-                    Ok(claims) => {
-                        self.note_group_due(key, &name);
-                        self.send_claims(key, name, origin, claims);
-                    }
-                }
-            }
+            } => self.group_poll(origin, key, name, max, visibility_timeout_ms, wait_ms, now),
             GroupFrame::GroupPollCancel { .. } => {
                 let pos = slot.waiters.iter().position(|w| {
                     w.origin.core == origin.core
@@ -208,59 +149,14 @@ impl CoreState {
                 }
             }
             GroupFrame::GroupAnswer { op, claims, .. } => {
-                let c = self.s.counters.clone();
-                let mut codes = Vec::with_capacity(claims.len());
-                let mut durable_change = false;
-                for cl in claims {
-                    let id = ClaimId {
-                        shard: target.shard,
-                        offset: cl.offset,
-                        attempt: cl.attempt,
-                    };
-                    let r = match op {
-                        AnswerOp::Ack => slot.group.ack(id, now).map(|_| {
-                            CoreCounters::inc(&c.group_acks);
-                            true
-                        }),
-                        AnswerOp::Nack { delay_ms } => {
-                            slot.group.nack(id, delay_ms, now).map(|f| match f {
-                                Fate::Redeliver => {
-                                    CoreCounters::inc(&c.group_redeliveries);
-                                    false
-                                }
-                                Fate::DeadLettered => {
-                                    CoreCounters::inc(&c.group_dead_letters);
-                                    true
-                                }
-                                Fate::Parked => false,
-                            })
-                        }
-                        AnswerOp::Extend {
-                            visibility_timeout_ms,
-                        } => slot
-                            .group
-                            .extend(id, visibility_timeout_ms, now)
-                            .map(|_| false),
-                        AnswerOp::Reject => slot.group.dead_letter(id, now).map(|f| {
-                            if f == Fate::DeadLettered {
-                                CoreCounters::inc(&c.group_dead_letters);
-                            }
-                            true
-                        }),
-                    };
-                    codes.push(match r {
-                        Ok(changed) => {
-                            durable_change |= changed;
-                            0
-                        }
-                        Err(e) => {
-                            if matches!(e, GroupError::StaleClaim { .. }) {
-                                CoreCounters::inc(&c.group_stale_answers);
-                            }
-                            group_code(&e).number()
-                        }
-                    });
-                }
+                let (codes, durable_change) = answer_claims(
+                    &mut slot.group,
+                    target.shard,
+                    op,
+                    &claims,
+                    now,
+                    &self.s.counters,
+                );
                 let f = Frame::Group(GroupFrame::GroupAnswered {
                     request_id: rid,
                     codes,
@@ -294,32 +190,7 @@ impl CoreState {
                 }
             }
             GroupFrame::DeadLetterList { after, limit, .. } => {
-                // A page stays under the client's frame maximum (14 bytes an entry, 64 for
-                // the rest); the client pages on with next_after. An invalid ask (0, over
-                // 1000) is left as asked so it is refused.
-                let fit = ((origin.frame_bytes_max as usize).saturating_sub(64) / 14).max(1);
-                let limit = if limit <= 1000 {
-                    limit.min(fit as u32)
-                } else {
-                    limit
-                };
-                let f = match slot.group.dead_letters(after, limit) {
-                    Err(e) => err_frame(rid, &e),
-                    Ok(page) => Frame::Group(GroupFrame::DeadLetterPage {
-                        request_id: rid,
-                        letters: page
-                            .letters
-                            .iter()
-                            .map(|d| DeadLetterRef {
-                                offset: d.offset,
-                                attempts: d.attempts,
-                                reason: reason_code(d.reason),
-                                redriving: d.redriving,
-                            })
-                            .collect(),
-                        next_after: page.next_after,
-                    }),
-                };
+                let f = dead_letter_page(&slot.group, &origin, after, limit);
                 self.group_reply(origin, f);
             }
             GroupFrame::DeadLetterOp { action, offset, .. } => {
@@ -604,5 +475,173 @@ impl CoreState {
         self.group_reply(origin, f);
         // Released claims are eligible again now.
         self.group_due_ms = self.group_due_ms.min(now);
+    }
+}
+
+impl CoreState {
+    /// GroupDescribe: the group's counts and settings, after expiring what lapsed.
+    fn group_describe(&mut self, origin: GroupOrigin, key: ShardKey, name: &str, now: u64) {
+        self.expire_group(key, name, now);
+        let slot = &self.groups[&key].groups[name];
+        let st = slot.group.stats();
+        let cfg = slot.group.config();
+        let info = GroupInfo {
+            cursor: st.cursor,
+            tail: st.tail,
+            in_flight: st.in_flight,
+            waiting: st.waiting,
+            parked: st.parked,
+            dead_letters: st.dead_letters,
+            max_attempts: cfg.max_attempts,
+            visibility_timeout_ms: cfg.default_visibility_timeout_ms,
+        };
+        let f = Frame::Group(GroupFrame::GroupInfo {
+            request_id: origin.request_id,
+            shard: key.1,
+            info,
+        });
+        self.group_reply(origin, f);
+    }
+
+    /// GroupPoll: claims now, or a long poll that waits (bounded by `group_poll_wait_max_ms`
+    /// and `group_poll_waiters_max`) for records to arrive.
+    #[allow(clippy::too_many_arguments)]
+    fn group_poll(
+        &mut self,
+        origin: GroupOrigin,
+        key: ShardKey,
+        name: String,
+        max: u32,
+        visibility_timeout_ms: u64,
+        wait_ms: u64,
+        now: u64,
+    ) {
+        let vt = (visibility_timeout_ms > 0).then_some(visibility_timeout_ms);
+        CoreCounters::inc(&self.s.counters.group_polls);
+        self.expire_group(key, &name, now);
+        let slot = self
+            .groups
+            .get_mut(&key)
+            .unwrap()
+            .groups
+            .get_mut(&name)
+            .unwrap();
+        match slot.group.poll(max, vt, now) {
+            Err(e) => self.group_reply(origin, err_frame(origin.request_id, &e)),
+            Ok(claims) if claims.is_empty() && wait_ms > 0 && !self.draining => {
+                if slot.waiters.len() >= self.s.cfg.group_poll_waiters_max as usize {
+                    let msg = format!(
+                        "group {name} has {} polls waiting (group_poll_waiters_max)",
+                        slot.waiters.len()
+                    );
+                    return self.group_reply(
+                        origin,
+                        Frame::error(origin.request_id, ErrorCode::InflightLimit, msg),
+                    );
+                }
+                let wait = wait_ms.min(self.s.cfg.group_poll_wait_max_ms);
+                slot.waiters.push_back(Waiter {
+                    origin,
+                    max,
+                    visibility_timeout_ms: vt,
+                    until_ms: now.saturating_add(wait),
+                });
+                self.note_group_due(key, &name);
+            }
+            Ok(claims) => {
+                self.note_group_due(key, &name);
+                self.send_claims(key, name, origin, claims);
+            }
+        }
+    }
+}
+
+/// Apply a GroupAnswer's `op` to each claim: the answer codes (0 = done, else the registry
+/// number) and whether the group's durable state changed (a write must cover the answer).
+fn answer_claims(
+    group: &mut Group,
+    shard: u32,
+    op: AnswerOp,
+    claims: &[ClaimRef],
+    now: u64,
+    c: &CoreCounters,
+) -> (Vec<u16>, bool) {
+    let mut codes = Vec::with_capacity(claims.len());
+    let mut durable_change = false;
+    for cl in claims.iter() {
+        let id = ClaimId {
+            shard,
+            offset: cl.offset,
+            attempt: cl.attempt,
+        };
+        let r = match op {
+            AnswerOp::Ack => group.ack(id, now).map(|_| {
+                CoreCounters::inc(&c.group_acks);
+                true
+            }),
+            AnswerOp::Nack { delay_ms } => group.nack(id, delay_ms, now).map(|f| match f {
+                Fate::Redeliver => {
+                    CoreCounters::inc(&c.group_redeliveries);
+                    false
+                }
+                Fate::DeadLettered => {
+                    CoreCounters::inc(&c.group_dead_letters);
+                    true
+                }
+                Fate::Parked => false,
+            }),
+            AnswerOp::Extend {
+                visibility_timeout_ms,
+            } => group.extend(id, visibility_timeout_ms, now).map(|_| false),
+            AnswerOp::Reject => group.dead_letter(id, now).map(|f| {
+                if f == Fate::DeadLettered {
+                    CoreCounters::inc(&c.group_dead_letters);
+                }
+                true
+            }),
+        };
+        codes.push(match r {
+            Ok(changed) => {
+                durable_change |= changed;
+                0
+            }
+            Err(e) => {
+                if matches!(e, GroupError::StaleClaim { .. }) {
+                    CoreCounters::inc(&c.group_stale_answers);
+                }
+                group_code(&e).number()
+            }
+        });
+    }
+    (codes, durable_change)
+}
+
+/// A DeadLetterList page. It stays under the client's frame maximum (14 bytes an entry, 64
+/// for the rest); the client pages on with next_after. An invalid ask (0, over 1000) is left
+/// as asked so it is refused.
+fn dead_letter_page(group: &Group, origin: &GroupOrigin, after: Option<u64>, limit: u32) -> Frame {
+    let rid = origin.request_id;
+    let fit = ((origin.frame_bytes_max as usize).saturating_sub(64) / 14).max(1);
+    let limit = if limit <= 1000 {
+        limit.min(fit as u32)
+    } else {
+        limit
+    };
+    match group.dead_letters(after, limit) {
+        Err(e) => err_frame(rid, &e),
+        Ok(page) => Frame::Group(GroupFrame::DeadLetterPage {
+            request_id: rid,
+            letters: page
+                .letters
+                .iter()
+                .map(|d| DeadLetterRef {
+                    offset: d.offset,
+                    attempts: d.attempts,
+                    reason: reason_code(d.reason),
+                    redriving: d.redriving,
+                })
+                .collect(),
+            next_after: page.next_after,
+        }),
     }
 }
