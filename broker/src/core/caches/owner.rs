@@ -82,27 +82,7 @@ impl CoreState {
                 (f, ch)
             }
             CacheFrame::CacheGet { key: k, .. } => {
-                let f = match oc.shard.get(&k, now) {
-                    Some(e) => CacheFrame::CacheValue {
-                        request_id: rid,
-                        shard,
-                        found: true,
-                        version: e.version,
-                        change_offset: 0,
-                        expires_at_ms: e.expires_at_ms.unwrap_or(0),
-                        value: e.value.clone(),
-                    },
-                    None => CacheFrame::CacheValue {
-                        request_id: rid,
-                        shard,
-                        found: false,
-                        version: 0,
-                        change_offset: 0,
-                        expires_at_ms: 0,
-                        value: Bytes::new(),
-                    },
-                };
-                return now_frame(Frame::Cache(f));
+                return now_frame(cache_value(oc, rid, shard, &k, now));
             }
             CacheFrame::CacheDelete {
                 key: k, cond: c, ..
@@ -123,53 +103,7 @@ impl CoreState {
                 (f, ch)
             }
             CacheFrame::CounterAdd { name, delta, .. } => {
-                if !oc.counters.contains(&name) && oc.counters.len() >= counters_max {
-                    return now_frame(Frame::error(
-                        rid,
-                        ErrorCode::CacheFull,
-                        format!(
-                            "shard holds {} counters (cache_entries_max)",
-                            oc.counters.len()
-                        ),
-                    ));
-                }
-                let (offset, sum) = match oc.counters.prepare_add(&name, delta) {
-                    Ok(x) => x,
-                    Err(e) => {
-                        return now_frame(Frame::error(
-                            rid,
-                            ErrorCode::InvalidRequest,
-                            e.to_string(),
-                        ))
-                    }
-                };
-                if let Some(logs) = &oc.logs {
-                    let d = delta.to_le_bytes();
-                    let rec = RecordIn {
-                        key: &name,
-                        payload: &d,
-                        flags: 0,
-                    };
-                    match logs.counters.append(&[rec], now) {
-                        Ok(r) => assert_eq!(r.start, offset, "counter log and state agree"),
-                        Err(e) => {
-                            let (code, msg) = cache_logs::append_refusal(&e);
-                            return now_frame(Frame::error(rid, code, msg));
-                        }
-                    }
-                }
-                oc.counters.apply(offset, name, delta);
-                let f = Frame::Cache(CacheFrame::CounterValue {
-                    request_id: rid,
-                    shard,
-                    sum,
-                    offset,
-                });
-                let wait = oc.logs.as_ref().map(|_| Wait {
-                    counters: true,
-                    upto: offset + 1,
-                });
-                return (f, wait);
+                return counter_add(oc, rid, shard, name, delta, counters_max, now);
             }
             CacheFrame::CounterGet { name, .. } => {
                 return now_frame(Frame::Cache(CacheFrame::CounterValue {
@@ -594,4 +528,84 @@ impl CoreState {
             }
         }
     }
+}
+
+/// CacheGet: the key's current value (or `found: false`), read at the owner.
+fn cache_value(oc: &OwnedCache, rid: u64, shard: u32, k: &Bytes, now: u64) -> Frame {
+    let f = match oc.shard.get(k, now) {
+        Some(e) => CacheFrame::CacheValue {
+            request_id: rid,
+            shard,
+            found: true,
+            version: e.version,
+            change_offset: 0,
+            expires_at_ms: e.expires_at_ms.unwrap_or(0),
+            value: e.value.clone(),
+        },
+        None => CacheFrame::CacheValue {
+            request_id: rid,
+            shard,
+            found: false,
+            version: 0,
+            change_offset: 0,
+            expires_at_ms: 0,
+            value: Bytes::new(),
+        },
+    };
+    Frame::Cache(f)
+}
+
+/// CounterAdd: check, append (log-backed), then apply; the answer waits for the counter log's
+/// commit when there is one.
+fn counter_add(
+    oc: &mut OwnedCache,
+    rid: u64,
+    shard: u32,
+    name: Bytes,
+    delta: i64,
+    counters_max: usize,
+    now: u64,
+) -> (Frame, Option<Wait>) {
+    let now_frame = |f: Frame| (f, None);
+    if !oc.counters.contains(&name) && oc.counters.len() >= counters_max {
+        return now_frame(Frame::error(
+            rid,
+            ErrorCode::CacheFull,
+            format!(
+                "shard holds {} counters (cache_entries_max)",
+                oc.counters.len()
+            ),
+        ));
+    }
+    let (offset, sum) = match oc.counters.prepare_add(&name, delta) {
+        Ok(x) => x,
+        Err(e) => return now_frame(Frame::error(rid, ErrorCode::InvalidRequest, e.to_string())),
+    };
+    if let Some(logs) = &oc.logs {
+        let d = delta.to_le_bytes();
+        let rec = RecordIn {
+            key: &name,
+            payload: &d,
+            flags: 0,
+        };
+        match logs.counters.append(&[rec], now) {
+            Ok(r) => assert_eq!(r.start, offset, "counter log and state agree"),
+            Err(e) => {
+                let (code, msg) = cache_logs::append_refusal(&e);
+                return now_frame(Frame::error(rid, code, msg));
+            }
+        }
+    }
+    oc.counters.apply(offset, name, delta);
+    let f = Frame::Cache(CacheFrame::CounterValue {
+        request_id: rid,
+        shard,
+        sum,
+        offset,
+    });
+    let wait = oc.logs.as_ref().map(|_| Wait {
+        counters: true,
+        upto: offset + 1,
+    });
+    (f, wait)
 }

@@ -445,7 +445,7 @@ impl CoreState {
     /// The peer finished `stream`: a publisher stream is finished on our side once its last
     /// answer is queued.
     fn on_stream_finished(&mut self, key: ConnKey, stream: u64) {
-        if stream % 4 == 0 && stream != 0 {
+        if streams::StreamClass::of(stream) == streams::StreamClass::Publisher {
             // Finish our side of a publisher stream once its last answer is queued.
             let Some(session) = self.sessions.get_mut(&key) else {
                 return;
