@@ -1336,3 +1336,30 @@ async fn unread_refusals_hold_the_stream_they_come_from() {
     }
     assert_eq!(b.total("errors_sent"), N as u64);
 }
+
+/// A peer that grants no flow control on stream 0 cannot hold a refused connection open: the
+/// close waits at most about 1 s for the Error frame, then happens anyway (with the code).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_close_is_not_held_open_by_a_peer_granting_no_window() {
+    let b = Broker::start(1, &[]);
+    let transport = felix_quic::tls::TransportConfig {
+        max_stream_data_bidi_bytes: 0,
+        ..Default::default()
+    };
+    let mut c = Raw::connect_with(b.quic, &b.ca(), FRAME_MAX, &transport)
+        .await
+        .unwrap();
+    // A maximum below the floor: refused with code 20, the Error frame unable to leave.
+    c.send(0, &hello_frame(64));
+    let t = std::time::Instant::now();
+    let reason = c.wait_closed().await;
+    assert_eq!(close_code(&reason), 20, "{reason}");
+    assert!(reason.contains("max_frame_bytes 64"), "{reason}");
+    // Generous bound (the grace is 1 s; without it the connection would stay until idle).
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(8),
+        "{:?}",
+        t.elapsed()
+    );
+    assert_eq!(b.total("connections_closed_hello"), 1, "closed once");
+}
