@@ -91,16 +91,7 @@ impl CoreState {
                 let n = self.parked_subs.entry(key).or_default();
                 *n += 1;
                 if *n == 1 {
-                    let owner = self.owner_core(key.0, key.1);
-                    self.route(
-                        owner,
-                        MeshMsg::Parked {
-                            core: self.id,
-                            stream: key.0,
-                            shard: key.1,
-                            parked: true,
-                        },
-                    );
+                    self.tell_owner_parked(key, true);
                 }
             }
         }
@@ -114,17 +105,21 @@ impl CoreState {
         *n -= 1;
         if *n == 0 {
             self.parked_subs.remove(&key);
-            let owner = self.owner_core(key.0, key.1);
-            self.route(
-                owner,
-                MeshMsg::Parked {
-                    core: self.id,
-                    stream: key.0,
-                    shard: key.1,
-                    parked: false,
-                },
-            );
+            self.tell_owner_parked(key, false);
         }
+    }
+
+    /// Tell the shard's owner whether any Block subscriber on this core has parked batches
+    /// (sent when the count leaves or returns to zero).
+    fn tell_owner_parked(&mut self, key: ShardKey, parked: bool) {
+        let owner = self.owner_core(key.0, key.1);
+        let msg = MeshMsg::Parked {
+            core: self.id,
+            stream: key.0,
+            shard: key.1,
+            parked,
+        };
+        self.route(owner, msg);
     }
 
     /// Move the subscriber's next queued items onto its stream while the stream has nothing

@@ -160,31 +160,23 @@ impl CoreState {
         let me = self.me.clone();
         self.group_tasks += 1;
         glommio::spawn_local(async move {
-            let n = name.clone();
-            let r = match dir {
-                Some(dir) => {
-                    glommio::executor()
-                        .spawn_blocking(move || remove_group_file(&dir, &n))
-                        .await
-                }
-                None => Ok(()),
-            };
-            let Some(st) = me.upgrade() else { return };
-            let mut st = st.borrow_mut();
-            st.group_tasks -= 1;
-            let rid = origin.request_id;
-            let f = match r {
-                Ok(()) => {
-                    if let Some(sg) = st.groups.get_mut(&key) {
-                        sg.broken.remove(&name);
+            let r = remove_off_core(dir, name.clone()).await;
+            reenter(&me, |st| {
+                st.group_tasks -= 1;
+                let rid = origin.request_id;
+                let f = match r {
+                    Ok(()) => {
+                        if let Some(sg) = st.groups.get_mut(&key) {
+                            sg.broken.remove(&name);
+                        }
+                        ok(rid)
                     }
-                    ok(rid)
-                }
-                Err(e) => Frame::error(rid, ErrorCode::Unavailable, format!("cannot remove: {e}")),
-            };
-            st.group_reply(origin, f);
-            st.drain_inbox();
-            st.wake.wake();
+                    Err(e) => {
+                        Frame::error(rid, ErrorCode::Unavailable, format!("cannot remove: {e}"))
+                    }
+                };
+                st.group_reply(origin, f);
+            });
         })
         .detach();
     }
@@ -203,38 +195,28 @@ impl CoreState {
         }
         self.group_tasks += 1;
         glommio::spawn_local(async move {
-            let n = name.clone();
-            let r = match dir {
-                Some(dir) => {
-                    glommio::executor()
-                        .spawn_blocking(move || remove_group_file(&dir, &n))
-                        .await
-                }
-                None => Ok(()),
-            };
-            let Some(st) = me.upgrade() else { return };
-            let mut st = st.borrow_mut();
-            st.group_tasks -= 1;
-            let deleting = st
-                .groups
-                .get(&key)
-                .and_then(|g| g.groups.get(&name))
-                .and_then(|s| s.deleting);
-            // Gone already (the stream was deleted meanwhile): nothing left to answer here.
-            let Some(origin) = deleting else { return };
-            st.groups.get_mut(&key).unwrap().groups.remove(&name);
-            let rid = origin.request_id;
-            let f = match r {
-                Ok(()) => ok(rid),
-                Err(e) => {
-                    // The file may come back at the next open: say so rather than pretend.
-                    let msg = format!("group state removed, but its file could not be: {e}");
-                    Frame::error(rid, ErrorCode::Unavailable, msg)
-                }
-            };
-            st.group_reply(origin, f);
-            st.drain_inbox();
-            st.wake.wake();
+            let r = remove_off_core(dir, name.clone()).await;
+            reenter(&me, |st| {
+                st.group_tasks -= 1;
+                let deleting = st
+                    .groups
+                    .get(&key)
+                    .and_then(|g| g.groups.get(&name))
+                    .and_then(|s| s.deleting);
+                // Gone already (the stream was deleted meanwhile): nothing left to answer here.
+                let Some(origin) = deleting else { return };
+                st.groups.get_mut(&key).unwrap().groups.remove(&name);
+                let rid = origin.request_id;
+                let f = match r {
+                    Ok(()) => ok(rid),
+                    Err(e) => {
+                        // The file may come back at the next open: say so rather than pretend.
+                        let msg = format!("group state removed, but its file could not be: {e}");
+                        Frame::error(rid, ErrorCode::Unavailable, msg)
+                    }
+                };
+                st.group_reply(origin, f);
+            });
         })
         .detach();
     }
@@ -336,5 +318,17 @@ impl CoreState {
         } else if slot.dirty || !slot.queued.is_empty() {
             self.start_group_write(key, name);
         }
+    }
+}
+
+/// Remove group `name`'s file on the blocking pool (no directory: nothing to remove).
+async fn remove_off_core(dir: Option<PathBuf>, name: String) -> std::io::Result<()> {
+    match dir {
+        Some(dir) => {
+            glommio::executor()
+                .spawn_blocking(move || remove_group_file(&dir, &name))
+                .await
+        }
+        None => Ok(()),
     }
 }
