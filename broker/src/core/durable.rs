@@ -1,6 +1,7 @@
 //! Durable stream shards on this core: their directories, opening their logs (deferring what
 //! arrives meanwhile), the commit watcher that answers publishes once committed, and failures.
 
+use super::shard::stream::OpenOutcome;
 use super::*;
 
 /// Replace `dir/name` with `bytes` atomically and durably: write a temporary file beside it,
@@ -153,7 +154,7 @@ pub(in crate::core) async fn open_durable_shards(state: &Rc<RefCell<CoreState>>)
         let mut st = state.borrow_mut();
         let keys = st.durable_keys_to_open();
         for k in &keys {
-            st.durable.insert(*k, DurableShard::opening());
+            st.streams.begin_open(*k);
         }
         keys
     };
@@ -238,7 +239,7 @@ impl CoreState {
                 let key = (i as u32, shard);
                 if matches!(slot.places[shard as usize], Place::Mine { .. })
                     && self.owner_core(key.0, shard) == self.id
-                    && !self.durable.contains_key(&key)
+                    && !self.streams.is_durable(key)
                 {
                     keys.push(key);
                 }
@@ -259,52 +260,39 @@ impl CoreState {
 
     pub(in crate::core) fn on_durable_opened(&mut self, key: ShardKey, r: OpenResult) {
         let name = self.catalog.slot(key.0).def.name();
-        let still_wanted = matches!(
-            self.durable.get(&key),
-            Some(DurableShard {
-                log: None,
-                failed: None,
-                ..
-            })
-        );
-        // Whatever waited for the open is handled again after this (as open or failed).
-        if let Some(d) = self.durable.get_mut(&key) {
-            let deferred = std::mem::take(&mut d.deferred);
-            self.inbox.extend(deferred);
-        }
-        match r {
-            Ok((log, report)) if still_wanted => {
-                tracing::info!(stream = %name, shard = key.1, next_offset = report.next_offset,
-                    oldest = report.oldest_offset, verdict = ?report.verdict, "durable shard open");
-                self.owner(key.0, key.1).start_at(report.next_offset);
-                self.load_groups(key, report.next_offset);
-                let hist = self.s.shard_metrics.register(name.to_string(), key.1);
-                let d = self.durable.get_mut(&key).expect("checked above");
-                d.log = Some(log.clone());
-                d.commit_hist = Some(hist);
+        let metrics = self.s.shard_metrics.clone();
+        let r = r.map(|(log, report)| {
+            tracing::info!(stream = %name, shard = key.1, next_offset = report.next_offset,
+                oldest = report.oldest_offset, verdict = ?report.verdict, "durable shard open");
+            (log, report.next_offset)
+        });
+        let why = r.as_ref().err().cloned();
+        let hist = || metrics.register(name.to_string(), key.1);
+        match self.with_streams(|h, _| h.on_opened(key, r, hist)) {
+            OpenOutcome::Serving { next_offset } => {
+                self.load_groups(key, next_offset);
+                let log = self.streams.log(key).expect("open").clone();
                 glommio::spawn_local(commit_watcher(self.me.clone(), key, log)).detach();
             }
-            Ok((log, _)) => {
-                // Deleted while opening: close it and remove what the open (re)created.
-                remove_deleted_shard(
-                    Some(log),
-                    self.s.cfg.durable_storage_dir.clone(),
-                    self.catalog.slot(key.0),
-                    key.1,
-                );
-            }
-            Err(e) if still_wanted => {
+            OpenOutcome::Failed => {
+                let e = why.unwrap_or_default();
                 tracing::error!(stream = %name, shard = key.1, error = %e, "durable shard cannot open; it will answer unavailable");
                 CoreCounters::inc(&self.s.counters.durable_shards_failed);
-                self.durable.get_mut(&key).expect("checked above").failed = Some(e);
             }
-            Err(_) => {}
+            // Deleted while opening: close it and remove what the open (re)created.
+            OpenOutcome::Unwanted(Some(log)) => remove_deleted_shard(
+                Some(log),
+                self.s.cfg.durable_storage_dir.clone(),
+                self.catalog.slot(key.0),
+                key.1,
+            ),
+            OpenOutcome::Unwanted(None) => {}
         }
     }
 
-    /// Publishes, attaches, detaches and park notices for a durable shard whose log is still
-    /// opening wait in arrival order (per sender) and are handled once it is open or failed;
-    /// anything else is handed back.
+    /// Publishes, attaches, detaches, park notices and group requests for a durable shard
+    /// whose log is still opening wait in arrival order (per sender) and are handled once it
+    /// is open or failed; anything else is handed back.
     pub(in crate::core) fn defer_while_opening(&mut self, msg: MeshMsg) -> Option<MeshMsg> {
         let key = match &msg {
             MeshMsg::Publish(req) => (req.stream, req.shard),
@@ -317,83 +305,15 @@ impl CoreState {
             | MeshMsg::Parked { stream, shard, .. } => (*stream, *shard),
             _ => return Some(msg),
         };
-        match self.durable.get_mut(&key) {
-            Some(d) if d.is_opening() => {
-                d.deferred.push(msg);
-                None
-            }
-            _ => Some(msg),
-        }
+        self.streams.defer(key, msg)
     }
 
-    /// Commit progress of a durable shard: every pending publish wholly below `acked` is now
-    /// on disk — append it to the in-memory tail (ring), deliver it, answer it.
     pub(in crate::core) fn on_durable_acked(&mut self, key: ShardKey, acked: u64) {
-        CoreCounters::inc(&self.s.counters.durable_commits);
-        loop {
-            let Some(d) = self.durable.get_mut(&key) else {
-                return;
-            };
-            match d.pending.front() {
-                Some((_, r, _)) if r.end <= acked => {}
-                _ => return,
-            }
-            let (req, range, at) = d.pending.pop_front().unwrap();
-            let us = at.elapsed().as_micros() as u64;
-            self.s.counters.durable_commit.observe_us(us);
-            if let Some(h) = &d.commit_hist {
-                h.observe_us(us);
-            }
-            let next = self.owner(key.0, key.1).next_offset();
-            assert_eq!(
-                next, range.start,
-                "the ring continues exactly where the log assigned"
-            );
-            CoreCounters::add(
-                &self.s.counters.durable_records_committed,
-                range.end - range.start,
-            );
-            self.publish_committed(req);
-        }
+        self.with_streams(|h, ctx| h.on_acked(key, acked, ctx));
     }
 
-    /// The log failed: nothing pending will be acknowledged.
     pub(in crate::core) fn on_durable_failed(&mut self, key: ShardKey, why: String) {
-        let closing = self.closing_logs;
-        let Some(d) = self.durable.get_mut(&key) else {
-            return;
-        };
-        if closing && d.pending.is_empty() {
-            // Closed for shutdown with nothing waiting: not a failure.
-            return;
-        }
-        if d.failed.is_none() && !closing {
-            CoreCounters::inc(&self.s.counters.durable_shards_failed);
-            d.failed = Some(why.clone());
-        }
-        let pending: Vec<_> = d.pending.drain(..).collect();
-        let (code, msg) = if closing {
-            (
-                ErrorCode::ShuttingDown,
-                "the broker shut down before this publish was committed; it was not acknowledged"
-                    .to_string(),
-            )
-        } else {
-            (
-                ErrorCode::Unavailable,
-                format!("shard storage failed; the publish was not acknowledged: {why}"),
-            )
-        };
-        for (req, _, _) in pending {
-            CoreCounters::inc(&self.s.counters.durable_publishes_refused);
-            self.route(
-                req.origin.core,
-                MeshMsg::PublishResult {
-                    origin: req.origin,
-                    result: Err((code, msg.clone())),
-                },
-            );
-        }
+        self.with_streams(|h, ctx| h.on_failed(key, why, ctx));
     }
 }
 

@@ -2,6 +2,7 @@
 //! `route` never awaits a full channel (overflow queues drained by the pump task), and
 //! `on_mesh` dispatches what arrives to the owner side or the connection side.
 
+use super::shard::stream::StreamMsg;
 use super::*;
 
 /// Messages between cores (and from a core to itself, through its inbox).
@@ -163,7 +164,10 @@ impl CoreState {
                     _ => {}
                 }
             }
-            MeshMsg::Publish(req) => self.on_publish_at_owner(req),
+            MeshMsg::Publish(req) => {
+                let key = (req.stream, req.shard);
+                self.tell_stream_shard(key, StreamMsg::Publish(req))
+            }
             MeshMsg::PublishResult { origin, result } => self.on_publish_result(origin, result),
             MeshMsg::Delivery {
                 stream,
@@ -176,7 +180,7 @@ impl CoreState {
                 stream,
                 shard,
                 start,
-            } => self.on_attach(core, sub, stream, shard, start),
+            } => self.tell_stream_shard((stream, shard), StreamMsg::Attach { core, sub, start }),
             MeshMsg::AttachResult { sub, result } => self.on_attach_result(sub, result),
             MeshMsg::Fetch {
                 core,
@@ -184,32 +188,22 @@ impl CoreState {
                 stream,
                 shard,
                 from,
-            } => self.on_fetch(core, sub, stream, shard, from),
+            } => self.tell_stream_shard((stream, shard), StreamMsg::Fetch { core, sub, from }),
             MeshMsg::FetchResult { sub, result } => self.on_fetch_result(sub, result),
             MeshMsg::Detach {
                 core,
                 stream,
                 shard,
-            } => {
-                // Only a deleted stream's shard state is ever dropped (slots are not reused),
-                // so a Detach for state that is gone is a late one for a deleted stream.
-                let o = self.owned.get_mut(&(stream, shard))?;
-                o.detach(core as usize);
-                self.drop_if_deleted_and_idle((stream, shard));
-            }
+            } => self.tell_stream_shard((stream, shard), StreamMsg::Detach { core }),
             MeshMsg::Parked {
                 core,
                 stream,
                 shard,
                 parked,
-            } => {
-                let o = self.owned.get_mut(&(stream, shard))?;
-                o.set_parked(core as usize, parked);
-                if !parked {
-                    self.drain_held(stream, shard);
-                }
+            } => self.tell_stream_shard((stream, shard), StreamMsg::Parked { core, parked }),
+            MeshMsg::DrainHeld { stream, shard } => {
+                self.tell_stream_shard((stream, shard), StreamMsg::DrainHeld)
             }
-            MeshMsg::DrainHeld { stream, shard } => self.drain_held(stream, shard),
             MeshMsg::Group {
                 origin,
                 stream,

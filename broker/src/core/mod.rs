@@ -26,7 +26,7 @@
 
 use crate::catalog::{core_for_shard, Catalog, CatalogCell, Place, Slot};
 use crate::config::Config;
-use crate::fanout::{Batch, Item, Lag, Offer, ReplayRing, ShardOwner, SubQueue};
+use crate::fanout::{Batch, Item, Lag, Offer, SubQueue};
 use crate::metrics::CoreCounters;
 use felix_quic::conn::ConnEvent;
 use felix_quic::glommio_driver::{wake_pair, DatagramIo, GlommioUdp, Wake, WakeRx};
@@ -54,12 +54,15 @@ mod durable;
 mod groups;
 mod mesh;
 mod owner;
+pub(crate) mod shard;
+mod timers;
 pub use caches::{CacheOrigin, Ev, Opened, WatchReq};
 pub(crate) use conn::shard_range;
 use durable::{commit_bytes_max, open_durable_shards, remove_deleted_shard, slot_shard_dir};
 pub use durable::{log_config, shard_dir, stream_dir};
 pub use groups::GroupOrigin;
 pub use mesh::{AttachOk, Fetched, MeshMsg};
+use shard::stream::{HostCfg, StreamHost};
 
 /// Where a publish came from, so its answer finds its way back.
 #[derive(Debug, Clone, Copy)]
@@ -84,51 +87,6 @@ pub struct PublishReq {
 }
 
 type PubResult = Result<(u32, u64, u32), (ErrorCode, String)>;
-
-/// A durable shard's log and the publishes waiting for their commit.
-struct DurableShard {
-    /// None when the log could not be opened (the shard is failed from the start).
-    log: Option<Log>,
-    /// In offset order: answered and delivered once the log acknowledges them.
-    /// With the time each was handed to the log (for the commit latency histogram).
-    pending: VecDeque<(PublishReq, std::ops::Range<u64>, Instant)>,
-    failed: Option<String>,
-    /// This shard's commit latency histogram (labelled stream and shard).
-    commit_hist: Option<Arc<crate::metrics::Histogram>>,
-    /// Publishes and attaches that arrived while the log was opening; handled again once
-    /// it is open (or failed). Bounded by the connections' in-flight and subscription caps.
-    deferred: Vec<MeshMsg>,
-}
-
-impl DurableShard {
-    /// Placeholder while the log opens: mesh requests for the shard wait in `deferred`
-    /// (see `defer_while_opening`) rather than taking the ephemeral path.
-    fn opening() -> Self {
-        DurableShard {
-            log: None,
-            pending: VecDeque::new(),
-            failed: None,
-            commit_hist: None,
-            deferred: Vec::new(),
-        }
-    }
-
-    fn is_opening(&self) -> bool {
-        self.log.is_none() && self.failed.is_none()
-    }
-
-    /// The log, or the `unavailable` refusal every durable operation answers instead.
-    fn usable(&self) -> Result<&Log, (ErrorCode, String)> {
-        match (&self.failed, &self.log) {
-            (None, Some(log)) => Ok(log),
-            (Some(why), _) => Err((
-                ErrorCode::Unavailable,
-                format!("shard storage failed: {why}"),
-            )),
-            (None, None) => Err((ErrorCode::Unavailable, "shard storage is not open".into())),
-        }
-    }
-}
 
 /// Static settings of a core.
 pub struct CoreSettings {
@@ -228,14 +186,13 @@ struct CoreState {
     mesh_wake: Wake,
     mesh_overflow: Vec<VecDeque<MeshMsg>>,
     inbox: VecDeque<MeshMsg>,
-    owned: HashMap<ShardKey, ShardOwner<PublishReq>>,
-    held_total: usize,
+    /// The stream shards this core owns (see `shard::stream`).
+    streams: StreamHost<Log>,
     subs: IdMap<u64, Sub>,
     local_subs: HashMap<ShardKey, Vec<u64>>,
     parked_subs: HashMap<ShardKey, u32>,
     rr: HashMap<u32, u32>,
     next_sub: u64,
-    durable: HashMap<ShardKey, DurableShard>,
     me: Weak<RefCell<CoreState>>,
     wake: Wake,
     /// Logs are being closed for shutdown: their `closed` answers are not failures.
@@ -297,6 +254,12 @@ pub async fn run_core(
     let (wake, wake_rx) = wake_pair();
     let (mesh_wake, mesh_wake_rx) = wake_pair();
     let (catalog_version, catalog) = settings.catalog.load();
+    let streams = StreamHost::new(HostCfg {
+        cores: n,
+        ring_records_max: settings.cfg.ring_records_max as u64,
+        ring_bytes_max: settings.cfg.ring_bytes_max,
+        publish_timeout_ms: settings.cfg.publish_timeout_ms,
+    });
     let state = Rc::new(RefCell::new(CoreState {
         id,
         catalog,
@@ -308,14 +271,12 @@ pub async fn run_core(
         mesh_wake: mesh_wake.clone(),
         mesh_overflow: (0..n).map(|_| Default::default()).collect(),
         inbox: VecDeque::new(),
-        owned: HashMap::new(),
-        held_total: 0,
+        streams,
         subs: IdMap::default(),
         local_subs: HashMap::new(),
         parked_subs: HashMap::new(),
         rr: HashMap::new(),
         next_sub: 1,
-        durable: HashMap::new(),
         me: Weak::new(),
         wake: wake.clone(),
         draining: false,
@@ -373,7 +334,7 @@ pub async fn run_core(
         let senders = senders.clone();
         glommio::spawn_local(async move {
             loop {
-                mesh_wake_rx.wait(Some(Duration::from_millis(50))).await;
+                mesh_wake_rx.wait(Some(timers::MESH_POLL)).await;
                 loop {
                     let next = {
                         let mut st = state.borrow_mut();
@@ -454,9 +415,6 @@ enum Drain {
     },
 }
 
-/// How long the going-away notices may take to flush before connections close.
-const NOTIFY_FLUSH_MS: u64 = 200;
-
 async fn flusher(state: Rc<RefCell<CoreState>>, sock: Rc<GlommioUdp>, wake_rx: WakeRx) {
     // 64 packets of ~1.3 KiB, or ~31 of 16 KiB, per round (packets are packed end to end).
     let mut batch = TxBatch::new(64, 1 << 20);
@@ -495,8 +453,7 @@ async fn flusher(state: Rc<RefCell<CoreState>>, sock: Rc<GlommioUdp>, wake_rx: W
                 let logs: Vec<Log> = {
                     let mut st = state.borrow_mut();
                     st.closing_logs = true;
-                    let mut logs: Vec<Log> =
-                        st.durable.values().filter_map(|d| d.log.clone()).collect();
+                    let mut logs: Vec<Log> = st.streams.begin_close();
                     logs.extend(st.cache_logs());
                     logs
                 };
@@ -518,7 +475,7 @@ async fn flusher(state: Rc<RefCell<CoreState>>, sock: Rc<GlommioUdp>, wake_rx: W
                 .keys()
                 .into_iter()
                 .all(|k| st.ep.get(k).is_none_or(|e| e.conn.queued_total() == 0));
-            if flushed || since.elapsed() > Duration::from_millis(NOTIFY_FLUSH_MS) {
+            if flushed || since.elapsed() > timers::NOTIFY_FLUSH {
                 for k in st.ep.keys() {
                     if let Some(e) = st.ep.get(k) {
                         e.conn.close(
@@ -539,7 +496,7 @@ async fn flusher(state: Rc<RefCell<CoreState>>, sock: Rc<GlommioUdp>, wake_rx: W
             {
                 let mut st = state.borrow_mut();
                 st.refresh_catalog();
-                st.expire_held(now);
+                st.with_streams(|h, ctx| h.tick(ctx));
                 st.groups_tick();
                 st.caches_tick();
                 st.gauges_tick(now);
@@ -578,22 +535,25 @@ async fn flusher(state: Rc<RefCell<CoreState>>, sock: Rc<GlommioUdp>, wake_rx: W
         }
         let timeout = {
             let st = state.borrow();
+            let now = Instant::now();
             [
-                st.ep.next_timeout(Instant::now()),
+                st.ep.next_timeout(now),
                 st.group_timeout(),
                 st.cache_timeout(),
+                // The first held publish to time out.
+                st.streams
+                    .next_deadline()
+                    .map(|d| d.saturating_duration_since(now)),
             ]
             .into_iter()
             .flatten()
             .min()
         };
-        let cap = Duration::from_millis(
-            if state.borrow().held_total > 0 || !matches!(drain, Drain::Serving) {
-                10
-            } else {
-                100
-            },
-        );
+        let cap = if state.borrow().streams.held_total() > 0 || !matches!(drain, Drain::Serving) {
+            timers::FLUSH_WAIT_BUSY
+        } else {
+            timers::FLUSH_WAIT_IDLE
+        };
         wake_rx.wait(Some(timeout.unwrap_or(cap).min(cap))).await;
         // Publishes on this core's durable shards wait for their commit: let the committer
         // (an inline page-cache write finishes in its turn) and then the commit watcher run
@@ -612,7 +572,7 @@ async fn flusher(state: Rc<RefCell<CoreState>>, sock: Rc<GlommioUdp>, wake_rx: W
 impl CoreState {
     /// Some publish on a durable shard this core owns waits for its commit.
     fn commit_pending(&self) -> bool {
-        self.durable.values().any(|d| !d.pending.is_empty())
+        self.streams.commit_pending()
     }
 
     /// Nothing this core must still answer: no acked publish of its connections unanswered,
@@ -621,11 +581,7 @@ impl CoreState {
         self.sessions
             .values()
             .all(|s| s.unacked == 0 && s.cache_inflight == 0)
-            && self.held_total == 0
-            && self
-                .durable
-                .values()
-                .all(|d| d.pending.is_empty() && d.deferred.is_empty())
+            && self.streams.idle()
             && self.inbox.is_empty()
             && self.mesh_overflow.iter().all(|q| q.is_empty())
             && self.groups_idle()
@@ -659,7 +615,7 @@ impl CoreState {
     /// Refresh the queue gauges about once a second (a walk over this core's subscriptions
     /// and watches, off the per-message path).
     fn gauges_tick(&mut self, now: Instant) {
-        if now.duration_since(self.gauges_at) < Duration::from_secs(1) {
+        if now.duration_since(self.gauges_at) < timers::GAUGES_PERIOD {
             return;
         }
         self.gauges_at = now;
@@ -732,7 +688,7 @@ impl CoreState {
             }
         }
         for key in self.durable_keys_to_open() {
-            self.durable.insert(key, DurableShard::opening());
+            self.streams.begin_open(key);
             let job = self.open_job(key);
             let me = self.me.clone();
             glommio::spawn_local(async move {
@@ -765,41 +721,12 @@ impl CoreState {
             let key = (idx, shard);
             self.end_local_subs(key, why.clone());
             self.drop_groups(key, &why);
-            let mut refused: Vec<PublishReq> = Vec::new();
-            if let Some(o) = self.owned.get_mut(&key) {
-                self.held_total -= o.held.len();
-                refused.extend(o.held.drain(..));
-            }
-            if let Some(d) = self.durable.remove(&key) {
+            let gone = self.with_streams(|h, ctx| h.on_deleted(key, &why, ctx));
+            if let Some(log) = gone {
                 self.s
                     .shard_metrics
                     .unregister(&slot.def.name().to_string(), shard);
-                refused.extend(d.pending.into_iter().map(|(r, _, _)| r));
-                // Deferred publishes and attaches meet the deleted slot when handled again.
-                self.inbox.extend(d.deferred);
-                remove_deleted_shard(d.log, self.s.cfg.durable_storage_dir.clone(), &slot, shard);
-            }
-            for req in refused {
-                self.route(
-                    req.origin.core,
-                    MeshMsg::PublishResult {
-                        origin: req.origin,
-                        result: Err(why.clone()),
-                    },
-                );
-            }
-            self.drop_if_deleted_and_idle(key);
-        }
-    }
-
-    /// Drop a deleted stream's shard state once no core is attached to it any more.
-    fn drop_if_deleted_and_idle(&mut self, key: ShardKey) {
-        if !self.catalog.slot(key.0).deleted {
-            return;
-        }
-        if let Some(o) = self.owned.get(&key) {
-            if o.interested_cores().next().is_none() && o.held.is_empty() {
-                self.owned.remove(&key);
+                remove_deleted_shard(log, self.s.cfg.durable_storage_dir.clone(), &slot, shard);
             }
         }
     }

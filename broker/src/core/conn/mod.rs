@@ -11,9 +11,6 @@ mod subs;
 /// answers must not grow the broker's memory.
 pub(in crate::core) const REFUSALS_QUEUED_BYTES_MAX: usize = 1 << 20;
 
-/// How long a close waits for its Error frame to leave before it is forced.
-pub(in crate::core) const CLOSE_GRACE: Duration = Duration::from_secs(1);
-
 /// A shard count in words for people: "shard 0" or "shards 0–3" (0..n in Rust reads wrong).
 pub(crate) fn shard_range(shards: u32) -> String {
     match shards {
@@ -186,7 +183,7 @@ impl CoreState {
                 .close_after_flush(code.number() as u64, &format!("{}: {msg}", code.name()));
         }
         self.closes_due
-            .push_back((Instant::now() + CLOSE_GRACE, key));
+            .push_back((Instant::now() + timers::CLOSE_GRACE, key));
         self.ep.mark_dirty(key);
     }
 

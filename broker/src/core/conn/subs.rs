@@ -174,7 +174,7 @@ impl CoreState {
 
     /// Flush a connection's streams into quiche; refill subscription streams that drained.
     pub(in crate::core) fn flush_conn(&mut self, key: ConnKey) {
-        for _ in 0..64 {
+        for _ in 0..timers::FLUSH_PASSES_MAX {
             let Some(e) = self.ep.get(key) else { return };
             let drained = e.conn.flush_streams();
             self.release_held(key, &drained);

@@ -42,7 +42,7 @@ impl CoreState {
         if let Err((code, msg)) = self.catalog.serve_check(stream, target.shard) {
             return self.group_reply(origin, Frame::error(rid, code, msg));
         }
-        let log = match self.durable.get(&key).map(DurableShard::usable) {
+        let log = match self.streams.usable(key) {
             Some(Ok(log)) => log.clone(),
             Some(Err((code, msg))) => {
                 return self.group_reply(origin, Frame::error(rid, code, msg))
@@ -58,7 +58,7 @@ impl CoreState {
                 )
             }
         };
-        let tail = self.owner(stream, target.shard).next_offset();
+        let tail = self.streams.tail(key).expect("a durable shard has state");
         let name = target.group.clone();
         if let GroupFrame::GroupCreate {
             start,
@@ -245,9 +245,8 @@ impl CoreState {
     /// whose wait ended with no records.
     pub(in crate::core) fn serve_waiters(&mut self, key: ShardKey, name: &str) {
         let now = self.group_now_ms();
-        let tail = match self.owned.get(&key) {
-            Some(o) => o.next_offset(),
-            None => return,
+        let Some(tail) = self.streams.tail(key) else {
+            return;
         };
         loop {
             let draining = self.draining;
@@ -334,11 +333,10 @@ impl CoreState {
         claims: Vec<Claim>,
     ) {
         CoreCounters::add(&self.s.counters.group_claims, claims.len() as u64);
-        let ring = &self
-            .owned
-            .get(&key)
-            .expect("owner state of a durable shard")
-            .ring;
+        let ring = self
+            .streams
+            .ring(key)
+            .expect("owner state of a durable shard");
         let payloads: Vec<Option<Bytes>> = claims.iter().map(|c| ring.get(c.offset)).collect();
         if payloads.iter().all(Option::is_some) {
             let p = payloads
@@ -347,7 +345,7 @@ impl CoreState {
                 .collect();
             return self.finish_claims(key, &name, origin, claims, p);
         }
-        let Some(log) = self.durable.get(&key).and_then(|d| d.log.clone()) else {
+        let Some(log) = self.streams.log(key).cloned() else {
             let p = payloads.into_iter().map(|_| Payload::Failed).collect();
             return self.finish_claims(key, &name, origin, claims, p);
         };

@@ -1,0 +1,74 @@
+//! The shard host: the shards a core owns, as pure state machines keyed by `ShardKey`. A host
+//! is handed messages and the outcome of I/O, with the time; it returns effects (messages to
+//! send, I/O to run) from `drain_effects`. It never awaits, spawns, reads a clock or touches a
+//! file, so the core driver (`core/mod.rs`) and the simulator (`core/sim`) run the same code.
+//!
+//! Built so far: stream shards (`stream`), behind the log trait (`log`). Cache shards and
+//! consumer groups still live on the core state (`core/caches`, `core/groups`); they move
+//! here next, onto the same lifecycle.
+
+pub(crate) mod log;
+pub(crate) mod stream;
+
+use felix_quic::wire::ErrorCode;
+
+/// A refusal as it is answered: the registry code and a message for people.
+pub(crate) type Refused = (ErrorCode, String);
+
+/// The lifecycle of a shard with a log. `M` is what waits for the open.
+///
+/// Replication adds its roles here (leader, follower, fencing, waiting out a lease, deposed)
+/// as states beside `Open`: what a role may do is decided in one match, not in flags.
+pub(crate) enum Life<L, M> {
+    /// The log is opening; requests for the shard wait, in arrival order.
+    Opening {
+        deferred: Vec<M>,
+    },
+    Open(L),
+    /// The log could not open (no log) or failed later (the log is kept, to be closed): the
+    /// shard answers `unavailable`, with why.
+    Failed {
+        why: String,
+        log: Option<L>,
+    },
+}
+
+impl<L, M> Life<L, M> {
+    /// The log, or the `unavailable` refusal every durable operation answers instead.
+    pub(crate) fn usable(&self) -> Result<&L, Refused> {
+        match self {
+            Life::Open(log) => Ok(log),
+            Life::Failed { why, .. } => Err((
+                ErrorCode::Unavailable,
+                format!("shard storage failed: {why}"),
+            )),
+            Life::Opening { .. } => {
+                Err((ErrorCode::Unavailable, "shard storage is not open".into()))
+            }
+        }
+    }
+
+    /// The log, open or failed.
+    pub(crate) fn log(&self) -> Option<&L> {
+        match self {
+            Life::Open(log) | Life::Failed { log: Some(log), .. } => Some(log),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn into_log(self) -> Option<L> {
+        match self {
+            Life::Open(log) | Life::Failed { log: Some(log), .. } => Some(log),
+            _ => None,
+        }
+    }
+
+    /// Fail the shard, keeping its log (if open) to be closed.
+    pub(crate) fn fail(&mut self, why: String) {
+        let old = std::mem::replace(self, Life::Opening { deferred: vec![] });
+        *self = Life::Failed {
+            why,
+            log: old.into_log(),
+        };
+    }
+}
