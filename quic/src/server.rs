@@ -95,6 +95,11 @@ impl Endpoint {
         self.conns.get_mut(&key)
     }
 
+    /// Read-only access to a connection (what a pure host asks about its streams).
+    pub fn peek(&self, key: ConnKey) -> Option<&ConnEntry> {
+        self.conns.get(&key)
+    }
+
     pub fn keys(&self) -> Vec<ConnKey> {
         self.conns.keys().copied().collect()
     }

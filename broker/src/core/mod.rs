@@ -26,7 +26,7 @@
 
 use crate::catalog::{core_for_shard, Catalog, CatalogCell, Place, Slot};
 use crate::config::Config;
-use crate::fanout::{Batch, Item, Lag, Offer, SubQueue};
+use crate::fanout::{Batch, Lag, SubQueue};
 use crate::metrics::CoreCounters;
 use felix_quic::conn::ConnEvent;
 use felix_quic::glommio_driver::{wake_pair, DatagramIo, GlommioUdp, Wake, WakeRx};
@@ -157,21 +157,7 @@ fn queue_bound(asked: u64, max: u64) -> u64 {
     }
 }
 
-struct Sub {
-    conn: ConnKey,
-    quic_stream: u64,
-    stream: u32,
-    shard: u32,
-    queue: SubQueue,
-    /// None until the owner answered the attach; then the next offset this subscriber takes.
-    next_offset: Option<u64>,
-    request_id: u64,
-    reply_stream: u64,
-    /// Catching up from disk: `Some(fetch in flight)`; live once `None`.
-    catch_up: Option<bool>,
-}
-
-type ShardKey = (u32, u32);
+pub(crate) type ShardKey = (u32, u32);
 
 struct CoreState {
     id: u8,
@@ -188,9 +174,8 @@ struct CoreState {
     inbox: VecDeque<MeshMsg>,
     /// The stream shards this core owns (see `shard::stream`).
     streams: StreamHost<Log>,
-    subs: IdMap<u64, Sub>,
-    local_subs: HashMap<ShardKey, Vec<u64>>,
-    parked_subs: HashMap<ShardKey, u32>,
+    /// Subscriptions whose connections this core holds (see `conn::subs`).
+    subs: conn::subs::SubHost,
     rr: HashMap<u32, u32>,
     next_sub: u64,
     me: Weak<RefCell<CoreState>>,
@@ -272,9 +257,7 @@ pub async fn run_core(
         mesh_overflow: (0..n).map(|_| Default::default()).collect(),
         inbox: VecDeque::new(),
         streams,
-        subs: IdMap::default(),
-        local_subs: HashMap::new(),
-        parked_subs: HashMap::new(),
+        subs: Default::default(),
         rr: HashMap::new(),
         next_sub: 1,
         me: Weak::new(),
@@ -602,8 +585,7 @@ impl CoreState {
     /// before the connection closes.
     fn notify_going_away(&mut self) {
         let why = "the broker is shutting down; subscribe again elsewhere or after it restarts";
-        let sids: Vec<u64> = self.subs.keys().copied().collect();
-        for sid in sids {
+        for sid in self.subs.ids() {
             self.remove_sub(sid, Some((ErrorCode::ShuttingDown.number(), why.into())));
         }
         let keys: Vec<ShardKey> = self.local_watches.keys().copied().collect();
@@ -620,7 +602,7 @@ impl CoreState {
         }
         self.gauges_at = now;
         let (mut recs, mut bytes, mut max) = (0u64, 0u64, 0u64);
-        for sub in self.subs.values() {
+        for sub in self.subs.iter() {
             let r = sub.queue.queued_records();
             recs += r;
             bytes += sub.queue.queued_bytes();
@@ -699,13 +681,6 @@ impl CoreState {
         }
     }
 
-    fn end_local_subs(&mut self, key: ShardKey, (code, msg): (ErrorCode, String)) {
-        let sids = self.local_subs.get(&key).cloned().unwrap_or_default();
-        for sid in sids {
-            self.remove_sub(sid, Some((code.number(), msg.clone())));
-        }
-    }
-
     /// A stream was deleted: end its subscriptions on this core with `stream_deleted`; where
     /// this core owns a shard, refuse what waits (held or pending commit) and, for a durable
     /// shard, close its log and remove its files.
@@ -750,8 +725,4 @@ impl CoreState {
         }
         None
     }
-}
-
-fn item_is_none(subs: &IdMap<u64, Sub>, sid: u64) -> bool {
-    subs.get(&sid).map(|s| s.queue.is_empty()).unwrap_or(true)
 }

@@ -2,7 +2,8 @@
 //! core owns go in with the time, and the host's effects come out here and are carried out —
 //! mesh messages routed, history reads run on a task, groups told of commits.
 
-use super::shard::stream::{Ctx, Effect, StreamMsg};
+use super::shard::stream::{Effect, StreamMsg};
+use super::shard::Ctx;
 use super::*;
 
 impl CoreState {
@@ -18,6 +19,7 @@ impl CoreState {
     ) -> R {
         let ctx = Ctx {
             me: self.id,
+            cores: self.s.cores,
             now: Instant::now(),
             ts_ms: felix_storage::log::now_ms(),
             catalog: &self.catalog,

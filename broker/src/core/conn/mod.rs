@@ -4,7 +4,8 @@
 
 use super::*;
 
-mod subs;
+mod deliver;
+pub(in crate::core) mod subs;
 
 /// Refusals queued on one answer stream past this stop the reading of the stream that caused
 /// them until they drain: refused frames are cheap to send, and a peer that does not read its
@@ -397,7 +398,7 @@ impl CoreState {
             } => {
                 let owned = self
                     .subs
-                    .get(&subscription_id)
+                    .get(subscription_id)
                     .map(|s| s.conn == key)
                     .unwrap_or(false);
                 if owned {
@@ -624,33 +625,18 @@ impl CoreState {
         );
         session.subs.push(sid);
         session.sub_streams.insert(qs, sid);
-        self.subs.insert(
-            sid,
-            Sub {
-                conn: key,
-                quic_stream: qs,
-                stream: idx,
-                shard,
-                queue: SubQueue::new(policy, records_max, bytes_max),
-                next_offset: None,
-                request_id,
-                reply_stream,
-                catch_up: None,
-            },
-        );
-        self.local_subs.entry((idx, shard)).or_default().push(sid);
-        CoreCounters::inc(&self.s.counters.subscriptions_opened);
-        let owner = self.owner_core(idx, shard);
-        self.route(
-            owner,
-            MeshMsg::Attach {
-                core: self.id,
-                sub: sid,
-                stream: idx,
-                shard,
-                start,
-            },
-        );
+        let sub = subs::Sub {
+            conn: key,
+            quic_stream: qs,
+            stream: idx,
+            shard,
+            queue: SubQueue::new(policy, records_max, bytes_max),
+            next_offset: None,
+            request_id,
+            reply_stream,
+            catch_up: None,
+        };
+        self.with_subs(|h, _, ctx| h.open(sid, sub, start, ctx));
         Ok(())
     }
 }

@@ -1,63 +1,137 @@
-//! Subscriptions on the connection's core: answers to attaches and fetches, offering batches
-//! to each subscriber's queue, and moving queued items onto its QUIC stream as flow control
-//! allows (catching up from disk one chunk at a time).
+//! Subscriptions on the connection's core, as a pure state machine: answers to attaches and
+//! fetches, offering batches to each subscriber's queue, telling the owner when a Block
+//! subscriber parks, catching up from disk one chunk at a time, and ends.
+//!
+//! No socket: whether a subscription stream can take its next item (nothing of it waits for
+//! quiche, which is the flow-control back-pressure that fills the queue) is asked of the
+//! driver, and what to write comes out as effects. The core driver (`conn/deliver.rs`) and
+//! the simulator run this same code.
 
-use super::*;
+use crate::core::shard::Ctx;
+use crate::core::{AttachOk, Fetched, MeshMsg, ShardKey};
+use crate::fanout::{Batch, Item, Offer, SubQueue};
+use crate::metrics::CoreCounters;
+use felix_quic::idmap::IdMap;
+use felix_quic::server::ConnKey;
+use felix_quic::wire::{ErrorCode, Frame, StartAt};
+use std::collections::HashMap;
 
-impl CoreState {
-    // ---------- connection side ----------
+pub(crate) struct Sub {
+    pub conn: ConnKey,
+    pub quic_stream: u64,
+    pub stream: u32,
+    pub shard: u32,
+    pub queue: SubQueue,
+    /// None until the owner answered the attach; then the next offset this subscriber takes.
+    pub next_offset: Option<u64>,
+    pub request_id: u64,
+    pub reply_stream: u64,
+    /// Catching up from disk: `Some(fetch in flight)`; live once `None`.
+    pub catch_up: Option<bool>,
+}
 
-    pub(in crate::core) fn on_publish_result(&mut self, origin: Origin, result: PubResult) {
-        let Some(session) = self.sessions.get_mut(&origin.conn) else {
-            return;
-        };
-        session.inflight_bytes -= origin.bytes;
-        let Some(e) = self.ep.get(origin.conn) else {
-            return;
-        };
-        if origin.ack {
-            session.unacked -= 1;
-            let frame = match result {
-                Ok((shard, first_offset, count)) => {
-                    CoreCounters::inc(&self.s.counters.publish_acks);
-                    Frame::PublishAck {
-                        request_id: origin.request_id,
-                        shard,
-                        first_offset,
-                        count,
-                    }
-                }
-                Err((code, msg)) => Frame::error(origin.request_id, code, msg),
-            };
-            e.conn.send_frame(origin.quic_stream, &frame);
-            if let Some(ps) = session.pub_streams.get_mut(&origin.quic_stream) {
-                ps.pending -= 1;
-                if ps.pending == 0 && ps.fin_requested {
-                    session.pub_streams.remove(&origin.quic_stream);
-                    e.conn.finish(origin.quic_stream);
-                }
-            }
-        } else if let Err((code, msg)) = result {
-            e.conn
-                .send_frame(0, &Frame::error(origin.request_id, code, msg));
-        }
-        self.ep.mark_dirty(origin.conn);
+/// What the subscription side asks its driver to do.
+pub(crate) enum SubEffect {
+    /// A message to a core (the shard's owner).
+    Route(u8, MeshMsg),
+    /// A frame on a stream of a connection.
+    Frame(ConnKey, u64, Frame),
+    /// A delivery of shard `.2` on a subscription stream (the driver cuts it to the peer's
+    /// frame maximum).
+    Batch(ConnKey, u64, u32, Batch),
+    /// End the stream after what was written on it.
+    Finish(ConnKey, u64),
+    /// The subscription is gone: its connection forgets it (and its stream).
+    Removed {
+        conn: ConnKey,
+        sid: u64,
+        quic_stream: u64,
+    },
+}
+
+/// Asks whether a connection's stream has nothing waiting for quiche (so the next item may
+/// be written). False for a connection that is gone.
+pub(crate) type Writable<'a> = &'a dyn Fn(ConnKey, u64) -> bool;
+
+#[derive(Default)]
+pub(crate) struct SubHost {
+    subs: IdMap<u64, Sub>,
+    /// Subscriptions of this core per shard (deliveries arrive once per core per batch).
+    local: HashMap<ShardKey, Vec<u64>>,
+    /// Per shard: how many Block subscribers of this core have parked batches (the owner holds
+    /// publishes while it is above zero).
+    parked: HashMap<ShardKey, u32>,
+    effects: Vec<SubEffect>,
+}
+
+impl SubHost {
+    pub(crate) fn drain_effects(&mut self) -> Vec<SubEffect> {
+        std::mem::take(&mut self.effects)
     }
 
-    pub(in crate::core) fn on_delivery(&mut self, stream: u32, shard: u32, batch: Batch) {
-        let Some(ids) = self.local_subs.get(&(stream, shard)) else {
+    pub(crate) fn len(&self) -> usize {
+        self.subs.len()
+    }
+
+    pub(crate) fn get(&self, sid: u64) -> Option<&Sub> {
+        self.subs.get(&sid)
+    }
+
+    pub(crate) fn ids(&self) -> Vec<u64> {
+        self.subs.keys().copied().collect()
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Sub> {
+        self.subs.values()
+    }
+
+    /// Subscriptions of this core on shard `key`.
+    pub(crate) fn on_shard(&self, key: ShardKey) -> Vec<u64> {
+        self.local.get(&key).cloned().unwrap_or_default()
+    }
+
+    /// The queue of `sid` is empty (or `sid` is gone).
+    pub(crate) fn queue_empty(&self, sid: u64) -> bool {
+        self.subs.get(&sid).is_none_or(|s| s.queue.is_empty())
+    }
+
+    /// Shards whose parked count is above zero, with the count (for the invariant checkers).
+    pub(crate) fn parked_counts(&self) -> &HashMap<ShardKey, u32> {
+        &self.parked
+    }
+
+    /// A new subscription: register it and ask the shard's owner to attach it from `start`.
+    pub(crate) fn open(&mut self, sid: u64, sub: Sub, start: StartAt, ctx: &Ctx) {
+        let key = (sub.stream, sub.shard);
+        let prev = self.subs.insert(sid, sub);
+        assert!(prev.is_none(), "subscription ids are unique");
+        self.local.entry(key).or_default().push(sid);
+        CoreCounters::inc(&ctx.counters.subscriptions_opened);
+        let attach = MeshMsg::Attach {
+            core: ctx.me,
+            sub: sid,
+            stream: key.0,
+            shard: key.1,
+            start,
+        };
+        self.effects
+            .push(SubEffect::Route(ctx.owner_core(key), attach));
+    }
+
+    pub(crate) fn on_delivery(&mut self, key: ShardKey, batch: Batch, w: Writable, ctx: &Ctx) {
+        let Some(ids) = self.local.get(&key) else {
             return;
         };
         for sid in ids.clone() {
             if self.subs.get(&sid).is_some_and(|s| s.catch_up.is_some()) {
                 continue; // catching up from disk: this batch comes back through a fetch
             }
-            self.offer_to_sub(sid, batch.clone());
-            self.pump_sub(sid);
+            self.offer(sid, batch.clone(), ctx);
+            self.pump(sid, w, ctx);
         }
     }
 
-    pub(in crate::core) fn offer_to_sub(&mut self, sid: u64, mut b: Batch) {
+    fn offer(&mut self, sid: u64, mut b: Batch, ctx: &Ctx) {
         let Some(sub) = self.subs.get_mut(&sid) else {
             return;
         };
@@ -70,7 +144,7 @@ impl CoreState {
         }
         sub.next_offset = Some(b.end());
         let key = (sub.stream, sub.shard);
-        let c = &self.s.counters;
+        let c = ctx.counters;
         let dropped_before = sub.queue.dropped_records;
         let offer = sub.queue.offer(b);
         // Losses are counted when they happen (the queue's own count of records it lost, not
@@ -88,133 +162,86 @@ impl CoreState {
                 CoreCounters::add(&c.records_dropped_old, lost);
             }
             Offer::Parked { first: true } => {
-                let n = self.parked_subs.entry(key).or_default();
+                let n = self.parked.entry(key).or_default();
                 *n += 1;
                 if *n == 1 {
-                    self.tell_owner_parked(key, true);
+                    self.tell_owner_parked(key, true, ctx);
                 }
             }
         }
     }
 
-    pub(in crate::core) fn unparked(&mut self, key: ShardKey) {
+    fn unparked(&mut self, key: ShardKey, ctx: &Ctx) {
         let n = self
-            .parked_subs
+            .parked
             .get_mut(&key)
             .expect("parked count exists for a parked sub");
         *n -= 1;
         if *n == 0 {
-            self.parked_subs.remove(&key);
-            self.tell_owner_parked(key, false);
+            self.parked.remove(&key);
+            self.tell_owner_parked(key, false, ctx);
         }
     }
 
     /// Tell the shard's owner whether any Block subscriber on this core has parked batches
     /// (sent when the count leaves or returns to zero).
-    fn tell_owner_parked(&mut self, key: ShardKey, parked: bool) {
-        let owner = self.owner_core(key.0, key.1);
+    fn tell_owner_parked(&mut self, key: ShardKey, parked: bool, ctx: &Ctx) {
         let msg = MeshMsg::Parked {
-            core: self.id,
+            core: ctx.me,
             stream: key.0,
             shard: key.1,
             parked,
         };
-        self.route(owner, msg);
+        self.effects
+            .push(SubEffect::Route(ctx.owner_core(key), msg));
     }
 
-    /// Move the subscriber's next queued items onto its stream while the stream has nothing
-    /// waiting for quiche (flow control is the back-pressure that makes the queue fill).
-    pub(in crate::core) fn pump_sub(&mut self, sid: u64) {
-        loop {
-            let Some(sub) = self.subs.get_mut(&sid) else {
-                return;
-            };
-            let Some(e) = self.ep.get(sub.conn) else {
-                return;
-            };
-            if e.conn.queued_bytes(sub.quic_stream) > 0 {
-                return;
-            }
-            let (item, unparked) = sub.queue.pop();
-            let (conn, qs, key) = (sub.conn, sub.quic_stream, (sub.stream, sub.shard));
-            let c = &self.s.counters;
-            match item {
-                Some(Item::Batch(b)) => {
-                    CoreCounters::inc(&c.batches_delivered);
-                    CoreCounters::add(&c.records_delivered, b.count as u64);
-                    CoreCounters::add(&c.bytes_delivered, b.bytes());
-                    // Each side sends at most the other's maximum (Hello.max_frame_bytes).
-                    for piece in b.split_to_fit(key.1, e.conn.peer_max_frame_bytes()) {
-                        e.conn.send_bytes(qs, piece.head);
-                        e.conn.send_bytes(qs, piece.region);
-                    }
-                }
-                Some(Item::Lag(l)) => {
-                    CoreCounters::inc(&c.lag_notices);
-                    e.conn.send_frame(
-                        qs,
-                        &Frame::Lag {
-                            from_offset: l.from_offset,
-                            lost: l.lost,
-                        },
-                    );
-                }
-                None => {}
-            }
-            self.ep.mark_dirty(conn);
-            if unparked {
-                self.unparked(key);
-            }
-            if item_is_none(&self.subs, sid) {
-                self.maybe_fetch(sid);
-                return;
-            }
+    /// Move the subscriber's next queued item onto its stream if the stream has nothing
+    /// waiting for quiche (one item: once written, the stream has bytes waiting). Returns
+    /// whether an item was written.
+    pub(crate) fn pump(&mut self, sid: u64, w: Writable, ctx: &Ctx) -> bool {
+        let Some(sub) = self.subs.get_mut(&sid) else {
+            return false;
+        };
+        let (conn, qs, key) = (sub.conn, sub.quic_stream, (sub.stream, sub.shard));
+        if !w(conn, qs) {
+            return false;
         }
-    }
-
-    /// Flush a connection's streams into quiche; refill subscription streams that drained.
-    pub(in crate::core) fn flush_conn(&mut self, key: ConnKey) {
-        for _ in 0..timers::FLUSH_PASSES_MAX {
-            let Some(e) = self.ep.get(key) else { return };
-            let drained = e.conn.flush_streams();
-            self.release_held(key, &drained);
-            let Some(session) = self.sessions.get(&key) else {
-                return;
-            };
-            let refill: Vec<u64> = drained
-                .iter()
-                .filter_map(|s| session.sub_streams.get(s).copied())
-                .collect();
-            if refill.is_empty() {
-                return;
+        let (item, unparked) = sub.queue.pop();
+        let c = ctx.counters;
+        let sent = item.is_some();
+        match item {
+            Some(Item::Batch(b)) => {
+                CoreCounters::inc(&c.batches_delivered);
+                CoreCounters::add(&c.records_delivered, b.count as u64);
+                CoreCounters::add(&c.bytes_delivered, b.bytes());
+                self.effects.push(SubEffect::Batch(conn, qs, key.1, b));
             }
-            let mut sent = false;
-            for sid in refill {
-                if self.is_watch(sid) {
-                    sent |= !self.watch_idle(sid);
-                    self.pump_watch(sid);
-                    continue;
-                }
-                let before = self
-                    .subs
-                    .get(&sid)
-                    .map(|s| s.queue.is_empty())
-                    .unwrap_or(true);
-                self.pump_sub(sid);
-                sent |= !before;
+            Some(Item::Lag(l)) => {
+                CoreCounters::inc(&c.lag_notices);
+                let lag = Frame::Lag {
+                    from_offset: l.from_offset,
+                    lost: l.lost,
+                };
+                self.effects.push(SubEffect::Frame(conn, qs, lag));
             }
-            if !sent {
-                return;
-            }
+            None => {}
         }
-        // More to move than one pass allows: come back on the next flush.
-        self.ep.mark_dirty(key);
+        if unparked {
+            self.unparked(key, ctx);
+        }
+        if self.queue_empty(sid) {
+            self.maybe_fetch(sid, ctx);
+        }
+        sent
     }
 
-    pub(in crate::core) fn on_attach_result(
+    pub(crate) fn on_attach_result(
         &mut self,
         sid: u64,
         result: Result<AttachOk, (ErrorCode, String)>,
+        w: Writable,
+        ctx: &Ctx,
     ) {
         let Some(sub) = self.subs.get_mut(&sid) else {
             return;
@@ -222,10 +249,9 @@ impl CoreState {
         let (conn, rid, reply, shard) = (sub.conn, sub.request_id, sub.reply_stream, sub.shard);
         match result {
             Err((code, msg)) => {
-                if let Some(e) = self.ep.get(conn) {
-                    e.conn.send_frame(reply, &Frame::error(rid, code, msg));
-                }
-                self.remove_sub(sid, Some((code.number(), "subscribe refused".into())));
+                let refusal = Frame::error(rid, code, msg);
+                self.effects.push(SubEffect::Frame(conn, reply, refusal));
+                self.remove(sid, Some((code.number(), "subscribe refused".into())), ctx);
             }
             Ok(AttachOk {
                 lag,
@@ -243,7 +269,7 @@ impl CoreState {
                 }
                 let (records_max, bytes_max) = sub.queue.bounds();
                 for b in replay {
-                    self.offer_to_sub(sid, b);
+                    self.offer(sid, b, ctx);
                 }
                 let ok = Frame::SubscribeOk {
                     request_id: rid,
@@ -253,19 +279,16 @@ impl CoreState {
                     queue_records_max: records_max as u32,
                     queue_bytes_max: bytes_max,
                 };
-                if let Some(e) = self.ep.get(conn) {
-                    e.conn.send_frame(reply, &ok);
-                }
-                self.ep.mark_dirty(conn);
-                self.pump_sub(sid);
-                self.maybe_fetch(sid);
+                self.effects.push(SubEffect::Frame(conn, reply, ok));
+                self.pump(sid, w, ctx);
+                self.maybe_fetch(sid, ctx);
             }
         }
     }
 
     /// A catching-up subscriber with an empty queue and no fetch in flight asks its shard's
     /// owner for the next chunk (so history never outruns the subscriber's queue bound).
-    pub(in crate::core) fn maybe_fetch(&mut self, sid: u64) {
+    fn maybe_fetch(&mut self, sid: u64, ctx: &Ctx) {
         let Some(sub) = self.subs.get_mut(&sid) else {
             return;
         };
@@ -275,31 +298,29 @@ impl CoreState {
         let Some(from) = sub.next_offset else { return };
         sub.catch_up = Some(true);
         let (stream, shard) = (sub.stream, sub.shard);
-        let owner = self.owner_core(stream, shard);
-        self.route(
-            owner,
-            MeshMsg::Fetch {
-                core: self.id,
-                sub: sid,
-                stream,
-                shard,
-                from,
-            },
-        );
+        let fetch = MeshMsg::Fetch {
+            core: ctx.me,
+            sub: sid,
+            stream,
+            shard,
+            from,
+        };
+        let owner = ctx.owner_core((stream, shard));
+        self.effects.push(SubEffect::Route(owner, fetch));
     }
 
-    pub(in crate::core) fn on_fetch_result(
+    pub(crate) fn on_fetch_result(
         &mut self,
         sid: u64,
         result: Result<Fetched, (ErrorCode, String)>,
+        w: Writable,
+        ctx: &Ctx,
     ) {
         let Some(sub) = self.subs.get_mut(&sid) else {
             return;
         };
         match result {
-            Err((code, msg)) => {
-                self.remove_sub(sid, Some((code.number(), msg)));
-            }
+            Err((code, msg)) => self.remove(sid, Some((code.number(), msg)), ctx),
             Ok(Fetched { lag, batches, live }) => {
                 sub.catch_up = if live { None } else { Some(false) };
                 if let Some(l) = lag {
@@ -307,55 +328,59 @@ impl CoreState {
                     sub.next_offset = Some(l.from_offset + l.lost);
                 }
                 for b in batches {
-                    self.offer_to_sub(sid, b);
+                    self.offer(sid, b, ctx);
                 }
-                self.pump_sub(sid);
-                self.maybe_fetch(sid);
+                self.pump(sid, w, ctx);
+                self.maybe_fetch(sid, ctx);
             }
         }
     }
 
     /// Drop a subscription: detach from the owner, release a parked hold, optionally end
     /// its stream with `SubEnd`.
-    pub(in crate::core) fn remove_sub(&mut self, sid: u64, end: Option<(u16, String)>) {
+    pub(crate) fn remove(&mut self, sid: u64, end: Option<(u16, String)>, ctx: &Ctx) {
         let Some(sub) = self.subs.remove(&sid) else {
             return;
         };
         let key = (sub.stream, sub.shard);
-        CoreCounters::inc(&self.s.counters.subscriptions_closed);
-        if let Some(v) = self.local_subs.get_mut(&key) {
+        CoreCounters::inc(&ctx.counters.subscriptions_closed);
+        if let Some(v) = self.local.get_mut(&key) {
             v.retain(|s| *s != sid);
             if v.is_empty() {
-                self.local_subs.remove(&key);
+                self.local.remove(&key);
             }
         }
-        if let Some(session) = self.sessions.get_mut(&sub.conn) {
-            session.subs.retain(|s| *s != sid);
-            session.sub_streams.remove(&sub.quic_stream);
-        }
+        let (conn, qs) = (sub.conn, sub.quic_stream);
+        self.effects.push(SubEffect::Removed {
+            conn,
+            sid,
+            quic_stream: qs,
+        });
         if sub.queue.is_parked() {
-            self.unparked(key);
+            self.unparked(key, ctx);
         }
-        let owner = self.owner_core(key.0, key.1);
-        self.route(
-            owner,
-            MeshMsg::Detach {
-                core: self.id,
-                stream: key.0,
-                shard: key.1,
-            },
-        );
-        if let (Some((code, message)), Some(e)) = (end, self.ep.get(sub.conn)) {
-            e.conn.send_frame(
-                sub.quic_stream,
-                &Frame::SubEnd {
-                    subscription_id: sid,
-                    code,
-                    message,
-                },
-            );
-            e.conn.finish(sub.quic_stream);
-            self.ep.mark_dirty(sub.conn);
+        let detach = MeshMsg::Detach {
+            core: ctx.me,
+            stream: key.0,
+            shard: key.1,
+        };
+        self.effects
+            .push(SubEffect::Route(ctx.owner_core(key), detach));
+        if let Some((code, message)) = end {
+            let end = Frame::SubEnd {
+                subscription_id: sid,
+                code,
+                message,
+            };
+            self.effects.push(SubEffect::Frame(conn, qs, end));
+            self.effects.push(SubEffect::Finish(conn, qs));
+        }
+    }
+
+    /// End every subscription of this core on shard `key`, telling each why.
+    pub(crate) fn end_shard(&mut self, key: ShardKey, (code, msg): (ErrorCode, String), ctx: &Ctx) {
+        for sid in self.on_shard(key) {
+            self.remove(sid, Some((code.number(), msg.clone())), ctx);
         }
     }
 }

@@ -10,7 +10,32 @@
 pub(crate) mod log;
 pub(crate) mod stream;
 
+use crate::catalog::{core_for_shard, Catalog};
+use crate::metrics::CoreCounters;
 use felix_quic::wire::ErrorCode;
+use std::time::Instant;
+
+/// What a pure host needs from its core for one step: who it is, the time, the catalog it acts
+/// on and the counters it bumps. Hosts read no clock of their own.
+pub(crate) struct Ctx<'a> {
+    /// This core.
+    pub me: u8,
+    /// Cores of the broker (a shard's owner core is a hash of its name over them).
+    pub cores: u8,
+    pub now: Instant,
+    /// Wall-clock milliseconds stamped on appended records.
+    pub ts_ms: u64,
+    pub catalog: &'a Catalog,
+    pub counters: &'a CoreCounters,
+}
+
+impl Ctx<'_> {
+    /// The core that owns stream shard `key`.
+    pub(crate) fn owner_core(&self, key: (u32, u32)) -> u8 {
+        let def = &self.catalog.slot(key.0).def;
+        core_for_shard(&def.name(), key.1, self.cores as u32) as u8
+    }
+}
 
 /// A refusal as it is answered: the registry code and a message for people.
 pub(crate) type Refused = (ErrorCode, String);

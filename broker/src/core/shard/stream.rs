@@ -9,7 +9,7 @@
 //! The core driver (`core/mod.rs`) and the simulator (`core/sim`) are its two drivers.
 
 use super::log::ShardLog;
-use super::{Life, Refused};
+use super::{Ctx, Life, Refused};
 use crate::catalog::Catalog;
 use crate::core::{AttachOk, Fetched, MeshMsg, PublishReq, ShardKey};
 use crate::fanout::{Lag, ReplayRing, ShardOwner};
@@ -20,17 +20,6 @@ use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
-
-/// What the host needs from its core for one step.
-pub(crate) struct Ctx<'a> {
-    /// This core.
-    pub me: u8,
-    pub now: Instant,
-    /// Wall-clock milliseconds stamped on appended records.
-    pub ts_ms: u64,
-    pub catalog: &'a Catalog,
-    pub counters: &'a CoreCounters,
-}
 
 /// A message for a stream shard's owner: the stream part of what the mesh carries to owners.
 #[derive(Debug)]

@@ -1,0 +1,172 @@
+//! The driver of the subscription side (`subs`): answers to publishes, the pure subscription
+//! host stepped with this core's context and the state of its QUIC streams, its effects
+//! written onto those streams, and the flush that refills subscription streams as they drain.
+
+use super::subs::{SubEffect, SubHost, Writable};
+use super::*;
+use crate::core::shard::Ctx;
+
+impl CoreState {
+    pub(in crate::core) fn on_publish_result(&mut self, origin: Origin, result: PubResult) {
+        let Some(session) = self.sessions.get_mut(&origin.conn) else {
+            return;
+        };
+        session.inflight_bytes -= origin.bytes;
+        let Some(e) = self.ep.get(origin.conn) else {
+            return;
+        };
+        if origin.ack {
+            session.unacked -= 1;
+            let frame = match result {
+                Ok((shard, first_offset, count)) => {
+                    CoreCounters::inc(&self.s.counters.publish_acks);
+                    Frame::PublishAck {
+                        request_id: origin.request_id,
+                        shard,
+                        first_offset,
+                        count,
+                    }
+                }
+                Err((code, msg)) => Frame::error(origin.request_id, code, msg),
+            };
+            e.conn.send_frame(origin.quic_stream, &frame);
+            if let Some(ps) = session.pub_streams.get_mut(&origin.quic_stream) {
+                ps.pending -= 1;
+                if ps.pending == 0 && ps.fin_requested {
+                    session.pub_streams.remove(&origin.quic_stream);
+                    e.conn.finish(origin.quic_stream);
+                }
+            }
+        } else if let Err((code, msg)) = result {
+            e.conn
+                .send_frame(0, &Frame::error(origin.request_id, code, msg));
+        }
+        self.ep.mark_dirty(origin.conn);
+    }
+
+    /// Run `f` on the subscription host with this core's context and its streams' state,
+    /// then write out its effects.
+    pub(in crate::core) fn with_subs<R>(
+        &mut self,
+        f: impl FnOnce(&mut SubHost, Writable, &Ctx) -> R,
+    ) -> R {
+        let ctx = Ctx {
+            me: self.id,
+            cores: self.s.cores,
+            now: Instant::now(),
+            ts_ms: felix_storage::log::now_ms(),
+            catalog: &self.catalog,
+            counters: &self.s.counters,
+        };
+        let ep = &self.ep;
+        let writable =
+            |conn: ConnKey, qs: u64| ep.peek(conn).is_some_and(|e| e.conn.queued_bytes(qs) == 0);
+        let r = f(&mut self.subs, &writable, &ctx);
+        for e in self.subs.drain_effects() {
+            self.sub_effect(e);
+        }
+        r
+    }
+
+    fn sub_effect(&mut self, e: SubEffect) {
+        match e {
+            SubEffect::Route(to, msg) => self.route(to, msg),
+            SubEffect::Frame(conn, qs, frame) => {
+                if let Some(e) = self.ep.get(conn) {
+                    e.conn.send_frame(qs, &frame);
+                    self.ep.mark_dirty(conn);
+                }
+            }
+            SubEffect::Batch(conn, qs, shard, b) => {
+                if let Some(e) = self.ep.get(conn) {
+                    // Each side sends at most the other's maximum (Hello.max_frame_bytes).
+                    for piece in b.split_to_fit(shard, e.conn.peer_max_frame_bytes()) {
+                        e.conn.send_bytes(qs, piece.head);
+                        e.conn.send_bytes(qs, piece.region);
+                    }
+                    self.ep.mark_dirty(conn);
+                }
+            }
+            SubEffect::Finish(conn, qs) => {
+                if let Some(e) = self.ep.get(conn) {
+                    e.conn.finish(qs);
+                    self.ep.mark_dirty(conn);
+                }
+            }
+            SubEffect::Removed {
+                conn,
+                sid,
+                quic_stream,
+            } => {
+                if let Some(session) = self.sessions.get_mut(&conn) {
+                    session.subs.retain(|s| *s != sid);
+                    session.sub_streams.remove(&quic_stream);
+                }
+            }
+        }
+    }
+
+    pub(in crate::core) fn on_delivery(&mut self, stream: u32, shard: u32, batch: Batch) {
+        self.with_subs(|h, w, ctx| h.on_delivery((stream, shard), batch, w, ctx));
+    }
+
+    pub(in crate::core) fn on_attach_result(
+        &mut self,
+        sid: u64,
+        result: Result<AttachOk, (ErrorCode, String)>,
+    ) {
+        self.with_subs(|h, w, ctx| h.on_attach_result(sid, result, w, ctx));
+    }
+
+    pub(in crate::core) fn on_fetch_result(
+        &mut self,
+        sid: u64,
+        result: Result<Fetched, (ErrorCode, String)>,
+    ) {
+        self.with_subs(|h, w, ctx| h.on_fetch_result(sid, result, w, ctx));
+    }
+
+    /// Drop a subscription, optionally ending its stream with `SubEnd` (code, message).
+    pub(in crate::core) fn remove_sub(&mut self, sid: u64, end: Option<(u16, String)>) {
+        self.with_subs(|h, _, ctx| h.remove(sid, end, ctx));
+    }
+
+    pub(in crate::core) fn end_local_subs(&mut self, key: ShardKey, why: (ErrorCode, String)) {
+        self.with_subs(|h, _, ctx| h.end_shard(key, why, ctx));
+    }
+
+    /// Flush a connection's streams into quiche; refill subscription streams that drained.
+    pub(in crate::core) fn flush_conn(&mut self, key: ConnKey) {
+        for _ in 0..timers::FLUSH_PASSES_MAX {
+            let Some(e) = self.ep.get(key) else { return };
+            let drained = e.conn.flush_streams();
+            self.release_held(key, &drained);
+            let Some(session) = self.sessions.get(&key) else {
+                return;
+            };
+            let refill: Vec<u64> = drained
+                .iter()
+                .filter_map(|s| session.sub_streams.get(s).copied())
+                .collect();
+            if refill.is_empty() {
+                return;
+            }
+            let mut sent = false;
+            for sid in refill {
+                if self.is_watch(sid) {
+                    sent |= !self.watch_idle(sid);
+                    self.pump_watch(sid);
+                    continue;
+                }
+                let before = self.subs.queue_empty(sid);
+                self.with_subs(|h, w, ctx| h.pump(sid, w, ctx));
+                sent |= !before;
+            }
+            if !sent {
+                return;
+            }
+        }
+        // More to move than one pass allows: come back on the next flush.
+        self.ep.mark_dirty(key);
+    }
+}
