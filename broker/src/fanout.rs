@@ -208,6 +208,12 @@ pub enum Offer {
     },
 }
 
+/// Test-build switch that breaks the lag rule (losses go unannounced), so the simulator's
+/// negative twin can show its checker catches it.
+#[cfg(test)]
+pub(crate) static BREAK_SKIP_LAG_NOTICE: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
 /// A subscriber queue bounded in records **and** bytes. A batch larger than the bounds is
 /// admitted into an empty queue, so a subscriber always makes progress. Lag notices take a
 /// slot of their own but count against neither bound; adjacent losses merge into one notice,
@@ -264,6 +270,10 @@ impl SubQueue {
     /// Announce a loss at the back of the queue, merging with an adjacent notice.
     fn push_lag(&mut self, l: Lag) {
         self.dropped_records += l.lost;
+        #[cfg(test)]
+        if BREAK_SKIP_LAG_NOTICE.load(std::sync::atomic::Ordering::Relaxed) {
+            return; // the simulator's negative twin: a loss nobody is told about
+        }
         if let Some(Item::Lag(last)) = self.items.back_mut() {
             if last.end() == l.from_offset {
                 last.lost += l.lost;

@@ -227,25 +227,7 @@ impl CoreState {
     /// Durable shards of active streams placed on this broker, owned by this core, whose
     /// log is not open or opening yet.
     pub(in crate::core) fn durable_keys_to_open(&self) -> Vec<ShardKey> {
-        let mut keys = Vec::new();
-        if self.catalog.fenced {
-            return keys;
-        }
-        for (i, slot) in self.catalog.slots().iter().enumerate() {
-            if slot.deleted || !slot.def.durable {
-                continue;
-            }
-            for shard in 0..slot.def.shards {
-                let key = (i as u32, shard);
-                if matches!(slot.places[shard as usize], Place::Mine { .. })
-                    && self.owner_core(key.0, shard) == self.id
-                    && !self.streams.is_durable(key)
-                {
-                    keys.push(key);
-                }
-            }
-        }
-        keys
+        self.streams.to_open(&self.catalog, self.id, self.s.cores)
     }
 
     pub(in crate::core) fn open_job(&self, key: ShardKey) -> OpenJob {
@@ -294,18 +276,10 @@ impl CoreState {
     /// whose log is still opening wait in arrival order (per sender) and are handled once it
     /// is open or failed; anything else is handed back.
     pub(in crate::core) fn defer_while_opening(&mut self, msg: MeshMsg) -> Option<MeshMsg> {
-        let key = match &msg {
-            MeshMsg::Publish(req) => (req.stream, req.shard),
-            MeshMsg::Group { stream, frame, .. } => match frame.target() {
-                Some(t) => (*stream, t.shard),
-                None => return Some(msg),
-            },
-            MeshMsg::Attach { stream, shard, .. }
-            | MeshMsg::Detach { stream, shard, .. }
-            | MeshMsg::Parked { stream, shard, .. } => (*stream, *shard),
-            _ => return Some(msg),
-        };
-        self.streams.defer(key, msg)
+        match msg.waits_for_open() {
+            Some(key) => self.streams.defer(key, msg),
+            None => Some(msg),
+        }
     }
 
     pub(in crate::core) fn on_durable_acked(&mut self, key: ShardKey, acked: u64) {

@@ -96,6 +96,58 @@ pub enum MeshMsg {
     DrainHeld { stream: u32, shard: u32 },
 }
 
+impl MeshMsg {
+    /// The stream shard an owner-bound stream message is for, and the message as the shard
+    /// host takes it; anything else is handed back (moved, not boxed: this is on the path of
+    /// every delivery).
+    #[allow(clippy::result_large_err)]
+    pub(crate) fn into_stream(self) -> Result<(ShardKey, StreamMsg), MeshMsg> {
+        Ok(match self {
+            MeshMsg::Publish(req) => ((req.stream, req.shard), StreamMsg::Publish(req)),
+            MeshMsg::Attach {
+                core,
+                sub,
+                stream,
+                shard,
+                start,
+            } => ((stream, shard), StreamMsg::Attach { core, sub, start }),
+            MeshMsg::Fetch {
+                core,
+                sub,
+                stream,
+                shard,
+                from,
+            } => ((stream, shard), StreamMsg::Fetch { core, sub, from }),
+            MeshMsg::Detach {
+                core,
+                stream,
+                shard,
+            } => ((stream, shard), StreamMsg::Detach { core }),
+            MeshMsg::Parked {
+                core,
+                stream,
+                shard,
+                parked,
+            } => ((stream, shard), StreamMsg::Parked { core, parked }),
+            MeshMsg::DrainHeld { stream, shard } => ((stream, shard), StreamMsg::DrainHeld),
+            other => return Err(other),
+        })
+    }
+
+    /// The shard of a message that waits while that shard's durable log opens (publishes,
+    /// attaches, detaches, park notices, group requests); None for any other.
+    pub(crate) fn waits_for_open(&self) -> Option<ShardKey> {
+        match self {
+            MeshMsg::Publish(req) => Some((req.stream, req.shard)),
+            MeshMsg::Group { stream, frame, .. } => frame.target().map(|t| (*stream, t.shard)),
+            MeshMsg::Attach { stream, shard, .. }
+            | MeshMsg::Detach { stream, shard, .. }
+            | MeshMsg::Parked { stream, shard, .. } => Some((*stream, *shard)),
+            _ => None,
+        }
+    }
+}
+
 /// A successful attach.
 #[derive(Debug)]
 pub struct AttachOk {
@@ -155,6 +207,13 @@ impl CoreState {
         self.refresh_catalog();
         let msg = self.defer_while_opening(msg)?;
         let msg = self.cache_gate(msg)?;
+        let msg = match msg.into_stream() {
+            Ok((key, m)) => {
+                self.tell_stream_shard(key, m);
+                return None;
+            }
+            Err(msg) => msg,
+        };
         match msg {
             MeshMsg::Packet { mut buf, from } => {
                 CoreCounters::inc(&self.s.counters.packets_forwarded_in);
@@ -164,46 +223,14 @@ impl CoreState {
                     _ => {}
                 }
             }
-            MeshMsg::Publish(req) => {
-                let key = (req.stream, req.shard);
-                self.tell_stream_shard(key, StreamMsg::Publish(req))
-            }
             MeshMsg::PublishResult { origin, result } => self.on_publish_result(origin, result),
             MeshMsg::Delivery {
                 stream,
                 shard,
                 batch,
             } => self.on_delivery(stream, shard, batch),
-            MeshMsg::Attach {
-                core,
-                sub,
-                stream,
-                shard,
-                start,
-            } => self.tell_stream_shard((stream, shard), StreamMsg::Attach { core, sub, start }),
             MeshMsg::AttachResult { sub, result } => self.on_attach_result(sub, result),
-            MeshMsg::Fetch {
-                core,
-                sub,
-                stream,
-                shard,
-                from,
-            } => self.tell_stream_shard((stream, shard), StreamMsg::Fetch { core, sub, from }),
             MeshMsg::FetchResult { sub, result } => self.on_fetch_result(sub, result),
-            MeshMsg::Detach {
-                core,
-                stream,
-                shard,
-            } => self.tell_stream_shard((stream, shard), StreamMsg::Detach { core }),
-            MeshMsg::Parked {
-                core,
-                stream,
-                shard,
-                parked,
-            } => self.tell_stream_shard((stream, shard), StreamMsg::Parked { core, parked }),
-            MeshMsg::DrainHeld { stream, shard } => {
-                self.tell_stream_shard((stream, shard), StreamMsg::DrainHeld)
-            }
             MeshMsg::Group {
                 origin,
                 stream,
@@ -232,6 +259,12 @@ impl CoreState {
                 code,
                 message,
             } => self.end_local_watches((cache, shard), (code, message)),
+            MeshMsg::Publish(_)
+            | MeshMsg::Attach { .. }
+            | MeshMsg::Fetch { .. }
+            | MeshMsg::Detach { .. }
+            | MeshMsg::Parked { .. }
+            | MeshMsg::DrainHeld { .. } => unreachable!("handed to the stream shard host above"),
         }
         None
     }

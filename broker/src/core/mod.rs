@@ -55,6 +55,8 @@ mod groups;
 mod mesh;
 mod owner;
 pub(crate) mod shard;
+#[cfg(test)]
+mod sim;
 mod timers;
 pub use caches::{CacheOrigin, Ev, Opened, WatchReq};
 pub(crate) use conn::shard_range;
@@ -63,6 +65,7 @@ pub use durable::{log_config, shard_dir, stream_dir};
 pub use groups::GroupOrigin;
 pub use mesh::{AttachOk, Fetched, MeshMsg};
 use shard::stream::{HostCfg, StreamHost};
+use shard::StreamChange;
 
 /// Where a publish came from, so its answer finds its way back.
 #[derive(Debug, Clone, Copy)]
@@ -639,34 +642,10 @@ impl CoreState {
         let old = std::mem::replace(&mut self.catalog, new.clone());
         self.catalog_version = v;
         self.refresh_caches(&old);
-        for (i, slot) in new.slots().iter().enumerate() {
-            let idx = i as u32;
-            let was = old.slots().get(i);
-            if slot.deleted {
-                if was.is_some_and(|w| !w.deleted) {
-                    self.on_stream_deleted(idx);
-                }
-                continue;
-            }
-            for shard in 0..slot.def.shards {
-                let place = &slot.places[shard as usize];
-                // Where this core served the shard before (not fenced, placed here), a change
-                // of place or generation, or a new fence, ends its subscriptions.
-                let before = was
-                    .filter(|_| !old.fenced)
-                    .and_then(|w| w.places.get(shard as usize));
-                if matches!(before, Some(Place::Mine { .. }))
-                    && (new.fenced || before != Some(place))
-                {
-                    let why = new.serve_check(idx, shard).err().unwrap_or((
-                        ErrorCode::NotLeader,
-                        format!(
-                            "shard {shard} of {} was placed again (new generation); subscribe again",
-                            slot.def.name()
-                        ),
-                    ));
-                    self.end_local_subs((idx, shard), why);
-                }
+        for change in shard::stream_changes(&old, &new) {
+            match change {
+                StreamChange::Deleted(idx) => self.on_stream_deleted(idx),
+                StreamChange::Ended(key, why) => self.end_local_subs(key, why),
             }
         }
         for key in self.durable_keys_to_open() {

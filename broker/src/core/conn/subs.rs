@@ -14,7 +14,6 @@ use crate::metrics::CoreCounters;
 use felix_quic::idmap::IdMap;
 use felix_quic::server::ConnKey;
 use felix_quic::wire::{ErrorCode, Frame, StartAt};
-use std::collections::HashMap;
 
 pub(crate) struct Sub {
     pub conn: ConnKey,
@@ -57,10 +56,10 @@ pub(crate) type Writable<'a> = &'a dyn Fn(ConnKey, u64) -> bool;
 pub(crate) struct SubHost {
     subs: IdMap<u64, Sub>,
     /// Subscriptions of this core per shard (deliveries arrive once per core per batch).
-    local: HashMap<ShardKey, Vec<u64>>,
+    local: IdMap<ShardKey, Vec<u64>>,
     /// Per shard: how many Block subscribers of this core have parked batches (the owner holds
     /// publishes while it is above zero).
-    parked: HashMap<ShardKey, u32>,
+    parked: IdMap<ShardKey, u32>,
     effects: Vec<SubEffect>,
 }
 
@@ -96,7 +95,8 @@ impl SubHost {
     }
 
     /// Shards whose parked count is above zero, with the count (for the invariant checkers).
-    pub(crate) fn parked_counts(&self) -> &HashMap<ShardKey, u32> {
+    #[cfg(test)]
+    pub(crate) fn parked_counts(&self) -> &IdMap<ShardKey, u32> {
         &self.parked
     }
 

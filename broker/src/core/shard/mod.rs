@@ -10,7 +10,7 @@
 pub(crate) mod log;
 pub(crate) mod stream;
 
-use crate::catalog::{core_for_shard, Catalog};
+use crate::catalog::{core_for_shard, Catalog, Place};
 use crate::metrics::CoreCounters;
 use felix_quic::wire::ErrorCode;
 use std::time::Instant;
@@ -96,4 +96,48 @@ impl<L, M> Life<L, M> {
             log: old.into_log(),
         };
     }
+}
+
+/// What a new catalog version changes for the stream shards a core serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum StreamChange {
+    /// The stream of this slot was deleted.
+    Deleted(u32),
+    /// This broker served the shard and no longer does as before (moved, placed again at a
+    /// new generation, or the broker is fenced): its subscriptions end, told why.
+    Ended((u32, u32), Refused),
+}
+
+/// The changes from catalog `old` to `new`, in slot and shard order.
+pub(crate) fn stream_changes(old: &Catalog, new: &Catalog) -> Vec<StreamChange> {
+    let mut out = Vec::new();
+    for (i, slot) in new.slots().iter().enumerate() {
+        let idx = i as u32;
+        let was = old.slots().get(i);
+        if slot.deleted {
+            if was.is_some_and(|w| !w.deleted) {
+                out.push(StreamChange::Deleted(idx));
+            }
+            continue;
+        }
+        for shard in 0..slot.def.shards {
+            let place = &slot.places[shard as usize];
+            // Where this core served the shard before (not fenced, placed here), a change of
+            // place or generation, or a new fence, ends its subscriptions.
+            let before = was
+                .filter(|_| !old.fenced)
+                .and_then(|w| w.places.get(shard as usize));
+            if matches!(before, Some(Place::Mine { .. })) && (new.fenced || before != Some(place)) {
+                let why = new.serve_check(idx, shard).err().unwrap_or((
+                    ErrorCode::NotLeader,
+                    format!(
+                        "shard {shard} of {} was placed again (new generation); subscribe again",
+                        slot.def.name()
+                    ),
+                ));
+                out.push(StreamChange::Ended((idx, shard), why));
+            }
+        }
+    }
+    out
 }

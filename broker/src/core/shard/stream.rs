@@ -10,13 +10,14 @@
 
 use super::log::ShardLog;
 use super::{Ctx, Life, Refused};
-use crate::catalog::Catalog;
+use crate::catalog::{core_for_shard, Catalog, Place};
 use crate::core::{AttachOk, Fetched, MeshMsg, PublishReq, ShardKey};
 use crate::fanout::{Lag, ReplayRing, ShardOwner};
 use crate::metrics::{CoreCounters, Histogram};
+use felix_quic::idmap::IdMap;
 use felix_quic::wire::{ErrorCode, Records, StartAt};
 use felix_storage::LogError;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
@@ -107,7 +108,9 @@ pub(crate) enum OpenOutcome<L> {
 
 pub(crate) struct StreamHost<L> {
     cfg: HostCfg,
-    shards: HashMap<ShardKey, StreamShard<L>>,
+    /// Deterministic hashing (`IdMap`): iteration order is the same in every run, which the
+    /// simulator's replays rely on.
+    shards: IdMap<ShardKey, StreamShard<L>>,
     /// Held publishes over all shards (kept in step by `handle`, `tick` and `on_deleted`;
     /// `check_held_total` recounts it).
     held_total: usize,
@@ -120,7 +123,7 @@ impl<L: ShardLog> StreamHost<L> {
     pub(crate) fn new(cfg: HostCfg) -> Self {
         StreamHost {
             cfg,
-            shards: HashMap::new(),
+            shards: IdMap::default(),
             held_total: 0,
             closing: false,
             effects: Vec::new(),
@@ -203,6 +206,15 @@ impl<L: ShardLog> StreamHost<L> {
         }
     }
 
+    /// Shards with held publishes, and how many each holds.
+    #[cfg(test)]
+    pub(crate) fn held(&self) -> impl Iterator<Item = (ShardKey, usize)> + '_ {
+        self.shards
+            .iter()
+            .filter(|(_, s)| !s.owner.held.is_empty())
+            .map(|(k, s)| (*k, s.owner.held.len()))
+    }
+
     pub(crate) fn held_total(&self) -> usize {
         self.held_total
     }
@@ -280,6 +292,10 @@ impl<L: ShardLog> StreamHost<L> {
                 let Some(s) = self.shards.get_mut(&key) else {
                     return;
                 };
+                #[cfg(test)]
+                if !parked && breaks::on(&breaks::IGNORE_UNPARK) {
+                    return;
+                }
                 s.owner.set_parked(core as usize, parked);
                 if !parked {
                     self.drain_held(key, ctx);
@@ -315,6 +331,15 @@ impl<L: ShardLog> StreamHost<L> {
                 match log.append(&payloads, ctx.ts_ms) {
                     Ok(range) => {
                         debug_assert_eq!(range.end - range.start, req.records.count() as u64);
+                        #[cfg(test)]
+                        if breaks::on(&breaks::ACK_BEFORE_COMMIT) {
+                            let origin = req.origin;
+                            let result = Ok((key.1, range.start, req.records.count()));
+                            self.effects.push(Effect::Send(
+                                origin.core,
+                                MeshMsg::PublishResult { origin, result },
+                            ));
+                        }
                         d.pending.push_back(Pending {
                             req,
                             range,
@@ -619,6 +644,31 @@ impl<L: ShardLog> StreamHost<L> {
 
     // ---------- durable lifecycle ----------
 
+    /// Durable shards of active streams placed on this broker and owned by core `me`, whose
+    /// log is not open or opening yet.
+    pub(crate) fn to_open(&self, catalog: &Catalog, me: u8, cores: u8) -> Vec<ShardKey> {
+        let mut keys = Vec::new();
+        if catalog.fenced {
+            return keys;
+        }
+        for (i, slot) in catalog.slots().iter().enumerate() {
+            if slot.deleted || !slot.def.durable {
+                continue;
+            }
+            let name = slot.def.name();
+            for shard in 0..slot.def.shards {
+                let key = (i as u32, shard);
+                if matches!(slot.places[shard as usize], Place::Mine { .. })
+                    && core_for_shard(&name, shard, cores as u32) as u8 == me
+                    && !self.is_durable(key)
+                {
+                    keys.push(key);
+                }
+            }
+        }
+        keys
+    }
+
     /// The shard is durable and its log starts opening: its requests wait (`defer`).
     pub(crate) fn begin_open(&mut self, key: ShardKey) {
         let s = self.shard(key);
@@ -711,6 +761,11 @@ impl<L: ShardLog> StreamHost<L> {
             // Closed for shutdown with nothing waiting: not a failure.
             return;
         }
+        if let Life::Opening { deferred } = &mut d.life {
+            // Nothing reports a failure before the open answers; if it did, what waited for
+            // the open must not be lost with it.
+            self.effects.push(Effect::Requeue(std::mem::take(deferred)));
+        }
         if !closing && !matches!(d.life, Life::Failed { .. }) {
             CoreCounters::inc(&ctx.counters.durable_shards_failed);
             d.life.fail(why.clone());
@@ -778,5 +833,20 @@ impl<L: ShardLog> StreamHost<L> {
                 self.shards.remove(&key);
             }
         }
+    }
+}
+
+/// Test-build switches that break one rule each, so the simulator's negative twins can show
+/// that its checkers catch the break (`core::sim::scenarios`).
+#[cfg(test)]
+pub(crate) mod breaks {
+    use std::sync::atomic::AtomicBool;
+    /// Answer a durable publish when it is handed to the log, before its commit.
+    pub(crate) static ACK_BEFORE_COMMIT: AtomicBool = AtomicBool::new(false);
+    /// Ignore the notice that a core's Block subscribers are no longer full.
+    pub(crate) static IGNORE_UNPARK: AtomicBool = AtomicBool::new(false);
+
+    pub(crate) fn on(b: &AtomicBool) -> bool {
+        b.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
