@@ -1,6 +1,8 @@
 # Shared by the Felix-only campaign scripts (source it): one run on a fresh broker, pinned
 # like every campaign (broker --cores 1 on core 0, felix-loadgen on core 1).
 T="${CARGO_TARGET_DIR:-/var/cache/felix-target}/release"
+# The broker binary (an A/B run points it at another revision's build).
+BROKER_BIN="${FELIX_BROKER_BIN:-$T/felix-broker}"
 
 # felix_run OUT CASE [BROKER ARGS...] -- LOADGEN ARGS...
 # Starts felix-broker in a fresh temp dir, runs felix-loadgen against it and appends its
@@ -12,7 +14,7 @@ felix_run() {
   local broker=() load=()
   while [ $# -gt 0 ] && [ "$1" != "--" ]; do broker+=("${1//\{dir\}/$D}"); shift; done
   shift
-  taskset -c 0 "$T/felix-broker" --cores 1 --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 \
+  taskset -c 0 "$BROKER_BIN" --cores 1 --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 \
     --data-dir "$D/data" "${broker[@]}" > "$D/out" 2>/dev/null &
   local PID=$!
   for a in "$@"; do a="${a//\{dir\}/$D}"; load+=("${a//\{pid\}/$PID}"); done

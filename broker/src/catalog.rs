@@ -51,8 +51,8 @@ pub struct CacheDef {
     pub cache: String,
     #[serde(default = "default_shards")]
     pub shards: u32,
-    /// Log-backed (needs `durable_storage_dir`). Not built yet: such a cache is refused
-    /// with `unsupported` rather than served from memory under a durable name.
+    /// Log-backed (needs `durable_storage_dir`; a broker without one refuses such a cache
+    /// `unsupported` rather than serving it from memory under a durable name).
     #[serde(default)]
     pub durable: bool,
     /// TTL of a put that names none; `None`: such entries do not expire.

@@ -230,6 +230,10 @@ fn every_mode_runs_and_accounts_for_every_record() {
     assert_eq!(kv["changes"], 100, "{kv}");
     assert_eq!(kv["delivered"], 100 * 30, "{kv}");
     assert_eq!(kv["lossless"], true, "{kv}");
+    // Lossless means each watcher saw exactly the writer's acknowledged offsets, in order.
+    assert_eq!(kv["watchers_exact_offsets"], 30, "{kv}");
+    assert!(kv["first_offset_mismatch"].is_null(), "{kv}");
+    assert_eq!(kv["put_latency_under_fanout"]["samples"], 100, "{kv}");
     assert_eq!(kv["change_to_watcher_latency"]["samples"], 100 * 30, "{kv}");
 
     assert_eq!(ing["mode"], "ingest");

@@ -189,8 +189,8 @@ struct Args {
     /// Publishing time, seconds (fanout-scale and cache's watch phase).
     #[arg(long, default_value_t = 5)]
     secs: u64,
-    /// The broker's pid, to report its resident memory per subscriber (fanout-scale); no
-    /// default (not reported).
+    /// The broker's pid, to report its resident memory per subscriber or watcher
+    /// (fanout-scale, cache); no default (not reported).
     #[arg(long)]
     broker_pid: Option<u32>,
     /// Cache name (cache), in tenant `default`, namespace `default`.
@@ -1429,6 +1429,7 @@ async fn cache(a: &Args) -> Result<(), felix_client::Error> {
         .connections
         .unwrap_or(watchers_n.div_ceil(100))
         .clamp(1, watchers_n);
+    let rss0 = a.broker_pid.and_then(rss_bytes);
     let mut clients = Vec::new();
     for _ in 0..conns_n {
         clients.push(Client::connect(cfg(a)).await?);
@@ -1447,6 +1448,8 @@ async fn cache(a: &Args) -> Result<(), felix_client::Error> {
                 .await?,
         );
     }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let rss1 = a.broker_pid.and_then(rss_bytes);
     let epoch = Instant::now();
     let sent = Arc::new(AtomicU64::new(0));
     let done = Arc::new(AtomicBool::new(false));
@@ -1460,6 +1463,10 @@ async fn cache(a: &Args) -> Result<(), felix_client::Error> {
         .map(|(i, mut w)| {
             let (sent, done, h) = (sent.clone(), done.clone(), hists[i % conns_n].clone());
             tokio::spawn(async move {
+                // Every offset this watcher saw, in arrival order: checked against the
+                // writer's acknowledged offsets at the end (a count could pass a gap plus a
+                // duplicate).
+                let mut offsets: Vec<u64> = Vec::new();
                 let (mut got, mut lagged) = (0u64, false);
                 loop {
                     if done.load(Ordering::Acquire) && got >= sent.load(Ordering::Acquire) {
@@ -1473,8 +1480,10 @@ async fn cache(a: &Args) -> Result<(), felix_client::Error> {
                         Ok(Some(WatchItem::Event {
                             kind: EventKind::Put,
                             value,
+                            offset,
                             ..
                         })) => {
+                            offsets.push(offset);
                             let t = u64::from_le_bytes(value[..8].try_into().unwrap());
                             let now = epoch.elapsed().as_micros() as u64;
                             let _ = h.lock().unwrap().record(now.saturating_sub(t).max(1));
@@ -1487,7 +1496,7 @@ async fn cache(a: &Args) -> Result<(), felix_client::Error> {
                         Ok(Some(_)) | Err(_) => {}
                     }
                 }
-                (got, lagged)
+                (got, lagged, offsets)
             })
         })
         .collect();
@@ -1497,6 +1506,8 @@ async fn cache(a: &Args) -> Result<(), felix_client::Error> {
     let total = a.rate * a.secs;
     let pad = vec![b'x'; a.payload.saturating_sub(8)];
     let mut n = 0u64;
+    let mut acked: Vec<u64> = Vec::with_capacity(total as usize);
+    let mut put_live_h = new_hist();
     while n < total && Instant::now() < deadline {
         tick.tick().await;
         let due = ((start.elapsed().as_secs_f64() * a.rate as f64) as u64 + 1).min(total);
@@ -1504,7 +1515,13 @@ async fn cache(a: &Args) -> Result<(), felix_client::Error> {
             let mut v = Vec::with_capacity(8 + pad.len());
             v.extend_from_slice(&(epoch.elapsed().as_micros() as u64).to_le_bytes());
             v.extend_from_slice(&pad);
-            writer.cache_put(&cache, key.clone(), v, None).await?;
+            let t = Instant::now();
+            let w = writer.cache_put(&cache, key.clone(), v, None).await?;
+            // An acked put's latency under the fanout load is part of the result.
+            put_live_h
+                .record(t.elapsed().as_micros().max(1) as u64)
+                .unwrap();
+            acked.push(w.version);
             n += 1;
             sent.store(n, Ordering::Release);
         }
@@ -1512,12 +1529,30 @@ async fn cache(a: &Args) -> Result<(), felix_client::Error> {
     let write_secs = start.elapsed().as_secs_f64();
     done.store(true, Ordering::Release);
     let (mut delivered, mut lagged, mut complete) = (0u64, 0usize, 0usize);
-    for r in readers {
-        let (g, l) = r.await.unwrap();
+    let (mut exact, mut wrong) = (0usize, None::<String>);
+    for (i, r) in readers.into_iter().enumerate() {
+        let (g, l, offsets) = r.await.unwrap();
         delivered += g;
         lagged += usize::from(l);
-        complete += usize::from(g == n);
+        // Complete means exactly the writer's acknowledged offsets, in order: none missing,
+        // none repeated, none out of order.
+        let ok = offsets == acked;
+        complete += usize::from(g == n && ok);
+        exact += usize::from(ok);
+        if !ok && !l && wrong.is_none() {
+            let at = offsets.iter().zip(&acked).position(|(x, y)| x != y);
+            wrong = Some(format!(
+                "watcher {i}: {} offsets, the writer acknowledged {}; first difference at index {:?}",
+                offsets.len(),
+                acked.len(),
+                at
+            ));
+        }
     }
+    let rss_per_watcher = match (rss0, rss1) {
+        (Some(r0), Some(r1)) => Some(r1.saturating_sub(r0) as f64 / watchers_n as f64),
+        _ => None,
+    };
     let elapsed = start.elapsed().as_secs_f64();
     let mut hist = new_hist();
     for h in &hists {
@@ -1534,6 +1569,9 @@ async fn cache(a: &Args) -> Result<(), felix_client::Error> {
             "delivered_per_s": delivered as f64 / elapsed, "expected": n * watchers_n as u64,
             "watches_ended": lagged, "watchers_complete": complete,
             "lossless": complete == watchers_n, "load1": load,
+            "watchers_exact_offsets": exact, "first_offset_mismatch": wrong,
+            "put_latency_under_fanout": pct(&put_live_h),
+            "broker_rss_per_watcher_bytes": rss_per_watcher,
             "change_to_watcher_latency": pct(&hist),
         }),
     );

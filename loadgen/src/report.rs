@@ -530,8 +530,27 @@ pub fn human(v: &Value) -> String {
                 thousands(u(v, "expected")),
                 percentiles(&v["change_to_watcher_latency"])
             );
+            if !v["put_latency_under_fanout"].is_null() {
+                let _ = writeln!(
+                    o,
+                    "put        {} while watchers are served (acked, one at a time)",
+                    percentiles(&v["put_latency_under_fanout"])
+                );
+            }
+            if let Some(b) = v["broker_rss_per_watcher_bytes"].as_f64() {
+                let _ = writeln!(o, "memory     {} bytes of broker RSS per watcher", num(b));
+            }
+            if let Some(m) = v["first_offset_mismatch"].as_str() {
+                let _ = writeln!(
+                    o,
+                    "ORDER      a watcher's offsets differ from the acknowledged ones: {m}"
+                );
+            }
             if v["lossless"] == true {
-                let _ = writeln!(o, "lost       0: every watcher got every change");
+                let _ = writeln!(
+                    o,
+                    "lost       0: every watcher got exactly the acknowledged offsets, in order"
+                );
             } else {
                 let ended = u(v, "watches_ended");
                 let _ = writeln!(

@@ -378,44 +378,7 @@ impl CoreState {
                 format!("cache {name} is log-backed (durable) and this broker has no durable_storage_dir (FELIX_DURABLE_STORAGE_DIR)"),
             ));
         }
-        let routing: &[u8] = match &frame {
-            CacheFrame::CachePut { key, .. }
-            | CacheFrame::CacheGet { key, .. }
-            | CacheFrame::CacheDelete { key, .. } => key,
-            CacheFrame::CounterAdd { name, .. } | CacheFrame::CounterGet { name, .. } => name,
-            CacheFrame::CacheWatch {
-                filter: WatchFilter::Key(k),
-                ..
-            } => k,
-            _ => &[],
-        };
-        let shard = match &frame {
-            CacheFrame::CacheWatch {
-                filter: WatchFilter::Prefix { shard, .. },
-                ..
-            } => {
-                if *shard >= def.shards {
-                    return Err((
-                        ErrorCode::UnknownShard,
-                        format!(
-                            "cache {name} has {}, not {shard}",
-                            crate::core::shard_range(def.shards)
-                        ),
-                    ));
-                }
-                *shard
-            }
-            _ => {
-                let max = self.s.cfg.cache_key_bytes_max as usize;
-                if routing.is_empty() || routing.len() > max {
-                    return Err((
-                        ErrorCode::InvalidRequest,
-                        format!("key of {} bytes is outside 1..={max}", routing.len()),
-                    ));
-                }
-                felix_quic::wire::hash::shard_for_key(routing, def.shards)
-            }
-        };
+        let shard = cache_shard(&frame, def, self.s.cfg.cache_key_bytes_max as usize)?;
         catalog.cache_serve_check(idx, shard)?;
         if let CacheFrame::CacheWatch {
             filter,
@@ -684,4 +647,52 @@ impl CoreState {
             }
         }
     }
+}
+
+/// The shard a cache request goes to: a key's or counter's hash, or the shard a prefix watch
+/// names (checked against the cache's shards). A routing key outside `1..=key_bytes_max` is
+/// refused.
+fn cache_shard(
+    frame: &CacheFrame,
+    def: &crate::catalog::CacheDef,
+    max: usize,
+) -> Result<u32, (ErrorCode, String)> {
+    let routing: &[u8] = match frame {
+        CacheFrame::CachePut { key, .. }
+        | CacheFrame::CacheGet { key, .. }
+        | CacheFrame::CacheDelete { key, .. } => key,
+        CacheFrame::CounterAdd { name, .. } | CacheFrame::CounterGet { name, .. } => name,
+        CacheFrame::CacheWatch {
+            filter: WatchFilter::Key(k),
+            ..
+        } => k,
+        _ => &[],
+    };
+    Ok(match frame {
+        CacheFrame::CacheWatch {
+            filter: WatchFilter::Prefix { shard, .. },
+            ..
+        } => {
+            if *shard >= def.shards {
+                return Err((
+                    ErrorCode::UnknownShard,
+                    format!(
+                        "cache {} has {}, not {shard}",
+                        def.name(),
+                        crate::core::shard_range(def.shards)
+                    ),
+                ));
+            }
+            *shard
+        }
+        _ => {
+            if routing.is_empty() || routing.len() > max {
+                return Err((
+                    ErrorCode::InvalidRequest,
+                    format!("key of {} bytes is outside 1..={max}", routing.len()),
+                ));
+            }
+            felix_quic::wire::hash::shard_for_key(routing, def.shards)
+        }
+    })
 }

@@ -39,26 +39,9 @@ impl CoreState {
             .cloned()
             .expect("routed requests name a group");
         let key = (stream, target.shard);
-        if let Err((code, msg)) = self.catalog.serve_check(stream, target.shard) {
-            return self.group_reply(origin, Frame::error(rid, code, msg));
-        }
-        let log = match self.streams.usable(key) {
-            Some(Ok(log)) => log.clone(),
-            Some(Err((code, msg))) => {
-                return self.group_reply(origin, Frame::error(rid, code, msg))
-            }
-            None => {
-                return self.group_reply(
-                    origin,
-                    Frame::error(
-                        rid,
-                        ErrorCode::Unavailable,
-                        "the shard's log is not open on its owner",
-                    ),
-                )
-            }
+        let Some((log, tail)) = self.group_log(origin, key) else {
+            return;
         };
-        let tail = self.streams.tail(key).expect("a durable shard has state");
         let name = target.group.clone();
         if let GroupFrame::GroupCreate {
             start,
@@ -106,18 +89,7 @@ impl CoreState {
         }
         match frame {
             GroupFrame::GroupCreate { .. } => unreachable!("handled above"),
-            GroupFrame::GroupDelete { .. } => {
-                slot.deleting = Some(origin);
-                let waiters: Vec<GroupOrigin> = slot.waiters.drain(..).map(|w| w.origin).collect();
-                let writing = slot.writing;
-                for o in waiters {
-                    let msg = format!("consumer group {name} was deleted");
-                    self.group_reply(o, Frame::error(o.request_id, ErrorCode::NotFound, msg));
-                }
-                if !writing {
-                    self.finish_delete(key, name);
-                }
-            }
+            GroupFrame::GroupDelete { .. } => self.group_delete(origin, key, name),
             GroupFrame::GroupDescribe { .. } => self.group_describe(origin, key, &name, now),
             GroupFrame::GroupPoll {
                 max,
@@ -125,49 +97,9 @@ impl CoreState {
                 wait_ms,
                 ..
             } => self.group_poll(origin, key, name, max, visibility_timeout_ms, wait_ms, now),
-            GroupFrame::GroupPollCancel { .. } => {
-                let pos = slot.waiters.iter().position(|w| {
-                    w.origin.core == origin.core
-                        && w.origin.conn == origin.conn
-                        && w.origin.request_id == rid
-                });
-                match pos.and_then(|p| slot.waiters.remove(p)) {
-                    Some(w) => self.group_reply(w.origin, empty_records(rid, target.shard)),
-                    // Every request is answered: nothing of this connection's waits under
-                    // that id (the poll was answered already, or never waited).
-                    None => self.group_reply(
-                        origin,
-                        Frame::error(
-                            rid,
-                            ErrorCode::NotFound,
-                            format!(
-                                "no poll {rid} of this connection is waiting on group {name} shard {}",
-                                target.shard
-                            ),
-                        ),
-                    ),
-                }
-            }
+            GroupFrame::GroupPollCancel { .. } => self.group_poll_cancel(origin, key, &name),
             GroupFrame::GroupAnswer { op, claims, .. } => {
-                let (codes, durable_change) = answer_claims(
-                    &mut slot.group,
-                    target.shard,
-                    op,
-                    &claims,
-                    now,
-                    &self.s.counters,
-                );
-                let f = Frame::Group(GroupFrame::GroupAnswered {
-                    request_id: rid,
-                    codes,
-                });
-                if durable_change {
-                    self.persist_group(key, &name, Some((origin, f)));
-                } else {
-                    self.group_reply(origin, f);
-                }
-                self.note_group_due(key, &name);
-                self.serve_waiters(key, &name);
+                self.group_answer(origin, key, &name, op, &claims, now)
             }
             GroupFrame::GroupSeek { to, .. } => {
                 let offset = match to {
@@ -175,19 +107,7 @@ impl CoreState {
                     StartAt::Earliest => oldest,
                     StartAt::Offset(o) => o,
                 };
-                if offset < oldest {
-                    let msg =
-                        format!("offset {offset} is below the oldest retained offset {oldest}");
-                    return self
-                        .group_reply(origin, Frame::error(rid, ErrorCode::RevisionTooOld, msg));
-                }
-                match slot.group.seek(offset) {
-                    Err(e) => self.group_reply(origin, err_frame(rid, &e)),
-                    Ok(()) => {
-                        self.persist_group(key, &name, Some((origin, ok(rid))));
-                        self.serve_waiters(key, &name);
-                    }
-                }
+                self.group_seek(origin, key, &name, offset, oldest)
             }
             GroupFrame::DeadLetterList { after, limit, .. } => {
                 let f = dead_letter_page(&slot.group, &origin, after, limit);
@@ -478,6 +398,135 @@ impl CoreState {
 
 impl CoreState {
     /// GroupDescribe: the group's counts and settings, after expiring what lapsed.
+    /// A group request's shard must be served here with its log open: the log and the
+    /// shard's tail, or the refusal is answered and None returned.
+    fn group_log(&mut self, origin: GroupOrigin, key: ShardKey) -> Option<(Log, u64)> {
+        let rid = origin.request_id;
+        if let Err((code, msg)) = self.catalog.serve_check(key.0, key.1) {
+            self.group_reply(origin, Frame::error(rid, code, msg));
+            return None;
+        }
+        let log = match self.streams.usable(key) {
+            Some(Ok(log)) => log.clone(),
+            Some(Err((code, msg))) => {
+                self.group_reply(origin, Frame::error(rid, code, msg));
+                return None;
+            }
+            None => {
+                let msg = "the shard's log is not open on its owner";
+                self.group_reply(origin, Frame::error(rid, ErrorCode::Unavailable, msg));
+                return None;
+            }
+        };
+        let tail = self.streams.tail(key).expect("a durable shard has state");
+        Some((log, tail))
+    }
+
+    fn slot_mut(&mut self, key: ShardKey, name: &str) -> &mut GroupSlot {
+        self.groups
+            .get_mut(&key)
+            .and_then(|g| g.groups.get_mut(name))
+            .expect("checked by on_group")
+    }
+
+    /// Delete a group: its waiting polls are answered `not_found`, and its file is removed
+    /// once no write of it is in flight.
+    fn group_delete(&mut self, origin: GroupOrigin, key: ShardKey, name: String) {
+        let slot = self.slot_mut(key, &name);
+        slot.deleting = Some(origin);
+        let waiters: Vec<GroupOrigin> = slot.waiters.drain(..).map(|w| w.origin).collect();
+        let writing = slot.writing;
+        for o in waiters {
+            let msg = format!("consumer group {name} was deleted");
+            self.group_reply(o, Frame::error(o.request_id, ErrorCode::NotFound, msg));
+        }
+        if !writing {
+            self.finish_delete(key, name);
+        }
+    }
+
+    /// Cancel a waiting poll, matched to the original by its connection and request id.
+    fn group_poll_cancel(&mut self, origin: GroupOrigin, key: ShardKey, name: &str) {
+        let rid = origin.request_id;
+        let slot = self.slot_mut(key, name);
+        let pos = slot.waiters.iter().position(|w| {
+            w.origin.core == origin.core
+                && w.origin.conn == origin.conn
+                && w.origin.request_id == rid
+        });
+        match pos.and_then(|p| slot.waiters.remove(p)) {
+            Some(w) => self.group_reply(w.origin, empty_records(rid, key.1)),
+            // Every request is answered: nothing of this connection's waits under that id
+            // (the poll was answered already, or never waited).
+            None => {
+                let msg = format!(
+                    "no poll {rid} of this connection is waiting on group {name} shard {}",
+                    key.1
+                );
+                self.group_reply(origin, Frame::error(rid, ErrorCode::NotFound, msg));
+            }
+        }
+    }
+
+    /// Acks, nacks, extensions and rejections of claims, answered per claim.
+    fn group_answer(
+        &mut self,
+        origin: GroupOrigin,
+        key: ShardKey,
+        name: &str,
+        op: felix_quic::wire::AnswerOp,
+        claims: &[felix_quic::wire::ClaimRef],
+        now: u64,
+    ) {
+        let rid = origin.request_id;
+        let (codes, durable_change) = answer_claims(
+            &mut self
+                .groups
+                .get_mut(&key)
+                .and_then(|g| g.groups.get_mut(name))
+                .expect("checked by on_group")
+                .group,
+            key.1,
+            op,
+            claims,
+            now,
+            &self.s.counters,
+        );
+        let f = Frame::Group(GroupFrame::GroupAnswered {
+            request_id: rid,
+            codes,
+        });
+        if durable_change {
+            self.persist_group(key, name, Some((origin, f)));
+        } else {
+            self.group_reply(origin, f);
+        }
+        self.note_group_due(key, name);
+        self.serve_waiters(key, name);
+    }
+
+    fn group_seek(
+        &mut self,
+        origin: GroupOrigin,
+        key: ShardKey,
+        name: &str,
+        offset: u64,
+        oldest: u64,
+    ) {
+        let rid = origin.request_id;
+        if offset < oldest {
+            let msg = format!("offset {offset} is below the oldest retained offset {oldest}");
+            return self.group_reply(origin, Frame::error(rid, ErrorCode::RevisionTooOld, msg));
+        }
+        match self.slot_mut(key, name).group.seek(offset) {
+            Err(e) => self.group_reply(origin, err_frame(rid, &e)),
+            Ok(()) => {
+                self.persist_group(key, name, Some((origin, ok(rid))));
+                self.serve_waiters(key, name);
+            }
+        }
+    }
+
     fn group_describe(&mut self, origin: GroupOrigin, key: ShardKey, name: &str, now: u64) {
         self.expire_group(key, name, now);
         let slot = &self.groups[&key].groups[name];

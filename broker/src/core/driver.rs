@@ -1,0 +1,375 @@
+//! The core's driver tasks: `run_core` builds the core's state and starts the receive loop
+//! (never cancelled, so no datagram is lost to cancellation), one mesh receiver per peer, the
+//! mesh pump, and the flusher, which writes packets when woken or when the earliest timer
+//! expires and walks the shutdown phases. These are the only tasks of the core's own loop and
+//! its only clock reads; the hosts they step are pure.
+
+use super::*;
+
+/// Run one core until shutdown. `sock` is this core's SO_REUSEPORT socket.
+pub async fn run_core(
+    sock: socket2::Socket,
+    quic_config: quiche::Config,
+    settings: CoreSettings,
+    mesh: (Senders<MeshMsg>, Receivers<MeshMsg>),
+) {
+    let (senders, mut receivers) = mesh;
+    let id = senders.peer_id() as u8;
+    let sock = Rc::new(GlommioUdp::new(sock));
+    let local = sock.local_addr().expect("bound socket");
+    let ep = Endpoint::new(
+        id,
+        settings.cores,
+        quic_config,
+        local,
+        settings.cfg.max_frame_bytes,
+    );
+    let senders = Rc::new(senders);
+    let (wake, wake_rx) = wake_pair();
+    let (mesh_wake, mesh_wake_rx) = wake_pair();
+    let state = CoreState::new(id, ep, settings, senders.clone(), (wake.clone(), mesh_wake));
+    open_durable_shards(&state).await;
+    state.borrow().s.started.fetch_add(1, Ordering::AcqRel);
+    for (_peer, rx) in receivers.streams() {
+        spawn_mesh_receiver(state.clone(), rx, wake.clone(), sock.clone());
+    }
+    spawn_mesh_pump(state.clone(), senders, mesh_wake_rx);
+    spawn_receive_loop(state.clone(), wake, sock.clone());
+    flusher(state, sock, wake_rx).await;
+}
+
+impl CoreState {
+    fn new(
+        id: u8,
+        ep: Endpoint,
+        settings: CoreSettings,
+        senders: Rc<Senders<MeshMsg>>,
+        (wake, mesh_wake): (Wake, Wake),
+    ) -> Rc<RefCell<CoreState>> {
+        let n = settings.cores as usize;
+        let (catalog_version, catalog) = settings.catalog.load();
+        let streams = StreamHost::new(HostCfg {
+            cores: n,
+            ring_records_max: settings.cfg.ring_records_max as u64,
+            ring_bytes_max: settings.cfg.ring_bytes_max,
+            publish_timeout_ms: settings.cfg.publish_timeout_ms,
+        });
+        let state = Rc::new(RefCell::new(CoreState {
+            id,
+            catalog,
+            catalog_version,
+            ep,
+            sessions: IdMap::default(),
+            s: settings,
+            senders,
+            mesh_wake,
+            mesh_overflow: (0..n).map(|_| Default::default()).collect(),
+            inbox: VecDeque::new(),
+            streams,
+            subs: Default::default(),
+            rr: HashMap::new(),
+            next_sub: 1,
+            me: Weak::new(),
+            wake,
+            draining: false,
+            closing_logs: false,
+            groups: HashMap::new(),
+            group_epoch: Instant::now(),
+            group_due_ms: u64::MAX,
+            group_tasks: 0,
+            caches: HashMap::new(),
+            watches: IdMap::default(),
+            local_watches: HashMap::new(),
+            cache_opening: HashMap::new(),
+            cache_failed: HashMap::new(),
+            cache_closing: HashMap::new(),
+            next_cache_epoch: 0,
+            gauges_at: Instant::now(),
+            hello_waits: VecDeque::new(),
+            closes_due: VecDeque::new(),
+        }));
+        state.borrow_mut().me = Rc::downgrade(&state);
+        state
+    }
+}
+
+/// One task per peer core: hand what arrives to the core.
+fn spawn_mesh_receiver(
+    state: Rc<RefCell<CoreState>>,
+    mut rx: impl futures_lite::Stream<Item = MeshMsg> + Unpin + 'static,
+    wake: Wake,
+    sock: Rc<GlommioUdp>,
+) {
+    glommio::spawn_local(async move {
+        use futures_lite::StreamExt;
+        while let Some(msg) = rx.next().await {
+            let reply = {
+                let mut st = state.borrow_mut();
+                if matches!(msg, MeshMsg::Delivery { .. }) {
+                    CoreCounters::inc(&st.s.counters.mesh_deliveries_in);
+                }
+                let r = st.on_mesh(msg);
+                st.drain_inbox();
+                r
+            };
+            if let Some((buf, to)) = reply {
+                let _ = sock.send_one(&buf, to).await;
+            }
+            wake.wake();
+        }
+    })
+    .detach();
+}
+
+/// The mesh pump: sends what `route` could not try-send (a full channel is awaited here,
+/// never in a handler, so two cores cannot wedge each other).
+fn spawn_mesh_pump(
+    state: Rc<RefCell<CoreState>>,
+    senders: Rc<Senders<MeshMsg>>,
+    mesh_wake_rx: WakeRx,
+) {
+    glommio::spawn_local(async move {
+        loop {
+            mesh_wake_rx.wait(Some(timers::MESH_POLL)).await;
+            loop {
+                let next = {
+                    let mut st = state.borrow_mut();
+                    st.mesh_overflow
+                        .iter_mut()
+                        .enumerate()
+                        .find_map(|(i, q)| q.pop_front().map(|m| (i, m)))
+                };
+                let Some((to, msg)) = next else { break };
+                if senders.send_to(to, msg).await.is_err() {
+                    break;
+                }
+            }
+        }
+    })
+    .detach();
+}
+
+/// The receive loop: datagrams (GRO-coalesced reads cut into segments) into the endpoint.
+fn spawn_receive_loop(state: Rc<RefCell<CoreState>>, wake: Wake, sock: Rc<GlommioUdp>) {
+    glommio::spawn_local(async move {
+        // Room for the largest GRO-coalesced read (64 KiB of datagrams).
+        let mut buf = vec![0u8; 1 << 17];
+        loop {
+            let (len, from, segment) = match sock.recv(&mut buf).await {
+                Ok(v) => v,
+                Err(_) => continue,
+            };
+            for seg in felix_quic::udp::gro_segments(len, segment) {
+                let reply = {
+                    let mut st = state.borrow_mut();
+                    CoreCounters::inc(&st.s.counters.packets_received);
+                    let r = st.on_datagram(&mut buf[seg], from);
+                    st.drain_inbox();
+                    r
+                };
+                if let Some(r) = reply {
+                    let _ = sock.send_one(&r, from).await;
+                }
+            }
+            wake.wake();
+        }
+    })
+    .detach();
+}
+
+/// Re-enter the core after a task awaited: run `f` on the state (unless the core is gone),
+/// then handle what it queued for this core and wake the flusher to send it.
+pub(in crate::core) fn reenter(me: &Weak<RefCell<CoreState>>, f: impl FnOnce(&mut CoreState)) {
+    let Some(st) = me.upgrade() else { return };
+    let mut st = st.borrow_mut();
+    f(&mut st);
+    st.drain_inbox();
+    st.wake.wake();
+}
+
+/// Shutdown phases of a core's flusher.
+enum Drain {
+    Serving,
+    /// Refusing new publishes, answering those in flight (until idle or the deadline).
+    Answering {
+        since: Instant,
+    },
+    /// Logs closed; every subscription and watch was ended `shutting_down` (the going-away
+    /// notice) and gets a moment to flush before the connections close.
+    Notified {
+        since: Instant,
+    },
+    /// Connections told `shutting_down`; waiting for them to close.
+    Closing {
+        since: Instant,
+    },
+}
+
+async fn flusher(state: Rc<RefCell<CoreState>>, sock: Rc<GlommioUdp>, wake_rx: WakeRx) {
+    // 64 packets of ~1.3 KiB, or ~31 of 16 KiB, per round (packets are packed end to end).
+    let mut batch = TxBatch::new(64, 1 << 20);
+    let mut drain = Drain::Serving;
+    loop {
+        drain = drain_phase(&state, drain).await;
+        loop {
+            batch.clear();
+            flush_round(&mut state.borrow_mut(), &mut batch);
+            if batch.is_empty() {
+                break;
+            }
+            sock.send_batch(&batch).await;
+        }
+        if let Drain::Closing { since } = drain {
+            let st = state.borrow();
+            let close_ms = st.s.cfg.drain_timeout_ms / 2;
+            if st.ep.conn_count() == 0 || since.elapsed() > Duration::from_millis(close_ms) {
+                return;
+            }
+        }
+        let wait = next_wait(&state.borrow(), &drain);
+        wake_rx.wait(Some(wait)).await;
+        // Publishes on this core's durable shards wait for their commit: let the committer
+        // (an inline page-cache write finishes in its turn) and then the commit watcher run
+        // before flushing, so the QUIC ACK of the publish packets and the PublishAcks leave
+        // together (one sendmsg and one wake-up of the client instead of two). Bounded: a
+        // commit still in flight after two turns is not waited for.
+        for _ in 0..2 {
+            if !state.borrow().commit_pending() {
+                break;
+            }
+            futures_lite::future::yield_now().await;
+        }
+    }
+}
+
+/// Move the shutdown phases on: start draining when shutdown is asked, close the logs once
+/// no core owes an answer (or at half the drain deadline), then close the connections once
+/// the going-away notices flushed.
+async fn drain_phase(state: &Rc<RefCell<CoreState>>, mut drain: Drain) -> Drain {
+    let shutdown = state.borrow().s.shutdown.load(Ordering::Acquire);
+    if shutdown && matches!(drain, Drain::Serving) {
+        let mut st = state.borrow_mut();
+        st.ep.set_accepting(false);
+        st.draining = true;
+        drain = Drain::Answering {
+            since: Instant::now(),
+        };
+    }
+    if let Drain::Answering { since } = drain {
+        let deadline_ms = state.borrow().s.cfg.drain_timeout_ms;
+        // Every core publishes whether it still owes an answer; logs close only once no
+        // core does, so an owner core keeps serving a peer's forwarded publishes (an
+        // obligation shows on the core that owes it: the connection core until it gets
+        // the result, the owner while it holds or commits).
+        let idle = {
+            let st = state.borrow();
+            let mine = st.drain_idle();
+            st.s.drain_idle[st.id as usize].store(mine, Ordering::Release);
+            mine && st.s.drain_idle.iter().all(|f| f.load(Ordering::Acquire))
+        };
+        if idle || since.elapsed() > Duration::from_millis(deadline_ms / 2) {
+            if !idle {
+                tracing::warn!(
+                    core = state.borrow().id,
+                    "drain deadline: closing with publishes unanswered"
+                );
+                state.borrow().s.drain_forced.store(true, Ordering::Release);
+            }
+            // Flush and fsync every log this core owns before telling clients we go.
+            let logs: Vec<Log> = {
+                let mut st = state.borrow_mut();
+                st.closing_logs = true;
+                let mut logs: Vec<Log> = st.streams.begin_close();
+                logs.extend(st.cache_logs());
+                logs
+            };
+            for log in logs {
+                if let Err(e) = log.close().await {
+                    tracing::error!(error = %e, "durable log did not close cleanly");
+                }
+            }
+            state.borrow_mut().notify_going_away();
+            drain = Drain::Notified {
+                since: Instant::now(),
+            };
+        }
+    }
+    if let Drain::Notified { since } = drain {
+        let mut st = state.borrow_mut();
+        let flushed = st
+            .ep
+            .keys()
+            .into_iter()
+            .all(|k| st.ep.get(k).is_none_or(|e| e.conn.queued_total() == 0));
+        if flushed || since.elapsed() > timers::NOTIFY_FLUSH {
+            for k in st.ep.keys() {
+                if let Some(e) = st.ep.get(k) {
+                    e.conn.close(
+                        ErrorCode::ShuttingDown.number() as u64,
+                        "broker shutting down",
+                    );
+                }
+                st.ep.mark_dirty(k);
+            }
+            drain = Drain::Closing {
+                since: Instant::now(),
+            };
+        }
+    }
+    drain
+}
+
+/// One round of the flusher: the timers that came due, then the packets of the connections
+/// dirty at the start of the round, into `batch`.
+fn flush_round(st: &mut CoreState, batch: &mut TxBatch) {
+    let now = Instant::now();
+    st.refresh_catalog();
+    st.with_streams(|h, ctx| h.tick(ctx));
+    st.groups_tick();
+    st.caches_tick();
+    st.gauges_tick(now);
+    st.expire_hellos(now);
+    st.drain_inbox();
+    st.ep.on_timeouts(now);
+    // Round robin over the connections dirty at the start of this round (those dirtied
+    // meanwhile wait for the next): one that fills the batch goes to the back, and the ones
+    // not reached stay queued in order.
+    for _ in 0..st.ep.dirty_count() {
+        let Some(k) = st.ep.pop_dirty() else { break };
+        st.flush_conn(k);
+        if !st.ep.transmit(k, now, batch) {
+            st.ep.mark_dirty(k);
+            break;
+        }
+    }
+    st.drain_inbox();
+    for k in st.ep.reap_closed() {
+        st.on_conn_closed(k);
+        CoreCounters::inc(&st.s.counters.connections_closed);
+    }
+    st.drain_inbox();
+}
+
+/// How long the flusher may sleep: until the earliest timer (QUIC, groups, caches, a held
+/// publish's deadline), capped shorter while publishes are held or the core drains.
+fn next_wait(st: &CoreState, drain: &Drain) -> Duration {
+    let now = Instant::now();
+    let timeout = [
+        st.ep.next_timeout(now),
+        st.group_timeout(),
+        st.cache_timeout(),
+        // The first held publish to time out.
+        st.streams
+            .next_deadline()
+            .map(|d| d.saturating_duration_since(now)),
+    ]
+    .into_iter()
+    .flatten()
+    .min();
+    let cap = if st.streams.held_total() > 0 || !matches!(drain, Drain::Serving) {
+        timers::FLUSH_WAIT_BUSY
+    } else {
+        timers::FLUSH_WAIT_IDLE
+    };
+    timeout.unwrap_or(cap).min(cap)
+}
