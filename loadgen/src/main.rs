@@ -1195,6 +1195,21 @@ async fn group(a: &Args) -> Result<(), felix_client::Error> {
 }
 
 /// VmRSS of a process, bytes.
+/// CPU seconds (user + system) used so far by process `pid`, or by this process.
+fn cpu_used_secs(pid: Option<u32>) -> Option<f64> {
+    let stat = std::fs::read_to_string(match pid {
+        Some(p) => format!("/proc/{p}/stat"),
+        None => "/proc/self/stat".to_string(),
+    })
+    .ok()?;
+    // After "pid (comm) ": field 3 is the state; utime and stime are fields 14 and 15.
+    let fields: Vec<&str> = stat[stat.rfind(')')? + 2..].split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf reads a constant of the running system.
+    let per_s = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (per_s > 0).then(|| ticks as f64 / per_s as f64)
+}
+
 fn rss_bytes(pid: u32) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let kb: u64 = s
@@ -1501,6 +1516,10 @@ async fn cache(a: &Args) -> Result<(), felix_client::Error> {
         })
         .collect();
     let start = Instant::now();
+    let cpu0 = (
+        cpu_used_secs(None),
+        a.broker_pid.and_then(|p| cpu_used_secs(Some(p))),
+    );
     let mut tick = tokio::time::interval(Duration::from_millis(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let total = a.rate * a.secs;
@@ -1554,6 +1573,20 @@ async fn cache(a: &Args) -> Result<(), felix_client::Error> {
         _ => None,
     };
     let elapsed = start.elapsed().as_secs_f64();
+    // CPU over the watch phase, in cores: a saturated load core measures the client, not
+    // the broker (the load core decrypts QUIC for every watcher).
+    let cpu1 = (
+        cpu_used_secs(None),
+        a.broker_pid.and_then(|p| cpu_used_secs(Some(p))),
+    );
+    let cores =
+        |x: Option<f64>, y: Option<f64>| Some(((y? - x?) / elapsed * 100.0).round() / 100.0);
+    let client_cores = cores(cpu0.0, cpu1.0);
+    let broker_cores = cores(cpu0.1, cpu1.1);
+    let client_us_per_event = match (cpu0.0, cpu1.0) {
+        (Some(x), Some(y)) if delivered > 0 => Some((y - x) * 1e6 / delivered as f64),
+        _ => None,
+    };
     let mut hist = new_hist();
     for h in &hists {
         hist.add(&*h.lock().unwrap()).unwrap();
@@ -1572,6 +1605,8 @@ async fn cache(a: &Args) -> Result<(), felix_client::Error> {
             "watchers_exact_offsets": exact, "first_offset_mismatch": wrong,
             "put_latency_under_fanout": pct(&put_live_h),
             "broker_rss_per_watcher_bytes": rss_per_watcher,
+            "watch_phase_cpu": {"client_cores": client_cores, "broker_cores": broker_cores,
+                "client_us_per_event": client_us_per_event},
             "change_to_watcher_latency": pct(&hist),
         }),
     );

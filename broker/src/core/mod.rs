@@ -204,9 +204,8 @@ struct CoreState {
     group_tasks: usize,
     /// Cache shards this core owns.
     caches: HashMap<ShardKey, caches::OwnedCache>,
-    /// Cache watches whose connections this core holds.
-    watches: IdMap<u64, caches::Watch>,
-    local_watches: HashMap<ShardKey, Vec<u64>>,
+    /// Cache watches whose connections this core holds (see `conn::watches`).
+    watches: conn::watches::WatchHost,
     /// Log-backed cache shards whose logs are opening, with the messages waiting for them.
     cache_opening: HashMap<ShardKey, Vec<MeshMsg>>,
     /// Log-backed cache shards that could not open or failed (answer unavailable).
@@ -261,8 +260,7 @@ impl CoreState {
         for sid in self.subs.ids() {
             self.remove_sub(sid, Some((ErrorCode::ShuttingDown.number(), why.into())));
         }
-        let keys: Vec<ShardKey> = self.local_watches.keys().copied().collect();
-        for key in keys {
+        for key in self.watches.shards() {
             self.end_local_watches(key, (ErrorCode::ShuttingDown, why.into()));
         }
     }
@@ -281,7 +279,7 @@ impl CoreState {
             bytes += sub.queue.queued_bytes();
             max = max.max(r);
         }
-        let (ev, wb) = self.watch_queue_totals();
+        let (ev, wb) = self.watches.queue_totals();
         let c = &self.s.counters;
         c.sub_queue_records.store(recs, Ordering::Relaxed);
         c.sub_queue_bytes.store(bytes, Ordering::Relaxed);

@@ -235,35 +235,6 @@ impl OwnedCache {
     }
 }
 
-/// A watch whose connection this core holds.
-pub(super) struct Watch {
-    conn: ConnKey,
-    /// The watch's stream, opened once the owner accepted the watch (a refused watch never
-    /// opens one).
-    quic_stream: Option<u64>,
-    cache: u32,
-    shard: u32,
-    filter: Filter,
-    request_id: u64,
-    /// Where the watch request came from (its answer goes there).
-    reply_stream: u64,
-    /// None until the owner answered; then the first offset taken live.
-    live_from: Option<u64>,
-    /// State-phase frames (sent before anything in `queue`).
-    state: VecDeque<Bytes>,
-    queue: WatchQueue,
-    frames: VecDeque<Bytes>,
-    /// Set once ended (lag): sent after what is queued, then the watch is gone.
-    end: Option<Frame>,
-    /// The offset after the last change handed to the connection: nothing from it on has
-    /// been delivered (what an end names when it drops the queue).
-    resume_at: u64,
-}
-
-/// Bytes a watch may have waiting in quiche before the pump stops (flow control does the
-/// rest: the queue fills behind it).
-const WATCH_PUMP_BYTES: usize = 64 << 10;
-
 /// Expired keys reclaimed per shard per tick (the rest on the next tick).
 const EXPIRE_BATCH: usize = 4096;
 
@@ -472,42 +443,32 @@ impl CoreState {
         self.next_sub += 1;
         session.watches.push(wid);
         let f = filter_of(&filter);
-        self.watches.insert(
-            wid,
-            Watch {
-                conn: key,
-                quic_stream: None,
-                cache,
-                shard,
-                filter: f.clone(),
-                request_id,
-                reply_stream,
-                live_from: None,
-                state: VecDeque::new(),
-                queue: WatchQueue::new(events_max as usize, bytes_max),
-                frames: VecDeque::new(),
-                end: None,
-                resume_at: 0,
-            },
-        );
-        self.local_watches
-            .entry((cache, shard))
-            .or_default()
-            .push(wid);
-        let owner = self.cache_owner_core(cache, shard);
-        self.route(
-            owner,
-            MeshMsg::WatchOpen(WatchReq {
-                core: self.id,
-                watch: wid,
-                cache,
-                shard,
-                filter: f,
-                start,
-                events_max,
-                bytes_max,
-            }),
-        );
+        let w = crate::core::conn::watches::Watch {
+            conn: key,
+            quic_stream: None,
+            cache,
+            shard,
+            filter: f.clone(),
+            request_id,
+            reply_stream,
+            live_from: None,
+            state: VecDeque::new(),
+            queue: WatchQueue::new(events_max as usize, bytes_max),
+            frames: VecDeque::new(),
+            end: None,
+            resume_at: 0,
+        };
+        let req = WatchReq {
+            core: self.id,
+            watch: wid,
+            cache,
+            shard,
+            filter: f,
+            start,
+            events_max,
+            bytes_max,
+        };
+        self.with_watches(|h, _, ctx| h.open(wid, w, req, ctx));
         Ok(())
     }
 
@@ -519,79 +480,6 @@ impl CoreState {
             e.conn.send_frame(origin.quic_stream, &frame);
             self.ep.mark_dirty(origin.conn);
         }
-    }
-
-    pub(in crate::core) fn on_watch_opened(
-        &mut self,
-        wid: u64,
-        result: Result<Opened, (ErrorCode, String)>,
-    ) {
-        let Some(w) = self.watches.get_mut(&wid) else {
-            return; // closed meanwhile; its WatchClose follows the open at the owner
-        };
-        let (conn, rid, rs) = (w.conn, w.request_id, w.reply_stream);
-        let refuse = |st: &mut Self, code, msg| {
-            st.remove_watch(wid, None, false);
-            st.send_err(conn, rs, rid, code, msg);
-            st.ep.mark_dirty(conn);
-        };
-        let opened = match result {
-            Ok(o) => o,
-            Err((code, msg)) => return refuse(self, code, msg),
-        };
-        // The stream opens only now, so a refused watch leaves nothing on the connection.
-        let Some(e) = self.ep.get(conn) else {
-            return self.remove_watch(wid, None, false);
-        };
-        if !e.conn.can_open_uni() {
-            return refuse(
-                self,
-                ErrorCode::TooManySubscriptions,
-                "the client's unidirectional stream limit is exhausted".into(),
-            );
-        }
-        let qs = e.conn.open_uni();
-        e.conn.send_frame(
-            qs,
-            &Frame::SubStream {
-                subscription_id: wid,
-            },
-        );
-        if let Some(session) = self.sessions.get_mut(&conn) {
-            session.sub_streams.insert(qs, wid);
-        }
-        CoreCounters::inc(&self.s.counters.cache_watches_opened);
-        let w = self.watches.get_mut(&wid).expect("looked up above");
-        w.quic_stream = Some(qs);
-        w.resume_at = opened.resume_from;
-        w.live_from = Some(opened.live_from);
-        if let Some((retained, done)) = opened.state {
-            w.state.extend(retained);
-            w.state.push_back(done);
-        }
-        let mut lagged = None;
-        for ev in opened.replay {
-            if w.queue.offer(ev.offset, ev.frame.len() as u64) {
-                w.frames.push_back(ev.frame.clone());
-            } else {
-                lagged = w.queue.ended_at();
-                break;
-            }
-        }
-        let (events_max, bytes_max) = w.queue.bounds();
-        let ok = Frame::Cache(CacheFrame::CacheWatchOk {
-            request_id: w.request_id,
-            watch_id: wid,
-            shard: opened.shard,
-            live_from: opened.live_from,
-            queue_events_max: events_max as u32,
-            queue_bytes_max: bytes_max,
-        });
-        self.send_to_conn(conn, rs, &ok);
-        if let Some(at) = lagged.or(opened.truncated_at) {
-            self.lag_end(wid, at);
-        }
-        self.pump_watch(wid);
     }
 
     pub(in crate::core) fn send_to_conn(&mut self, conn: ConnKey, stream: u64, f: &Frame) {

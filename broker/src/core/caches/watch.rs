@@ -1,208 +1,143 @@
-//! Cache watches on the connection's core: changes offered to each watch's queue, the pump
-//! onto its QUIC stream, lag ends, and the bookkeeping when watches or connections go.
+//! The driver of the watch side (`conn::watches`, pure): the host stepped with this core's
+//! context and its streams' room, its effects written onto QUIC streams, and the stream a
+//! watch gets once its owner accepted it.
 
 use super::*;
+use crate::core::conn::watches::{Room, StreamOpened, WatchEffect, WatchHost};
+use crate::core::shard::Ctx;
+
+/// Bytes a watch may have waiting in quiche before the pump stops (flow control does the
+/// rest: the queue fills behind it).
+const WATCH_PUMP_BYTES: usize = 64 << 10;
 
 impl CoreState {
-    /// A change of an owned shard reached this core: offer it to the matching watches.
-    pub(in crate::core) fn on_cache_change(&mut self, cache: u32, shard: u32, ev: Arc<Ev>) {
-        let Some(ids) = self.local_watches.get(&(cache, shard)) else {
-            return;
+    /// Run `f` on the watch host with this core's context and its streams' room, then write
+    /// out its effects.
+    pub(in crate::core) fn with_watches<R>(
+        &mut self,
+        f: impl FnOnce(&mut WatchHost, Room, &Ctx) -> R,
+    ) -> R {
+        let ctx = Ctx {
+            me: self.id,
+            cores: self.s.cores,
+            now: Instant::now(),
+            ts_ms: felix_storage::log::now_ms(),
+            catalog: &self.catalog,
+            counters: &self.s.counters,
         };
-        for wid in ids.clone() {
-            let Some(w) = self.watches.get_mut(&wid) else {
-                continue;
-            };
-            let live = w.live_from.is_some_and(|lf| ev.offset >= lf);
-            if !live || w.end.is_some() || !w.filter.matches(&ev.key) {
-                continue;
+        let ep = &self.ep;
+        let room = |conn: ConnKey, qs: u64| {
+            ep.peek(conn)
+                .map(|e| WATCH_PUMP_BYTES.saturating_sub(e.conn.queued_bytes(qs)))
+        };
+        let r = f(&mut self.watches, &room, &ctx);
+        for e in self.watches.drain_effects() {
+            self.watch_effect(e);
+        }
+        r
+    }
+
+    fn watch_effect(&mut self, e: WatchEffect) {
+        match e {
+            WatchEffect::Route(to, msg) => self.route(to, msg),
+            WatchEffect::Frame(conn, qs, f) => {
+                self.send_to_conn(conn, qs, &f);
+                self.ep.mark_dirty(conn);
             }
-            if w.queue.offer(ev.offset, ev.frame.len() as u64) {
-                w.frames.push_back(ev.frame.clone());
-                self.pump_watch(wid);
-            } else {
-                let at = w.queue.ended_at().expect("a refused offer ends the queue");
-                self.lag_end(wid, at);
-                self.pump_watch(wid);
+            WatchEffect::Bytes(conn, qs, b) => {
+                if let Some(e) = self.ep.get(conn) {
+                    e.conn.send_bytes(qs, b);
+                    self.ep.mark_dirty(conn);
+                }
+            }
+            WatchEffect::Finish(conn, qs) => {
+                if let Some(e) = self.ep.get(conn) {
+                    e.conn.finish(qs);
+                    self.ep.mark_dirty(conn);
+                }
+            }
+            WatchEffect::Refuse {
+                conn,
+                reply_stream,
+                request_id,
+                why: (code, msg),
+            } => {
+                self.send_err(conn, reply_stream, request_id, code, msg);
+                self.ep.mark_dirty(conn);
+            }
+            WatchEffect::Removed {
+                conn,
+                wid,
+                quic_stream,
+            } => {
+                if let Some(session) = self.sessions.get_mut(&conn) {
+                    session.watches.retain(|x| *x != wid);
+                    if let Some(qs) = quic_stream {
+                        session.sub_streams.remove(&qs);
+                    }
+                }
             }
         }
     }
 
-    /// The watch overflowed at `at`: stop taking changes (unregister at the owner) and end
-    /// it once what it queued before is delivered.
-    pub(in crate::core) fn lag_end(&mut self, wid: u64, at: u64) {
-        let Some(w) = self.watches.get_mut(&wid) else {
-            return;
+    /// The owner answered a watch: open its stream if it was accepted, then hand the answer
+    /// to the watch host.
+    pub(in crate::core) fn on_watch_opened(
+        &mut self,
+        wid: u64,
+        result: Result<Opened, (ErrorCode, String)>,
+    ) {
+        let stream = match (&result, self.watches.get(wid)) {
+            (Ok(_), Some(w)) => Some(self.open_watch_stream(w.conn, wid)),
+            _ => None,
         };
-        if w.end.is_some() {
-            return;
-        }
-        CoreCounters::inc(&self.s.counters.cache_watches_lagged);
-        w.end = Some(Frame::Cache(CacheFrame::CacheWatchEnd {
-            code: ErrorCode::WatchLagged.number(),
-            resume_from: at,
-            message: format!(
-                "watch fell behind its queue bound; nothing from offset {at} on was delivered: watch again from {at}"
-            ),
-        }));
-        let key = (w.cache, w.shard);
-        self.unindex_watch(wid, key);
+        self.with_watches(|h, room, ctx| h.on_opened(wid, result, stream, room, ctx));
     }
 
-    pub(in crate::core) fn unindex_watch(&mut self, wid: u64, key: ShardKey) {
-        if let Some(v) = self.local_watches.get_mut(&key) {
-            v.retain(|x| *x != wid);
-            if v.is_empty() {
-                self.local_watches.remove(&key);
-            }
+    /// A watch's own stream, announced with `SubStream` (the stream opens only once the
+    /// owner accepted the watch, so a refused watch leaves nothing on the connection).
+    fn open_watch_stream(&mut self, conn: ConnKey, wid: u64) -> StreamOpened {
+        let Some(e) = self.ep.get(conn) else {
+            return Err(None);
+        };
+        if !e.conn.can_open_uni() {
+            return Err(Some((
+                ErrorCode::TooManySubscriptions,
+                "the client's unidirectional stream limit is exhausted".into(),
+            )));
         }
-        let owner = self.cache_owner_core(key.0, key.1);
-        self.route(
-            owner,
-            MeshMsg::WatchClose {
-                watch: wid,
-                cache: key.0,
-                shard: key.1,
+        let qs = e.conn.open_uni();
+        e.conn.send_frame(
+            qs,
+            &Frame::SubStream {
+                subscription_id: wid,
             },
         );
+        if let Some(session) = self.sessions.get_mut(&conn) {
+            session.sub_streams.insert(qs, wid);
+        }
+        Ok(qs)
     }
 
-    /// Move queued events onto the watch's stream while quiche has little of it waiting.
+    pub(in crate::core) fn on_cache_change(&mut self, cache: u32, shard: u32, ev: Arc<Ev>) {
+        self.with_watches(|h, room, ctx| h.on_change((cache, shard), ev, room, ctx));
+    }
+
     pub(in crate::core) fn pump_watch(&mut self, wid: u64) {
-        let Some(w) = self.watches.get_mut(&wid) else {
-            return;
-        };
-        let Some(qs) = w.quic_stream else {
-            return; // not accepted by the owner yet
-        };
-        let Some(e) = self.ep.get(w.conn) else {
-            return;
-        };
-        let mut sent = 0u64;
-        while e.conn.queued_bytes(qs) < WATCH_PUMP_BYTES {
-            let next = match w.state.pop_front() {
-                Some(b) => Some(b),
-                None => {
-                    let f = w.frames.pop_front();
-                    if f.is_some() {
-                        let off = w.queue.pop().expect("frames and queue move together");
-                        w.resume_at = off + 1;
-                    }
-                    f
-                }
-            };
-            match next {
-                Some(b) => {
-                    sent += 1;
-                    e.conn.send_bytes(qs, b)
-                }
-                None => break,
-            }
-        }
-        let conn = w.conn;
-        let done = w.end.is_some() && w.state.is_empty() && w.frames.is_empty();
-        CoreCounters::add(&self.s.counters.cache_watch_events, sent);
-        self.ep.mark_dirty(conn);
-        if done {
-            let end = w.end.take();
-            self.remove_watch(wid, end, true);
-        }
-    }
-
-    /// Forget a watch here; `end` is sent as its last frame (then the stream is finished).
-    /// `unindexed`: already unregistered (lag end).
-    pub(in crate::core) fn remove_watch(&mut self, wid: u64, end: Option<Frame>, unindexed: bool) {
-        let Some(w) = self.watches.remove(&wid) else {
-            return;
-        };
-        if !unindexed {
-            self.unindex_watch(wid, (w.cache, w.shard));
-        }
-        if let Some(session) = self.sessions.get_mut(&w.conn) {
-            session.watches.retain(|x| *x != wid);
-            if let Some(qs) = w.quic_stream {
-                session.sub_streams.remove(&qs);
-            }
-        }
-        if let (Some(e), Some(qs)) = (self.ep.get(w.conn), w.quic_stream) {
-            if let Some(f) = end {
-                e.conn.send_frame(qs, &f);
-            }
-            e.conn.finish(qs);
-            self.ep.mark_dirty(w.conn);
-        }
-    }
-
-    /// Events and bytes queued over this core's watches (state phases included).
-    pub(in crate::core) fn watch_queue_totals(&self) -> (u64, u64) {
-        self.watches.values().fold((0, 0), |(e, b), w| {
-            let state: u64 = w.state.iter().map(|f| f.len() as u64).sum();
-            (
-                e + (w.queue.len() + w.state.len()) as u64,
-                b + w.queue.bytes() + state,
-            )
-        })
-    }
-
-    pub(in crate::core) fn is_watch(&self, id: u64) -> bool {
-        self.watches.contains_key(&id)
-    }
-
-    /// Nothing queued for the watch (it is gone, or everything was handed to quiche).
-    pub(in crate::core) fn watch_idle(&self, id: u64) -> bool {
-        self.watches
-            .get(&id)
-            .is_none_or(|w| w.state.is_empty() && w.frames.is_empty() && w.end.is_none())
+        self.with_watches(|h, room, ctx| h.pump(wid, room, ctx));
     }
 
     /// `Unsubscribe` naming a watch of this connection.
-    pub(in crate::core) fn unwatch(&mut self, key: ConnKey, wid: u64) -> bool {
-        let Some(w) = self.watches.get(&wid).filter(|w| w.conn == key) else {
-            return false;
-        };
-        let end = Frame::Cache(CacheFrame::CacheWatchEnd {
-            code: 0,
-            resume_from: w.resume_at,
-            message: "unwatched".into(),
-        });
-        let unindexed = self.watches[&wid].end.is_some();
-        self.remove_watch(wid, Some(end), unindexed);
-        true
+    pub(in crate::core) fn unwatch(&mut self, conn: ConnKey, wid: u64) -> bool {
+        self.with_watches(|h, _, ctx| h.unwatch(conn, wid, ctx))
     }
 
-    /// End every local watch on `key`'s shard (cache deleted or moved). What they had
-    /// queued is dropped; each end names the offset after the last change delivered.
-    pub(in crate::core) fn end_local_watches(
-        &mut self,
-        key: ShardKey,
-        (code, msg): (ErrorCode, String),
-    ) {
-        let ids = self.local_watches.get(&key).cloned().unwrap_or_default();
-        for wid in ids {
-            let w = &self.watches[&wid];
-            if w.quic_stream.is_none() {
-                // Not answered by the owner yet: refuse the request itself (its open, if it
-                // comes, finds the watch gone).
-                let (conn, rs, rid) = (w.conn, w.reply_stream, w.request_id);
-                self.remove_watch(wid, None, false);
-                self.send_err(conn, rs, rid, code, msg.clone());
-                self.ep.mark_dirty(conn);
-                continue;
-            }
-            let resume_from = w.resume_at;
-            let end = Frame::Cache(CacheFrame::CacheWatchEnd {
-                code: code.number(),
-                resume_from,
-                message: msg.clone(),
-            });
-            self.remove_watch(wid, Some(end), false);
-        }
+    /// End every local watch on `key`'s shard (cache deleted or moved).
+    pub(in crate::core) fn end_local_watches(&mut self, key: ShardKey, why: (ErrorCode, String)) {
+        self.with_watches(|h, _, ctx| h.end_shard(key, why, ctx));
     }
 
     pub(in crate::core) fn watches_conn_closed(&mut self, watches: Vec<u64>) {
-        for wid in watches {
-            let unindexed = self.watches.get(&wid).is_some_and(|w| w.end.is_some());
-            self.remove_watch(wid, None, unindexed);
-        }
+        self.with_watches(|h, _, ctx| h.conn_closed(watches, ctx));
     }
 }

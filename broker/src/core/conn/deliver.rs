@@ -153,8 +153,8 @@ impl CoreState {
             }
             let mut sent = false;
             for sid in refill {
-                if self.is_watch(sid) {
-                    sent |= !self.watch_idle(sid);
+                if self.watches.contains(sid) {
+                    sent |= !self.watches.idle(sid);
                     self.pump_watch(sid);
                     continue;
                 }

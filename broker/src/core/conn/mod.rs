@@ -6,6 +6,7 @@ use super::*;
 
 mod deliver;
 pub(in crate::core) mod subs;
+pub(in crate::core) mod watches;
 
 /// Refusals queued on one answer stream past this stop the reading of the stream that caused
 /// them until they drain: refused frames are cheap to send, and a peer that does not read its

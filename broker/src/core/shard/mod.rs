@@ -35,6 +35,12 @@ impl Ctx<'_> {
         let def = &self.catalog.slot(key.0).def;
         core_for_shard(&def.name(), key.1, self.cores as u32) as u8
     }
+
+    /// The core that owns cache shard `key`.
+    pub(crate) fn cache_owner_core(&self, key: (u32, u32)) -> u8 {
+        let def = &self.catalog.cache_slot(key.0).def;
+        core_for_shard(&def.name(), key.1, self.cores as u32) as u8
+    }
 }
 
 /// A refusal as it is answered: the registry code and a message for people.

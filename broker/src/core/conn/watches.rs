@@ -1,0 +1,376 @@
+//! Cache watches on the connection's core, as a pure state machine: the watch's start from
+//! its owner, changes offered to each watch's bounded queue, the pump onto its QUIC stream,
+//! lag ends, and the bookkeeping when watches or connections go.
+//!
+//! No socket: how many more bytes a watch's stream may take before the pump stops is asked of
+//! the driver (`Room`), a new stream is opened by the driver before `on_opened`, and what to
+//! write comes out as effects. `caches/watch.rs` drives it.
+
+use crate::cache::{Filter, WatchQueue};
+use crate::core::shard::{Ctx, Refused};
+use crate::core::{Ev, MeshMsg, Opened, ShardKey, WatchReq};
+use crate::metrics::CoreCounters;
+use bytes::Bytes;
+use felix_quic::idmap::IdMap;
+use felix_quic::server::ConnKey;
+use felix_quic::wire::{CacheFrame, ErrorCode, Frame};
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+/// A watch whose connection this core holds.
+pub(crate) struct Watch {
+    pub conn: ConnKey,
+    /// The watch's stream, opened once the owner accepted the watch (a refused watch never
+    /// opens one).
+    pub quic_stream: Option<u64>,
+    pub cache: u32,
+    pub shard: u32,
+    pub filter: Filter,
+    pub request_id: u64,
+    /// Where the watch request came from (its answer goes there).
+    pub reply_stream: u64,
+    /// None until the owner answered; then the first offset taken live.
+    pub live_from: Option<u64>,
+    /// State-phase frames (sent before anything in `queue`).
+    pub state: VecDeque<Bytes>,
+    pub queue: WatchQueue,
+    pub frames: VecDeque<Bytes>,
+    /// Set once ended (lag): sent after what is queued, then the watch is gone.
+    pub end: Option<Frame>,
+    /// The offset after the last change handed to the connection: nothing from it on has
+    /// been delivered (what an end names when it drops the queue).
+    pub resume_at: u64,
+}
+
+/// What the watch side asks its driver to do.
+pub(crate) enum WatchEffect {
+    /// A message to a core (the cache shard's owner).
+    Route(u8, MeshMsg),
+    /// A frame on a stream of a connection.
+    Frame(ConnKey, u64, Frame),
+    /// Encoded frames (events, state) on a watch's stream.
+    Bytes(ConnKey, u64, Bytes),
+    /// End the stream after what was written on it.
+    Finish(ConnKey, u64),
+    /// Refuse the watch request itself, on its request stream.
+    Refuse {
+        conn: ConnKey,
+        reply_stream: u64,
+        request_id: u64,
+        why: Refused,
+    },
+    /// The watch is gone: its connection forgets it (and its stream).
+    Removed {
+        conn: ConnKey,
+        wid: u64,
+        quic_stream: Option<u64>,
+    },
+}
+
+/// How many more bytes a connection's stream may take before the pump stops (quiche holds
+/// the rest back under flow control); None for a connection that is gone.
+pub(crate) type Room<'a> = &'a dyn Fn(ConnKey, u64) -> Option<usize>;
+
+/// How a watch's stream opened: `Ok(stream)`, `Err(None)` when the connection is gone, or
+/// `Err(Some(why))` when it cannot open one.
+pub(crate) type StreamOpened = Result<u64, Option<Refused>>;
+
+#[derive(Default)]
+pub(crate) struct WatchHost {
+    watches: IdMap<u64, Watch>,
+    /// Watches of this core per cache shard (changes arrive once per core).
+    local: IdMap<ShardKey, Vec<u64>>,
+    effects: Vec<WatchEffect>,
+}
+
+impl WatchHost {
+    pub(crate) fn drain_effects(&mut self) -> Vec<WatchEffect> {
+        std::mem::take(&mut self.effects)
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.watches.len()
+    }
+
+    pub(crate) fn get(&self, wid: u64) -> Option<&Watch> {
+        self.watches.get(&wid)
+    }
+
+    pub(crate) fn contains(&self, wid: u64) -> bool {
+        self.watches.contains_key(&wid)
+    }
+
+    /// Cache shards with watches on this core.
+    pub(crate) fn shards(&self) -> Vec<ShardKey> {
+        self.local.keys().copied().collect()
+    }
+
+    /// Events and bytes queued over this core's watches (state phases included).
+    pub(crate) fn queue_totals(&self) -> (u64, u64) {
+        self.watches.values().fold((0, 0), |(e, b), w| {
+            let state: u64 = w.state.iter().map(|f| f.len() as u64).sum();
+            (
+                e + (w.queue.len() + w.state.len()) as u64,
+                b + w.queue.bytes() + state,
+            )
+        })
+    }
+
+    /// Nothing queued for the watch (it is gone, or everything was handed to quiche).
+    pub(crate) fn idle(&self, wid: u64) -> bool {
+        self.watches
+            .get(&wid)
+            .is_none_or(|w| w.state.is_empty() && w.frames.is_empty() && w.end.is_none())
+    }
+
+    fn send(&mut self, to: u8, msg: MeshMsg) {
+        self.effects.push(WatchEffect::Route(to, msg));
+    }
+
+    /// A new watch: register it here and ask the shard's owner to compute its start.
+    pub(crate) fn open(&mut self, wid: u64, w: Watch, req: WatchReq, ctx: &Ctx) {
+        let key = (w.cache, w.shard);
+        let prev = self.watches.insert(wid, w);
+        assert!(prev.is_none(), "watch ids are unique");
+        self.local.entry(key).or_default().push(wid);
+        self.send(ctx.cache_owner_core(key), MeshMsg::WatchOpen(req));
+    }
+
+    /// The owner answered the watch: refused, or its start (state phase, replay, live
+    /// offset) with the stream the driver opened for it.
+    pub(crate) fn on_opened(
+        &mut self,
+        wid: u64,
+        result: Result<Opened, Refused>,
+        stream: Option<StreamOpened>,
+        room: Room,
+        ctx: &Ctx,
+    ) {
+        let Some(w) = self.watches.get(&wid) else {
+            return; // closed meanwhile; its WatchClose follows the open at the owner
+        };
+        let (conn, request_id, reply_stream) = (w.conn, w.request_id, w.reply_stream);
+        let refuse = |h: &mut Self, why: Refused| {
+            h.remove(wid, None, false, ctx);
+            h.effects.push(WatchEffect::Refuse {
+                conn,
+                reply_stream,
+                request_id,
+                why,
+            });
+        };
+        let opened = match result {
+            Ok(o) => o,
+            Err(why) => return refuse(self, why),
+        };
+        // The stream opens only now, so a refused watch leaves nothing on the connection.
+        let qs = match stream.expect("the driver opens a stream for an accepted watch") {
+            Ok(qs) => qs,
+            Err(None) => return self.remove(wid, None, false, ctx),
+            Err(Some(why)) => return refuse(self, why),
+        };
+        CoreCounters::inc(&ctx.counters.cache_watches_opened);
+        let w = self.watches.get_mut(&wid).expect("looked up above");
+        w.quic_stream = Some(qs);
+        w.resume_at = opened.resume_from;
+        w.live_from = Some(opened.live_from);
+        if let Some((retained, done)) = opened.state {
+            w.state.extend(retained);
+            w.state.push_back(done);
+        }
+        let mut lagged = None;
+        for ev in opened.replay {
+            if w.queue.offer(ev.offset, ev.frame.len() as u64) {
+                w.frames.push_back(ev.frame.clone());
+            } else {
+                lagged = w.queue.ended_at();
+                break;
+            }
+        }
+        let (events_max, bytes_max) = w.queue.bounds();
+        let ok = Frame::Cache(CacheFrame::CacheWatchOk {
+            request_id,
+            watch_id: wid,
+            shard: opened.shard,
+            live_from: opened.live_from,
+            queue_events_max: events_max as u32,
+            queue_bytes_max: bytes_max,
+        });
+        self.effects
+            .push(WatchEffect::Frame(conn, reply_stream, ok));
+        if let Some(at) = lagged.or(opened.truncated_at) {
+            self.lag_end(wid, at, ctx);
+        }
+        self.pump(wid, room, ctx);
+    }
+
+    /// A change of an owned shard reached this core: offer it to the matching watches.
+    pub(crate) fn on_change(&mut self, key: ShardKey, ev: Arc<Ev>, room: Room, ctx: &Ctx) {
+        let Some(ids) = self.local.get(&key) else {
+            return;
+        };
+        for wid in ids.clone() {
+            let Some(w) = self.watches.get_mut(&wid) else {
+                continue;
+            };
+            let live = w.live_from.is_some_and(|lf| ev.offset >= lf);
+            if !live || w.end.is_some() || !w.filter.matches(&ev.key) {
+                continue;
+            }
+            if w.queue.offer(ev.offset, ev.frame.len() as u64) {
+                w.frames.push_back(ev.frame.clone());
+            } else {
+                let at = w.queue.ended_at().expect("a refused offer ends the queue");
+                self.lag_end(wid, at, ctx);
+            }
+            self.pump(wid, room, ctx);
+        }
+    }
+
+    /// The watch overflowed at `at`: stop taking changes (unregister at the owner) and end
+    /// it once what it queued before is delivered.
+    fn lag_end(&mut self, wid: u64, at: u64, ctx: &Ctx) {
+        let Some(w) = self.watches.get_mut(&wid) else {
+            return;
+        };
+        if w.end.is_some() {
+            return;
+        }
+        CoreCounters::inc(&ctx.counters.cache_watches_lagged);
+        w.end = Some(Frame::Cache(CacheFrame::CacheWatchEnd {
+            code: ErrorCode::WatchLagged.number(),
+            resume_from: at,
+            message: format!(
+                "watch fell behind its queue bound; nothing from offset {at} on was delivered: watch again from {at}"
+            ),
+        }));
+        let key = (w.cache, w.shard);
+        self.unindex(wid, key, ctx);
+    }
+
+    fn unindex(&mut self, wid: u64, key: ShardKey, ctx: &Ctx) {
+        if let Some(v) = self.local.get_mut(&key) {
+            v.retain(|x| *x != wid);
+            if v.is_empty() {
+                self.local.remove(&key);
+            }
+        }
+        let close = MeshMsg::WatchClose {
+            watch: wid,
+            cache: key.0,
+            shard: key.1,
+        };
+        self.send(ctx.cache_owner_core(key), close);
+    }
+
+    /// Move queued frames onto the watch's stream while it has room; an ended watch whose
+    /// queue is delivered sends its end and is gone.
+    pub(crate) fn pump(&mut self, wid: u64, room: Room, ctx: &Ctx) {
+        let Some(w) = self.watches.get_mut(&wid) else {
+            return;
+        };
+        let Some(qs) = w.quic_stream else {
+            return; // not accepted by the owner yet
+        };
+        let Some(mut left) = room(w.conn, qs) else {
+            return;
+        };
+        let mut sent = 0u64;
+        while left > 0 {
+            let next = match w.state.pop_front() {
+                Some(b) => Some(b),
+                None => {
+                    let f = w.frames.pop_front();
+                    if f.is_some() {
+                        let off = w.queue.pop().expect("frames and queue move together");
+                        w.resume_at = off + 1;
+                    }
+                    f
+                }
+            };
+            let Some(b) = next else { break };
+            sent += 1;
+            left = left.saturating_sub(b.len());
+            self.effects.push(WatchEffect::Bytes(w.conn, qs, b));
+        }
+        let done = w.end.is_some() && w.state.is_empty() && w.frames.is_empty();
+        CoreCounters::add(&ctx.counters.cache_watch_events, sent);
+        if done {
+            let end = w.end.take();
+            self.remove(wid, end, true, ctx);
+        }
+    }
+
+    /// Forget a watch here; `end` is sent as its last frame (then the stream is finished).
+    /// `unindexed`: already unregistered (lag end).
+    pub(crate) fn remove(&mut self, wid: u64, end: Option<Frame>, unindexed: bool, ctx: &Ctx) {
+        let Some(w) = self.watches.remove(&wid) else {
+            return;
+        };
+        if !unindexed {
+            self.unindex(wid, (w.cache, w.shard), ctx);
+        }
+        self.effects.push(WatchEffect::Removed {
+            conn: w.conn,
+            wid,
+            quic_stream: w.quic_stream,
+        });
+        if let Some(qs) = w.quic_stream {
+            if let Some(f) = end {
+                self.effects.push(WatchEffect::Frame(w.conn, qs, f));
+            }
+            self.effects.push(WatchEffect::Finish(w.conn, qs));
+        }
+    }
+
+    /// `Unsubscribe` naming a watch of connection `conn`: false if it names none.
+    pub(crate) fn unwatch(&mut self, conn: ConnKey, wid: u64, ctx: &Ctx) -> bool {
+        let Some(w) = self.watches.get(&wid).filter(|w| w.conn == conn) else {
+            return false;
+        };
+        let end = Frame::Cache(CacheFrame::CacheWatchEnd {
+            code: 0,
+            resume_from: w.resume_at,
+            message: "unwatched".into(),
+        });
+        let unindexed = w.end.is_some();
+        self.remove(wid, Some(end), unindexed, ctx);
+        true
+    }
+
+    /// End every local watch on `key`'s shard (cache deleted or moved). What they had
+    /// queued is dropped; each end names the offset after the last change delivered.
+    pub(crate) fn end_shard(&mut self, key: ShardKey, (code, msg): Refused, ctx: &Ctx) {
+        let ids = self.local.get(&key).cloned().unwrap_or_default();
+        for wid in ids {
+            let w = &self.watches[&wid];
+            if w.quic_stream.is_none() {
+                // Not answered by the owner yet: refuse the request itself (its open, if it
+                // comes, finds the watch gone).
+                let (conn, reply_stream, request_id) = (w.conn, w.reply_stream, w.request_id);
+                self.remove(wid, None, false, ctx);
+                self.effects.push(WatchEffect::Refuse {
+                    conn,
+                    reply_stream,
+                    request_id,
+                    why: (code, msg.clone()),
+                });
+                continue;
+            }
+            let end = Frame::Cache(CacheFrame::CacheWatchEnd {
+                code: code.number(),
+                resume_from: w.resume_at,
+                message: msg.clone(),
+            });
+            self.remove(wid, Some(end), false, ctx);
+        }
+    }
+
+    /// The connection of these watches closed.
+    pub(crate) fn conn_closed(&mut self, wids: Vec<u64>, ctx: &Ctx) {
+        for wid in wids {
+            let unindexed = self.watches.get(&wid).is_some_and(|w| w.end.is_some());
+            self.remove(wid, None, unindexed, ctx);
+        }
+    }
+}
