@@ -220,38 +220,6 @@ impl CacheOpenJob {
     }
 }
 
-/// Answer writes as their commits complete; fail the shard on a device error.
-/// `epoch` names the shard incarnation the log belongs to: a watcher of logs closed for a
-/// dropped shard never touches a newer one on the same key.
-async fn cache_commit_watcher(
-    state: Weak<RefCell<CoreState>>,
-    key: ShardKey,
-    epoch: u64,
-    log: Log,
-    counters: bool,
-    mut seen: u64,
-) {
-    loop {
-        let r = log.wait_acked_beyond(seen).await;
-        let Some(st) = state.upgrade() else { return };
-        let mut st = st.borrow_mut();
-        match r {
-            Ok(acked) => {
-                seen = acked;
-                st.on_cache_acked(key, epoch, counters, acked);
-            }
-            Err(e) => {
-                st.on_cache_failed(key, epoch, e.to_string());
-                st.drain_inbox();
-                st.wake.wake();
-                return;
-            }
-        }
-        st.drain_inbox();
-        st.wake.wake();
-    }
-}
-
 /// The refusal for an append the log did not take.
 pub(super) fn append_refusal(e: &LogError) -> (ErrorCode, String) {
     match e {
@@ -380,13 +348,14 @@ impl CoreState {
                 for (log, counters) in [(logs.cache.clone(), false), (logs.counters.clone(), true)]
                 {
                     let seen = log.acked();
-                    glommio::spawn_local(cache_commit_watcher(
+                    // `epoch` names the shard incarnation the log belongs to: a watcher of logs
+                    // closed for a dropped shard never touches a newer one on the same key.
+                    glommio::spawn_local(super::durable::watch_commits(
                         me.clone(),
-                        key,
-                        epoch,
                         log,
-                        counters,
                         seen,
+                        move |st, acked| st.on_cache_acked(key, epoch, counters, acked),
+                        move |st, why| st.on_cache_failed(key, epoch, why),
                     ))
                     .detach();
                 }

@@ -76,7 +76,7 @@ impl CoreState {
             groups: HashMap::new(),
             group_epoch: Instant::now(),
             group_due_ms: u64::MAX,
-            group_tasks: 0,
+            group_tasks: TaskGate::default(),
             caches: HashMap::new(),
             watches: Default::default(),
             cache_opening: HashMap::new(),

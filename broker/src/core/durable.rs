@@ -195,31 +195,31 @@ impl OpenJob {
 
 pub(in crate::core) type OpenResult = Result<(Log, felix_storage::log::OpenReport), String>;
 
-/// Answer and deliver publishes as their commits complete; fail the shard on a device error.
-pub(in crate::core) async fn commit_watcher(
+/// Follow a log's commits from `seen` on: `on_acked` with each new acknowledged end, then
+/// `on_failed` once when the log fails (or closes), each back on the core. The one commit
+/// watcher of durable stream shards and of log-backed cache shards (two copies before).
+pub(in crate::core) async fn watch_commits(
     state: Weak<RefCell<CoreState>>,
-    key: ShardKey,
     log: Log,
+    mut seen: u64,
+    mut on_acked: impl FnMut(&mut CoreState, u64),
+    on_failed: impl FnOnce(&mut CoreState, String),
 ) {
-    let mut seen = log.acked();
     loop {
         let r = log.wait_acked_beyond(seen).await;
-        let Some(st) = state.upgrade() else { return };
-        let mut st = st.borrow_mut();
         match r {
             Ok(acked) => {
                 seen = acked;
-                st.on_durable_acked(key, acked);
+                reenter(&state, |st| on_acked(st, acked));
             }
             Err(e) => {
-                st.on_durable_failed(key, e.to_string());
-                st.drain_inbox();
-                st.wake.wake();
+                reenter(&state, |st| on_failed(st, e.to_string()));
                 return;
             }
         }
-        st.drain_inbox();
-        st.wake.wake();
+        if state.upgrade().is_none() {
+            return;
+        }
     }
 }
 
@@ -254,7 +254,15 @@ impl CoreState {
             OpenOutcome::Serving { next_offset } => {
                 self.load_groups(key, next_offset);
                 let log = self.streams.log(key).expect("open").clone();
-                glommio::spawn_local(commit_watcher(self.me.clone(), key, log)).detach();
+                let seen = log.acked();
+                glommio::spawn_local(watch_commits(
+                    self.me.clone(),
+                    log,
+                    seen,
+                    move |st, acked| st.on_durable_acked(key, acked),
+                    move |st, why| st.on_durable_failed(key, why),
+                ))
+                .detach();
             }
             OpenOutcome::Failed => {
                 let e = why.unwrap_or_default();

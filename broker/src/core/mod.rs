@@ -156,6 +156,31 @@ impl Session {
     }
 }
 
+/// Counts the tasks that owe the core an answer. A task holds a pass, and the pass counts it
+/// out when dropped, however the task ends (answered, or dropped with the core), so the count
+/// cannot drift from what it counts (it was a hand-kept `+= 1` / `-= 1` before).
+#[derive(Default)]
+pub(in crate::core) struct TaskGate(Rc<std::cell::Cell<usize>>);
+
+pub(in crate::core) struct TaskPass(Rc<std::cell::Cell<usize>>);
+
+impl TaskGate {
+    pub(in crate::core) fn enter(&self) -> TaskPass {
+        self.0.set(self.0.get() + 1);
+        TaskPass(self.0.clone())
+    }
+
+    pub(in crate::core) fn idle(&self) -> bool {
+        self.0.get() == 0
+    }
+}
+
+impl Drop for TaskPass {
+    fn drop(&mut self) {
+        self.0.set(self.0.get() - 1);
+    }
+}
+
 /// A queue bound a client asked for: 0 takes the configured bound, which is also the most it
 /// may ask for.
 fn queue_bound(asked: u64, max: u64) -> u64 {
@@ -201,7 +226,7 @@ struct CoreState {
     /// When a group next changes by time (a claim lapses, a wait ends); `u64::MAX`: never.
     group_due_ms: u64,
     /// Group tasks running (disk reads for polls, file removals) that owe an answer.
-    group_tasks: usize,
+    group_tasks: TaskGate,
     /// Cache shards this core owns.
     caches: HashMap<ShardKey, caches::OwnedCache>,
     /// Cache watches whose connections this core holds (see `conn::watches`).

@@ -60,7 +60,7 @@ impl CoreState {
 
     /// Nothing left to answer or write (drain).
     pub(in crate::core) fn groups_idle(&self) -> bool {
-        self.group_tasks == 0
+        self.group_tasks.idle()
             && self
                 .groups
                 .values()
@@ -158,11 +158,11 @@ impl CoreState {
     ) {
         let dir = self.groups_dir(key);
         let me = self.me.clone();
-        self.group_tasks += 1;
+        let pass = self.group_tasks.enter();
         glommio::spawn_local(async move {
             let r = remove_off_core(dir, name.clone()).await;
-            reenter(&me, |st| {
-                st.group_tasks -= 1;
+            reenter(&me, move |st| {
+                drop(pass);
                 let rid = origin.request_id;
                 let f = match r {
                     Ok(()) => {
@@ -193,11 +193,11 @@ impl CoreState {
             // No write may start (or rename over the removal) while the file is removed.
             slot.writing = true;
         }
-        self.group_tasks += 1;
+        let pass = self.group_tasks.enter();
         glommio::spawn_local(async move {
             let r = remove_off_core(dir, name.clone()).await;
-            reenter(&me, |st| {
-                st.group_tasks -= 1;
+            reenter(&me, move |st| {
+                drop(pass);
                 let deleting = st
                     .groups
                     .get(&key)

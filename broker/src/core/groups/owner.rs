@@ -272,7 +272,7 @@ impl CoreState {
         let bytes_max = self.s.cfg.history_fetch_bytes;
         let me = self.me.clone();
         CoreCounters::inc(&self.s.counters.history_reads);
-        self.group_tasks += 1;
+        let pass = self.group_tasks.enter();
         glommio::spawn_local(async move {
             let mut out: Vec<Payload> = Vec::with_capacity(claims.len());
             let mut i = 0;
@@ -311,8 +311,8 @@ impl CoreState {
                     }
                 }
             }
-            reenter(&me, |st| {
-                st.group_tasks -= 1;
+            reenter(&me, move |st| {
+                drop(pass);
                 st.finish_claims(key, &name, origin, claims, out);
             });
         })
