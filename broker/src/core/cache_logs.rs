@@ -317,7 +317,7 @@ impl CoreState {
                 r.core,
                 MeshMsg::WatchOpened {
                     watch: r.watch,
-                    result: Err(err),
+                    result: Err(err.into()),
                 },
             ),
             _ => {}
@@ -449,8 +449,7 @@ impl CoreState {
                     MeshMsg::WatchesEnded {
                         cache: key.0,
                         shard: key.1,
-                        code: err.0,
-                        message: err.1.clone(),
+                        why: Refusal::new(err.0, err.1.clone()),
                     },
                 );
             }

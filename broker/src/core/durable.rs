@@ -96,7 +96,8 @@ pub fn stream_dir(
 }
 
 /// Remove directories of older incarnations of a stream (deleted while this broker was
-/// down). Errors are ignored: another core may be removing the same directory.
+/// down). Errors are ignored: another core may be removing the same directory. Blocking: run
+/// it on the blocking pool.
 pub(in crate::core) fn remove_older_incarnations(root: &std::path::Path, slot: &Slot) {
     let name = slot.def.name();
     let ns = root.join(&name.tenant).join(&name.namespace);
@@ -179,7 +180,11 @@ impl OpenJob {
             return Err("no durable storage directory is configured on this broker (durable_storage_dir / FELIX_DURABLE_STORAGE_DIR)".into());
         };
         if self.slot.incarnation != 0 {
-            remove_older_incarnations(&root, &self.slot);
+            // Off the executor: removing a directory tree blocks.
+            let (r, slot) = (root.clone(), self.slot.clone());
+            let _ = glommio::executor()
+                .spawn_blocking(move || remove_older_incarnations(&r, &slot))
+                .await;
         }
         let dir = slot_shard_dir(
             &root,

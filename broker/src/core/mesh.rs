@@ -30,7 +30,7 @@ pub enum MeshMsg {
     /// Owner → connection core: what to replay, and the offset live deliveries continue at.
     AttachResult {
         sub: u64,
-        result: Result<AttachOk, (ErrorCode, String)>,
+        result: Result<AttachOk, Refusal>,
     },
     /// Connection core → owner of a durable shard: the next history chunk from `from`.
     Fetch {
@@ -44,7 +44,7 @@ pub enum MeshMsg {
     /// switch to live delivery (`live`).
     FetchResult {
         sub: u64,
-        result: Result<Fetched, (ErrorCode, String)>,
+        result: Result<Fetched, Refusal>,
     },
     /// Connection core → owner: one subscriber of `core` is gone.
     Detach { core: u8, stream: u32, shard: u32 },
@@ -78,7 +78,7 @@ pub enum MeshMsg {
     WatchOpen(WatchReq),
     WatchOpened {
         watch: u64,
-        result: Result<Opened, (ErrorCode, String)>,
+        result: Result<Opened, Refusal>,
     },
     /// A change of a cache shard, to a core with a matching watch.
     CacheChange { cache: u32, shard: u32, ev: Arc<Ev> },
@@ -88,8 +88,7 @@ pub enum MeshMsg {
     WatchesEnded {
         cache: u32,
         shard: u32,
-        code: ErrorCode,
-        message: String,
+        why: Refusal,
     },
     /// Owner → itself: try the next held publish (queued behind the deliveries just sent, so
     /// local subscribers park before the next append if they are full).
@@ -253,12 +252,9 @@ impl CoreState {
                 cache,
                 shard,
             } => self.on_watch_close(watch, cache, shard),
-            MeshMsg::WatchesEnded {
-                cache,
-                shard,
-                code,
-                message,
-            } => self.end_local_watches((cache, shard), (code, message)),
+            MeshMsg::WatchesEnded { cache, shard, why } => {
+                self.end_local_watches((cache, shard), why)
+            }
             MeshMsg::Publish(_)
             | MeshMsg::Attach { .. }
             | MeshMsg::Fetch { .. }

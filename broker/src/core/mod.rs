@@ -59,6 +59,7 @@ mod groups;
 mod mesh;
 mod owner;
 pub(crate) mod shard;
+pub use shard::Refusal;
 #[cfg(test)]
 mod sim;
 mod timers;
@@ -95,7 +96,7 @@ pub struct PublishReq {
     pub deadline: Instant,
 }
 
-type PubResult = Result<(u32, u64, u32), (ErrorCode, String)>;
+type PubResult = Result<(u32, u64, u32), Refusal>;
 
 /// Static settings of a core.
 pub struct CoreSettings {
@@ -286,7 +287,7 @@ impl CoreState {
             self.remove_sub(sid, Some((ErrorCode::ShuttingDown.number(), why.into())));
         }
         for key in self.watches.shards() {
-            self.end_local_watches(key, (ErrorCode::ShuttingDown, why.into()));
+            self.end_local_watches(key, Refusal::new(ErrorCode::ShuttingDown, why));
         }
     }
 
@@ -360,7 +361,7 @@ impl CoreState {
         let slot = self.catalog.slot(idx).clone();
         let name = slot.def.name();
         tracing::info!(stream = %name, incarnation = slot.incarnation, "stream deleted");
-        let why = (
+        let why = Refusal::new(
             ErrorCode::StreamDeleted,
             format!("stream {name} was deleted"),
         );

@@ -513,7 +513,7 @@ impl CoreState {
                             slot.def.name()
                         ),
                     ));
-                    self.end_local_watches((idx, shard), why.clone());
+                    self.end_local_watches((idx, shard), why.clone().into());
                     match self.caches.remove(&(idx, shard)) {
                         Some(oc) if oc.logs.is_some() => self.retire_cache_shard((idx, shard), oc),
                         Some(mut oc) => self.drop_owned_cache((idx, shard), &mut oc, why, false),

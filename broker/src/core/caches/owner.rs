@@ -215,7 +215,7 @@ impl CoreState {
                 return self.start_log_replay(req, from);
             }
         }
-        let result = self.start_watch(&req);
+        let result = self.start_watch(&req).map_err(Refusal::from);
         self.route(
             req.core,
             MeshMsg::WatchOpened {
@@ -350,7 +350,7 @@ impl CoreState {
                         );
                         let opened = MeshMsg::WatchOpened {
                             watch: req.watch,
-                            result: Err(err),
+                            result: Err(err.into()),
                         };
                         return reenter(&me, |st| st.route(req.core, opened));
                     }
@@ -438,7 +438,8 @@ impl CoreState {
                 ErrorCode::Unavailable,
                 "the cache shard closed while the watch was replaying its log".into(),
             )),
-        };
+        }
+        .map_err(Refusal::from);
         self.route(
             req.core,
             MeshMsg::WatchOpened {

@@ -60,9 +60,9 @@ impl CoreState {
                 conn,
                 reply_stream,
                 request_id,
-                why: (code, msg),
+                why,
             } => {
-                self.send_err(conn, reply_stream, request_id, code, msg);
+                self.send_err(conn, reply_stream, request_id, why.code, why.message);
                 self.ep.mark_dirty(conn);
             }
             WatchEffect::Removed {
@@ -82,11 +82,7 @@ impl CoreState {
 
     /// The owner answered a watch: open its stream if it was accepted, then hand the answer
     /// to the watch host.
-    pub(in crate::core) fn on_watch_opened(
-        &mut self,
-        wid: u64,
-        result: Result<Opened, (ErrorCode, String)>,
-    ) {
+    pub(in crate::core) fn on_watch_opened(&mut self, wid: u64, result: Result<Opened, Refusal>) {
         let stream = match (&result, self.watches.get(wid)) {
             (Ok(_), Some(w)) => Some(self.open_watch_stream(w.conn, wid)),
             _ => None,
@@ -101,9 +97,9 @@ impl CoreState {
             return Err(None);
         };
         if !e.conn.can_open_uni() {
-            return Err(Some((
+            return Err(Some(Refusal::new(
                 ErrorCode::TooManySubscriptions,
-                "the client's unidirectional stream limit is exhausted".into(),
+                "the client's unidirectional stream limit is exhausted",
             )));
         }
         let qs = e.conn.open_uni();
@@ -133,7 +129,7 @@ impl CoreState {
     }
 
     /// End every local watch on `key`'s shard (cache deleted or moved).
-    pub(in crate::core) fn end_local_watches(&mut self, key: ShardKey, why: (ErrorCode, String)) {
+    pub(in crate::core) fn end_local_watches(&mut self, key: ShardKey, why: Refusal) {
         self.with_watches(|h, _, ctx| h.end_shard(key, why, ctx));
     }
 

@@ -27,7 +27,7 @@ impl CoreState {
                         count,
                     }
                 }
-                Err((code, msg)) => Frame::error(origin.request_id, code, msg),
+                Err(why) => why.frame(origin.request_id),
             };
             e.conn.send_frame(origin.quic_stream, &frame);
             if let Some(ps) = session.pub_streams.get_mut(&origin.quic_stream) {
@@ -37,9 +37,8 @@ impl CoreState {
                     e.conn.finish(origin.quic_stream);
                 }
             }
-        } else if let Err((code, msg)) = result {
-            e.conn
-                .send_frame(0, &Frame::error(origin.request_id, code, msg));
+        } else if let Err(why) = result {
+            e.conn.send_frame(0, &why.frame(origin.request_id));
         }
         self.ep.mark_dirty(origin.conn);
     }
@@ -113,16 +112,12 @@ impl CoreState {
     pub(in crate::core) fn on_attach_result(
         &mut self,
         sid: u64,
-        result: Result<AttachOk, (ErrorCode, String)>,
+        result: Result<AttachOk, Refusal>,
     ) {
         self.with_subs(|h, w, ctx| h.on_attach_result(sid, result, w, ctx));
     }
 
-    pub(in crate::core) fn on_fetch_result(
-        &mut self,
-        sid: u64,
-        result: Result<Fetched, (ErrorCode, String)>,
-    ) {
+    pub(in crate::core) fn on_fetch_result(&mut self, sid: u64, result: Result<Fetched, Refusal>) {
         self.with_subs(|h, w, ctx| h.on_fetch_result(sid, result, w, ctx));
     }
 
@@ -131,7 +126,7 @@ impl CoreState {
         self.with_subs(|h, _, ctx| h.remove(sid, end, ctx));
     }
 
-    pub(in crate::core) fn end_local_subs(&mut self, key: ShardKey, why: (ErrorCode, String)) {
+    pub(in crate::core) fn end_local_subs(&mut self, key: ShardKey, why: Refusal) {
         self.with_subs(|h, _, ctx| h.end_shard(key, why, ctx));
     }
 

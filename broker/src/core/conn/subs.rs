@@ -7,13 +7,13 @@
 //! driver, and what to write comes out as effects. The core driver (`conn/deliver.rs`) and
 //! the simulator run this same code.
 
-use crate::core::shard::Ctx;
+use crate::core::shard::{Ctx, Refusal};
 use crate::core::{AttachOk, Fetched, MeshMsg, ShardKey};
 use crate::fanout::{Batch, Item, Offer, SubQueue};
 use crate::metrics::CoreCounters;
 use felix_quic::idmap::IdMap;
 use felix_quic::server::ConnKey;
-use felix_quic::wire::{ErrorCode, Frame, StartAt};
+use felix_quic::wire::{Frame, StartAt};
 
 pub(crate) struct Sub {
     pub conn: ConnKey,
@@ -239,7 +239,7 @@ impl SubHost {
     pub(crate) fn on_attach_result(
         &mut self,
         sid: u64,
-        result: Result<AttachOk, (ErrorCode, String)>,
+        result: Result<AttachOk, Refusal>,
         w: Writable,
         ctx: &Ctx,
     ) {
@@ -248,10 +248,11 @@ impl SubHost {
         };
         let (conn, rid, reply, shard) = (sub.conn, sub.request_id, sub.reply_stream, sub.shard);
         match result {
-            Err((code, msg)) => {
-                let refusal = Frame::error(rid, code, msg);
-                self.effects.push(SubEffect::Frame(conn, reply, refusal));
-                self.remove(sid, Some((code.number(), "subscribe refused".into())), ctx);
+            Err(why) => {
+                let code = why.code.number();
+                self.effects
+                    .push(SubEffect::Frame(conn, reply, why.frame(rid)));
+                self.remove(sid, Some((code, "subscribe refused".into())), ctx);
             }
             Ok(AttachOk {
                 lag,
@@ -312,7 +313,7 @@ impl SubHost {
     pub(crate) fn on_fetch_result(
         &mut self,
         sid: u64,
-        result: Result<Fetched, (ErrorCode, String)>,
+        result: Result<Fetched, Refusal>,
         w: Writable,
         ctx: &Ctx,
     ) {
@@ -320,7 +321,7 @@ impl SubHost {
             return;
         };
         match result {
-            Err((code, msg)) => self.remove(sid, Some((code.number(), msg)), ctx),
+            Err(why) => self.remove(sid, Some((why.code.number(), why.message)), ctx),
             Ok(Fetched { lag, batches, live }) => {
                 sub.catch_up = if live { None } else { Some(false) };
                 if let Some(l) = lag {
@@ -378,9 +379,9 @@ impl SubHost {
     }
 
     /// End every subscription of this core on shard `key`, telling each why.
-    pub(crate) fn end_shard(&mut self, key: ShardKey, (code, msg): (ErrorCode, String), ctx: &Ctx) {
+    pub(crate) fn end_shard(&mut self, key: ShardKey, why: Refusal, ctx: &Ctx) {
         for sid in self.on_shard(key) {
-            self.remove(sid, Some((code.number(), msg.clone())), ctx);
+            self.remove(sid, Some((why.code.number(), why.message.clone())), ctx);
         }
     }
 }

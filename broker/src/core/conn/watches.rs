@@ -340,7 +340,7 @@ impl WatchHost {
 
     /// End every local watch on `key`'s shard (cache deleted or moved). What they had
     /// queued is dropped; each end names the offset after the last change delivered.
-    pub(crate) fn end_shard(&mut self, key: ShardKey, (code, msg): Refused, ctx: &Ctx) {
+    pub(crate) fn end_shard(&mut self, key: ShardKey, why: Refused, ctx: &Ctx) {
         let ids = self.local.get(&key).cloned().unwrap_or_default();
         for wid in ids {
             let w = &self.watches[&wid];
@@ -353,14 +353,14 @@ impl WatchHost {
                     conn,
                     reply_stream,
                     request_id,
-                    why: (code, msg.clone()),
+                    why: why.clone(),
                 });
                 continue;
             }
             let end = Frame::Cache(CacheFrame::CacheWatchEnd {
-                code: code.number(),
+                code: why.code.number(),
                 resume_from: w.resume_at,
-                message: msg.clone(),
+                message: why.message.clone(),
             });
             self.remove(wid, Some(end), false, ctx);
         }

@@ -45,7 +45,7 @@ impl CoreState {
     }
 
     /// A durable shard's stream is gone: its groups end (files go with the shard directory).
-    pub(in crate::core) fn drop_groups(&mut self, key: ShardKey, why: &(ErrorCode, String)) {
+    pub(in crate::core) fn drop_groups(&mut self, key: ShardKey, why: &Refusal) {
         let Some(sg) = self.groups.remove(&key) else {
             return;
         };
@@ -53,7 +53,7 @@ impl CoreState {
             let replies = slot.queued.into_iter().map(|(o, _)| o);
             let waiters = slot.waiters.into_iter().map(|w| w.origin);
             for o in replies.chain(waiters).chain(slot.deleting) {
-                self.group_reply(o, Frame::error(o.request_id, why.0, why.1.clone()));
+                self.group_reply(o, why.clone().frame(o.request_id));
             }
         }
     }

@@ -408,8 +408,8 @@ impl CoreState {
         }
         let log = match self.streams.usable(key) {
             Some(Ok(log)) => log.clone(),
-            Some(Err((code, msg))) => {
-                self.group_reply(origin, Frame::error(rid, code, msg));
+            Some(Err(why)) => {
+                self.group_reply(origin, why.frame(rid));
                 return None;
             }
             None => {

@@ -43,8 +43,43 @@ impl Ctx<'_> {
     }
 }
 
-/// A refusal as it is answered: the registry code and a message for people.
-pub(crate) type Refused = (ErrorCode, String);
+/// A refusal as it is answered: the registry code and a message for people. Everything the
+/// core refuses (publishes, attaches, fetches, watches, opens) carries one; the catalog's
+/// checks return `(code, message)` pairs, which convert.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl Refusal {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Refusal {
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// The `Error` frame that answers request `request_id` with this refusal.
+    pub fn frame(self, request_id: u64) -> felix_quic::wire::Frame {
+        felix_quic::wire::Frame::error(request_id, self.code, self.message)
+    }
+}
+
+impl From<(ErrorCode, String)> for Refusal {
+    fn from((code, message): (ErrorCode, String)) -> Self {
+        Refusal { code, message }
+    }
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.code.name(), self.message)
+    }
+}
+
+/// The name the shard hosts use for it.
+pub(crate) type Refused = Refusal;
 
 /// The lifecycle of a shard with a log. `M` is what waits for the open.
 ///
@@ -69,13 +104,14 @@ impl<L, M> Life<L, M> {
     pub(crate) fn usable(&self) -> Result<&L, Refused> {
         match self {
             Life::Open(log) => Ok(log),
-            Life::Failed { why, .. } => Err((
+            Life::Failed { why, .. } => Err(Refusal::new(
                 ErrorCode::Unavailable,
                 format!("shard storage failed: {why}"),
             )),
-            Life::Opening { .. } => {
-                Err((ErrorCode::Unavailable, "shard storage is not open".into()))
-            }
+            Life::Opening { .. } => Err(Refusal::new(
+                ErrorCode::Unavailable,
+                "shard storage is not open",
+            )),
         }
     }
 
@@ -134,13 +170,17 @@ pub(crate) fn stream_changes(old: &Catalog, new: &Catalog) -> Vec<StreamChange> 
                 .filter(|_| !old.fenced)
                 .and_then(|w| w.places.get(shard as usize));
             if matches!(before, Some(Place::Mine { .. })) && (new.fenced || before != Some(place)) {
-                let why = new.serve_check(idx, shard).err().unwrap_or((
-                    ErrorCode::NotLeader,
-                    format!(
+                let why = new
+                    .serve_check(idx, shard)
+                    .err()
+                    .map(Refusal::from)
+                    .unwrap_or(Refusal::new(
+                        ErrorCode::NotLeader,
+                        format!(
                         "shard {shard} of {} was placed again (new generation); subscribe again",
                         slot.def.name()
                     ),
-                ));
+                    ));
                 out.push(StreamChange::Ended((idx, shard), why));
             }
         }

@@ -9,7 +9,7 @@
 //! The core driver (`core/mod.rs`) and the simulator (`core/sim`) are its two drivers.
 
 use super::log::ShardLog;
-use super::{Ctx, Life, Refused};
+use super::{Ctx, Life, Refusal, Refused};
 use crate::catalog::{core_for_shard, Catalog, Place};
 use crate::core::{AttachOk, Fetched, MeshMsg, PublishReq, ShardKey};
 use crate::fanout::{Lag, ReplayRing, ShardOwner};
@@ -307,7 +307,7 @@ impl<L: ShardLog> StreamHost<L> {
 
     fn publish(&mut self, key: ShardKey, req: PublishReq, ctx: &Ctx) {
         if let Err(e) = ctx.catalog.serve_check(key.0, key.1) {
-            return self.refuse_publish(req, e);
+            return self.refuse_publish(req, e.into());
         }
         let o = &mut self.shard(key).owner;
         if o.holding() || !o.held.is_empty() {
@@ -324,7 +324,7 @@ impl<L: ShardLog> StreamHost<L> {
             return self.publish_committed(key, req, ctx);
         };
         // Durable: queue into the log now; answer and deliver when the commit completes.
-        let (code, msg) = match d.life.usable() {
+        let why = match d.life.usable() {
             Err(e) => e,
             Ok(log) => {
                 let payloads: Vec<bytes::Bytes> = req.records.iter().collect();
@@ -347,22 +347,22 @@ impl<L: ShardLog> StreamHost<L> {
                         });
                         return;
                     }
-                    Err(LogError::Backpressure { pending_bytes }) => (
+                    Err(LogError::Backpressure { pending_bytes }) => Refusal::new(
                         ErrorCode::Unavailable,
                         format!(
                             "shard storage has {pending_bytes} bytes waiting to be written; retry"
                         ),
                     ),
-                    Err(LogError::TooLarge { bytes, max }) => (
+                    Err(LogError::TooLarge { bytes, max }) => Refusal::new(
                         ErrorCode::PayloadTooLarge,
                         format!("a batch of {bytes} bytes exceeds the storage commit limit {max}"),
                     ),
-                    Err(e) => (ErrorCode::Unavailable, format!("shard storage: {e}")),
+                    Err(e) => Refusal::new(ErrorCode::Unavailable, format!("shard storage: {e}")),
                 }
             }
         };
         CoreCounters::inc(&ctx.counters.durable_publishes_refused);
-        self.refuse_publish(req, (code, msg));
+        self.refuse_publish(req, why);
     }
 
     /// Give the records their offsets in the ring, send one copy of the batch to every core
@@ -438,7 +438,7 @@ impl<L: ShardLog> StreamHost<L> {
             "a Block subscriber stayed full for {} ms; the publish was not appended",
             self.cfg.publish_timeout_ms
         );
-        self.refuse_publish(req, (ErrorCode::PublishTimeout, msg));
+        self.refuse_publish(req, Refusal::new(ErrorCode::PublishTimeout, msg));
     }
 
     /// The clock moved: answer held publishes past their deadline `publish_timeout`.
@@ -483,7 +483,7 @@ impl<L: ShardLog> StreamHost<L> {
                 s.owner.attach(core as usize);
             }
             let name = ctx.catalog.slot(stream).def.name();
-            return Err((
+            return Err(Refusal::new(
                 ErrorCode::StreamDeleted,
                 format!("stream {name} was deleted"),
             ));
@@ -502,7 +502,7 @@ impl<L: ShardLog> StreamHost<L> {
                 StartAt::Earliest => oldest,
                 StartAt::Offset(x) if x <= next => x,
                 StartAt::Offset(x) => {
-                    return Err((
+                    return Err(Refusal::new(
                         ErrorCode::InvalidRequest,
                         format!("offset {x} is beyond the end of the shard ({next})"),
                     ))
@@ -521,7 +521,7 @@ impl<L: ShardLog> StreamHost<L> {
             StartAt::Latest => next,
             StartAt::Earliest => oldest,
             StartAt::Offset(x) if x < oldest => {
-                return Err((
+                return Err(Refusal::new(
                     ErrorCode::RevisionTooOld,
                     format!(
                         "offset {x} is below retention; the oldest retained offset is {oldest}"
@@ -529,7 +529,7 @@ impl<L: ShardLog> StreamHost<L> {
                 ))
             }
             StartAt::Offset(x) if x > next => {
-                return Err((
+                return Err(Refusal::new(
                     ErrorCode::InvalidRequest,
                     format!("offset {x} is beyond the tail of the shard ({next})"),
                 ))
@@ -569,7 +569,7 @@ impl<L: ShardLog> StreamHost<L> {
                 )
             }
             None => {
-                let e = (ErrorCode::Unavailable, "not a durable shard".into());
+                let e = Refusal::new(ErrorCode::Unavailable, "not a durable shard");
                 return self.send(
                     core,
                     MeshMsg::FetchResult {
@@ -637,7 +637,10 @@ impl<L: ShardLog> StreamHost<L> {
                 batches: vec![],
                 live: false,
             }),
-            Err(e) => Err((ErrorCode::Unavailable, format!("history read failed: {e}"))),
+            Err(e) => Err(Refusal::new(
+                ErrorCode::Unavailable,
+                format!("history read failed: {e}"),
+            )),
         };
         self.send(core, MeshMsg::FetchResult { sub, result });
     }
@@ -771,21 +774,21 @@ impl<L: ShardLog> StreamHost<L> {
             d.life.fail(why.clone());
         }
         let pending: Vec<Pending> = d.pending.drain(..).collect();
-        let (code, msg) = if closing {
-            (
+        let why = if closing {
+            Refusal::new(
                 ErrorCode::ShuttingDown,
                 "the broker shut down before this publish was committed; it was not acknowledged"
                     .to_string(),
             )
         } else {
-            (
+            Refusal::new(
                 ErrorCode::Unavailable,
                 format!("shard storage failed; the publish was not acknowledged: {why}"),
             )
         };
         for p in pending {
             CoreCounters::inc(&ctx.counters.durable_publishes_refused);
-            self.refuse_publish(p.req, (code, msg.clone()));
+            self.refuse_publish(p.req, why.clone());
         }
     }
 

@@ -358,7 +358,7 @@ impl World {
                 let p = self.pubs.get_mut(&id).expect("a publish of the simulation");
                 p.answers.push(match result {
                     Ok((_, first, count)) => Ok((first, count)),
-                    Err((code, _)) => Err(code),
+                    Err(why) => Err(why.code),
                 });
             }
             MeshMsg::Delivery {
@@ -506,7 +506,7 @@ impl World {
                 match change {
                     StreamChange::Deleted(idx) => {
                         let slot = self.catalog.slot(idx).clone();
-                        let why: Refused = (
+                        let why = Refused::new(
                             ErrorCode::StreamDeleted,
                             format!("stream {} was deleted", slot.def.name()),
                         );
@@ -804,7 +804,7 @@ fn mesh_name(m: &MeshMsg) -> String {
             format!(
                 "PublishResult #{} {:?}",
                 origin.request_id,
-                result.as_ref().map_err(|e| e.0)
+                result.as_ref().map_err(|e| e.code)
             )
         }
         MeshMsg::Delivery { batch, .. } => {
