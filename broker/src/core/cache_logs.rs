@@ -241,9 +241,9 @@ impl CoreState {
     /// first one); answer it at once when the shard failed. `None`: held or answered.
     pub(super) fn cache_gate(&mut self, msg: MeshMsg) -> Option<MeshMsg> {
         let key = match &msg {
-            MeshMsg::CacheReq { cache, shard, .. } => (*cache, *shard),
-            MeshMsg::WatchOpen(r) => (r.cache, r.shard),
-            MeshMsg::WatchClose { cache, shard, .. } => (*cache, *shard),
+            MeshMsg::Owner(ToOwner::CacheReq { cache, shard, .. }) => (*cache, *shard),
+            MeshMsg::Owner(ToOwner::WatchOpen(r)) => (r.cache, r.shard),
+            MeshMsg::Owner(ToOwner::WatchClose { cache, shard, .. }) => (*cache, *shard),
             _ => return Some(msg),
         };
         if let Some(q) = self.cache_closing.get_mut(&key) {
@@ -280,7 +280,7 @@ impl CoreState {
             q.push(msg);
             return None;
         }
-        if matches!(msg, MeshMsg::WatchClose { .. }) {
+        if matches!(msg, MeshMsg::Owner(ToOwner::WatchClose { .. })) {
             return None; // nothing registered on a shard never opened
         }
         let root = self
@@ -309,16 +309,19 @@ impl CoreState {
     /// Answer a held or gated message with `err`.
     fn refuse_cache_msg(&mut self, msg: MeshMsg, err: (ErrorCode, String)) {
         match msg {
-            MeshMsg::CacheReq { origin, .. } => {
+            MeshMsg::Owner(ToOwner::CacheReq { origin, .. }) => {
                 let frame = Frame::error(origin.request_id, err.0, err.1);
-                self.route(origin.core, MeshMsg::CacheReply { origin, frame });
+                self.route(
+                    origin.core,
+                    MeshMsg::Conn(ToConn::CacheReply { origin, frame }),
+                );
             }
-            MeshMsg::WatchOpen(r) => self.route(
+            MeshMsg::Owner(ToOwner::WatchOpen(r)) => self.route(
                 r.core,
-                MeshMsg::WatchOpened {
+                MeshMsg::Conn(ToConn::WatchOpened {
                     watch: r.watch,
                     result: Err(err.into()),
-                },
+                }),
             ),
             _ => {}
         }
@@ -384,7 +387,10 @@ impl CoreState {
             return;
         };
         for (origin, frame) in oc.take_committed(counters, acked) {
-            self.route(origin.core, MeshMsg::CacheReply { origin, frame });
+            self.route(
+                origin.core,
+                MeshMsg::Conn(ToConn::CacheReply { origin, frame }),
+            );
         }
     }
 
@@ -433,7 +439,10 @@ impl CoreState {
     ) {
         for (origin, _) in oc.take_all_pending() {
             let frame = Frame::error(origin.request_id, err.0, err.1.clone());
-            self.route(origin.core, MeshMsg::CacheReply { origin, frame });
+            self.route(
+                origin.core,
+                MeshMsg::Conn(ToConn::CacheReply { origin, frame }),
+            );
         }
         if !notify {
             return;
@@ -446,11 +455,11 @@ impl CoreState {
             if yes {
                 self.route(
                     core as u8,
-                    MeshMsg::WatchesEnded {
+                    MeshMsg::Conn(ToConn::WatchesEnded {
                         cache: key.0,
                         shard: key.1,
                         why: Refusal::new(err.0, err.1.clone()),
-                    },
+                    }),
                 );
             }
         }
@@ -509,7 +518,10 @@ impl CoreState {
                             format!("outcome unknown: {}", why.1),
                         )
                     };
-                    st.route(origin.core, MeshMsg::CacheReply { origin, frame });
+                    st.route(
+                        origin.core,
+                        MeshMsg::Conn(ToConn::CacheReply { origin, frame }),
+                    );
                 }
                 for msg in st.cache_closing.remove(&key).unwrap_or_default() {
                     st.on_mesh(msg);

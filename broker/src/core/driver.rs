@@ -104,7 +104,7 @@ fn spawn_mesh_receiver(
         while let Some(msg) = rx.next().await {
             let reply = {
                 let mut st = state.borrow_mut();
-                if matches!(msg, MeshMsg::Delivery { .. }) {
+                if matches!(msg, MeshMsg::Conn(ToConn::Delivery { .. })) {
                     CoreCounters::inc(&st.s.counters.mesh_deliveries_in);
                 }
                 let r = st.on_mesh(msg);

@@ -5,21 +5,23 @@
 use super::shard::stream::StreamMsg;
 use super::*;
 
-/// Messages between cores (and from a core to itself, through its inbox).
+/// Messages between cores (and from a core to itself, through its inbox): a datagram for a
+/// connection another core holds, a request for the owner of a shard, or what an owner sends
+/// back to the cores that hold connections. The split is where a peer link will forward: a
+/// broker that does not own a shard sends its `ToOwner` to the broker that does.
 pub enum MeshMsg {
     /// A datagram for a connection that lives on the receiving core.
     Packet { buf: Vec<u8>, from: SocketAddr },
-    /// Connection core → owner.
+    /// To the core that owns the shard named in the message.
+    Owner(ToOwner),
+    /// To the core that holds the connection (or the subscribers, watches) it is for.
+    Conn(ToConn),
+}
+
+/// Connection core → the shard's owner core (or, `DrainHeld`, an owner to itself).
+pub enum ToOwner {
     Publish(PublishReq),
-    /// Owner → connection core: `(shard, first_offset, count)` or the refusal.
-    PublishResult { origin: Origin, result: PubResult },
-    /// Owner → every core with subscribers for the shard: one per core per batch.
-    Delivery {
-        stream: u32,
-        shard: u32,
-        batch: Batch,
-    },
-    /// Connection core → owner: a subscriber on `core` wants the shard from `start`.
+    /// A subscriber on `core` wants the shard from `start`.
     Attach {
         core: u8,
         sub: u64,
@@ -27,12 +29,7 @@ pub enum MeshMsg {
         shard: u32,
         start: StartAt,
     },
-    /// Owner → connection core: what to replay, and the offset live deliveries continue at.
-    AttachResult {
-        sub: u64,
-        result: Result<AttachOk, Refusal>,
-    },
-    /// Connection core → owner of a durable shard: the next history chunk from `from`.
+    /// A durable shard's next history chunk from `from`, for a catching-up subscriber.
     Fetch {
         core: u8,
         sub: u64,
@@ -40,31 +37,36 @@ pub enum MeshMsg {
         shard: u32,
         from: u64,
     },
-    /// Owner → connection core: a history chunk (from disk), or the ring's tail and the
-    /// switch to live delivery (`live`).
-    FetchResult {
-        sub: u64,
-        result: Result<Fetched, Refusal>,
+    /// One subscriber of `core` is gone.
+    Detach {
+        core: u8,
+        stream: u32,
+        shard: u32,
     },
-    /// Connection core → owner: one subscriber of `core` is gone.
-    Detach { core: u8, stream: u32, shard: u32 },
-    /// Connection core → owner: whether any Block subscriber of `core` has parked batches.
+    /// Whether any Block subscriber of `core` has parked batches.
     Parked {
         core: u8,
         stream: u32,
         shard: u32,
         parked: bool,
     },
-    /// Connection core → owner of a durable shard: a consumer-group request.
+    /// Owner → itself: try the next held publish (queued behind the deliveries just sent, so
+    /// local subscribers park before the next append if they are full).
+    DrainHeld {
+        stream: u32,
+        shard: u32,
+    },
+    /// A consumer-group request, to the owner of the durable shard.
     Group {
         origin: GroupOrigin,
         stream: u32,
         frame: felix_quic::wire::GroupFrame,
     },
-    /// Owner → connection core: the answer to a group request.
-    GroupReply { origin: GroupOrigin, frame: Frame },
-    /// Connection core → every core: a connection that long-polled is gone.
-    GroupConnClosed { core: u8, conn: ConnKey },
+    /// To every core: a connection that long-polled is gone.
+    GroupConnClosed {
+        core: u8,
+        conn: ConnKey,
+    },
     /// A cache request, to the owner of its shard.
     CacheReq {
         origin: CacheOrigin,
@@ -72,27 +74,54 @@ pub enum MeshMsg {
         shard: u32,
         frame: felix_quic::wire::CacheFrame,
     },
-    /// The answer, back to the connection's core.
-    CacheReply { origin: CacheOrigin, frame: Frame },
     /// Register a watch and compute its start, at the owner.
     WatchOpen(WatchReq),
+    /// Unregister a watch at the owner.
+    WatchClose {
+        watch: u64,
+        cache: u32,
+        shard: u32,
+    },
+}
+
+/// Owner core → the core that holds the connection, subscribers or watches.
+pub enum ToConn {
+    /// `(shard, first_offset, count)` or the refusal.
+    PublishResult { origin: Origin, result: PubResult },
+    /// To every core with subscribers for the shard: one per core per batch.
+    Delivery {
+        stream: u32,
+        shard: u32,
+        batch: Batch,
+    },
+    /// What to replay, and the offset live deliveries continue at.
+    AttachResult {
+        sub: u64,
+        result: Result<AttachOk, Refusal>,
+    },
+    /// A history chunk (from disk), or the ring's tail and the switch to live delivery
+    /// (`live`).
+    FetchResult {
+        sub: u64,
+        result: Result<Fetched, Refusal>,
+    },
+    /// The answer to a group request.
+    GroupReply { origin: GroupOrigin, frame: Frame },
+    /// The answer to a cache request.
+    CacheReply { origin: CacheOrigin, frame: Frame },
+    /// A watch's start, or its refusal.
     WatchOpened {
         watch: u64,
         result: Result<Opened, Refusal>,
     },
     /// A change of a cache shard, to a core with a matching watch.
     CacheChange { cache: u32, shard: u32, ev: Arc<Ev> },
-    /// Unregister a watch at the owner.
-    WatchClose { watch: u64, cache: u32, shard: u32 },
     /// The owner dropped a shard (its storage failed): end the local watches on it.
     WatchesEnded {
         cache: u32,
         shard: u32,
         why: Refusal,
     },
-    /// Owner → itself: try the next held publish (queued behind the deliveries just sent, so
-    /// local subscribers park before the next append if they are full).
-    DrainHeld { stream: u32, shard: u32 },
 }
 
 impl MeshMsg {
@@ -102,33 +131,37 @@ impl MeshMsg {
     #[allow(clippy::result_large_err)]
     pub(crate) fn into_stream(self) -> Result<(ShardKey, StreamMsg), MeshMsg> {
         Ok(match self {
-            MeshMsg::Publish(req) => ((req.stream, req.shard), StreamMsg::Publish(req)),
-            MeshMsg::Attach {
+            MeshMsg::Owner(ToOwner::Publish(req)) => {
+                ((req.stream, req.shard), StreamMsg::Publish(req))
+            }
+            MeshMsg::Owner(ToOwner::Attach {
                 core,
                 sub,
                 stream,
                 shard,
                 start,
-            } => ((stream, shard), StreamMsg::Attach { core, sub, start }),
-            MeshMsg::Fetch {
+            }) => ((stream, shard), StreamMsg::Attach { core, sub, start }),
+            MeshMsg::Owner(ToOwner::Fetch {
                 core,
                 sub,
                 stream,
                 shard,
                 from,
-            } => ((stream, shard), StreamMsg::Fetch { core, sub, from }),
-            MeshMsg::Detach {
+            }) => ((stream, shard), StreamMsg::Fetch { core, sub, from }),
+            MeshMsg::Owner(ToOwner::Detach {
                 core,
                 stream,
                 shard,
-            } => ((stream, shard), StreamMsg::Detach { core }),
-            MeshMsg::Parked {
+            }) => ((stream, shard), StreamMsg::Detach { core }),
+            MeshMsg::Owner(ToOwner::Parked {
                 core,
                 stream,
                 shard,
                 parked,
-            } => ((stream, shard), StreamMsg::Parked { core, parked }),
-            MeshMsg::DrainHeld { stream, shard } => ((stream, shard), StreamMsg::DrainHeld),
+            }) => ((stream, shard), StreamMsg::Parked { core, parked }),
+            MeshMsg::Owner(ToOwner::DrainHeld { stream, shard }) => {
+                ((stream, shard), StreamMsg::DrainHeld)
+            }
             other => return Err(other),
         })
     }
@@ -137,11 +170,13 @@ impl MeshMsg {
     /// attaches, detaches, park notices, group requests); None for any other.
     pub(crate) fn waits_for_open(&self) -> Option<ShardKey> {
         match self {
-            MeshMsg::Publish(req) => Some((req.stream, req.shard)),
-            MeshMsg::Group { stream, frame, .. } => frame.target().map(|t| (*stream, t.shard)),
-            MeshMsg::Attach { stream, shard, .. }
-            | MeshMsg::Detach { stream, shard, .. }
-            | MeshMsg::Parked { stream, shard, .. } => Some((*stream, *shard)),
+            MeshMsg::Owner(ToOwner::Publish(req)) => Some((req.stream, req.shard)),
+            MeshMsg::Owner(ToOwner::Group { stream, frame, .. }) => {
+                frame.target().map(|t| (*stream, t.shard))
+            }
+            MeshMsg::Owner(ToOwner::Attach { stream, shard, .. })
+            | MeshMsg::Owner(ToOwner::Detach { stream, shard, .. })
+            | MeshMsg::Owner(ToOwner::Parked { stream, shard, .. }) => Some((*stream, *shard)),
             _ => None,
         }
     }
@@ -222,45 +257,61 @@ impl CoreState {
                     _ => {}
                 }
             }
-            MeshMsg::PublishResult { origin, result } => self.on_publish_result(origin, result),
-            MeshMsg::Delivery {
+            MeshMsg::Conn(ToConn::PublishResult { origin, result }) => {
+                self.on_publish_result(origin, result)
+            }
+            MeshMsg::Conn(ToConn::Delivery {
                 stream,
                 shard,
                 batch,
-            } => self.on_delivery(stream, shard, batch),
-            MeshMsg::AttachResult { sub, result } => self.on_attach_result(sub, result),
-            MeshMsg::FetchResult { sub, result } => self.on_fetch_result(sub, result),
-            MeshMsg::Group {
+            }) => self.on_delivery(stream, shard, batch),
+            MeshMsg::Conn(ToConn::AttachResult { sub, result }) => {
+                self.on_attach_result(sub, result)
+            }
+            MeshMsg::Conn(ToConn::FetchResult { sub, result }) => self.on_fetch_result(sub, result),
+            MeshMsg::Owner(ToOwner::Group {
                 origin,
                 stream,
                 frame,
-            } => self.on_group(origin, stream, frame),
-            MeshMsg::GroupReply { origin, frame } => self.on_group_reply(origin, frame),
-            MeshMsg::GroupConnClosed { core, conn } => self.on_group_conn_closed(core, conn),
-            MeshMsg::CacheReq {
+            }) => self.on_group(origin, stream, frame),
+            MeshMsg::Conn(ToConn::GroupReply { origin, frame }) => {
+                self.on_group_reply(origin, frame)
+            }
+            MeshMsg::Owner(ToOwner::GroupConnClosed { core, conn }) => {
+                self.on_group_conn_closed(core, conn)
+            }
+            MeshMsg::Owner(ToOwner::CacheReq {
                 origin,
                 cache,
                 shard,
                 frame,
-            } => self.on_cache_req(origin, cache, shard, frame),
-            MeshMsg::CacheReply { origin, frame } => self.on_cache_reply(origin, frame),
-            MeshMsg::WatchOpen(req) => self.on_watch_open(req),
-            MeshMsg::WatchOpened { watch, result } => self.on_watch_opened(watch, result),
-            MeshMsg::CacheChange { cache, shard, ev } => self.on_cache_change(cache, shard, ev),
-            MeshMsg::WatchClose {
+            }) => self.on_cache_req(origin, cache, shard, frame),
+            MeshMsg::Conn(ToConn::CacheReply { origin, frame }) => {
+                self.on_cache_reply(origin, frame)
+            }
+            MeshMsg::Owner(ToOwner::WatchOpen(req)) => self.on_watch_open(req),
+            MeshMsg::Conn(ToConn::WatchOpened { watch, result }) => {
+                self.on_watch_opened(watch, result)
+            }
+            MeshMsg::Conn(ToConn::CacheChange { cache, shard, ev }) => {
+                self.on_cache_change(cache, shard, ev)
+            }
+            MeshMsg::Owner(ToOwner::WatchClose {
                 watch,
                 cache,
                 shard,
-            } => self.on_watch_close(watch, cache, shard),
-            MeshMsg::WatchesEnded { cache, shard, why } => {
+            }) => self.on_watch_close(watch, cache, shard),
+            MeshMsg::Conn(ToConn::WatchesEnded { cache, shard, why }) => {
                 self.end_local_watches((cache, shard), why)
             }
-            MeshMsg::Publish(_)
-            | MeshMsg::Attach { .. }
-            | MeshMsg::Fetch { .. }
-            | MeshMsg::Detach { .. }
-            | MeshMsg::Parked { .. }
-            | MeshMsg::DrainHeld { .. } => unreachable!("handed to the stream shard host above"),
+            MeshMsg::Owner(ToOwner::Publish(_))
+            | MeshMsg::Owner(ToOwner::Attach { .. })
+            | MeshMsg::Owner(ToOwner::Fetch { .. })
+            | MeshMsg::Owner(ToOwner::Detach { .. })
+            | MeshMsg::Owner(ToOwner::Parked { .. })
+            | MeshMsg::Owner(ToOwner::DrainHeld { .. }) => {
+                unreachable!("handed to the stream shard host above")
+            }
         }
         None
     }

@@ -70,7 +70,7 @@ pub use driver::run_core;
 use durable::{commit_bytes_max, open_durable_shards, remove_deleted_shard, slot_shard_dir};
 pub use durable::{log_config, shard_dir, stream_dir};
 pub use groups::GroupOrigin;
-pub use mesh::{AttachOk, Fetched, MeshMsg};
+pub use mesh::{AttachOk, Fetched, MeshMsg, ToConn, ToOwner};
 use shard::stream::{HostCfg, StreamHost};
 use shard::StreamChange;
 

@@ -396,12 +396,12 @@ impl CoreState {
         let owner = self.cache_owner_core(idx, shard);
         self.route(
             owner,
-            MeshMsg::CacheReq {
+            MeshMsg::Owner(ToOwner::CacheReq {
                 origin,
                 cache: idx,
                 shard,
                 frame,
-            },
+            }),
         );
         Ok(())
     }

@@ -29,10 +29,10 @@ impl CoreState {
         };
         self.route(
             origin.core,
-            MeshMsg::CacheReply {
+            MeshMsg::Conn(ToConn::CacheReply {
                 origin,
                 frame: reply,
-            },
+            }),
         );
     }
 
@@ -189,11 +189,11 @@ impl CoreState {
             if yes {
                 self.route(
                     core as u8,
-                    MeshMsg::CacheChange {
+                    MeshMsg::Conn(ToConn::CacheChange {
                         cache: key.0,
                         shard: key.1,
                         ev: ev.clone(),
-                    },
+                    }),
                 );
             }
         }
@@ -218,10 +218,10 @@ impl CoreState {
         let result = self.start_watch(&req).map_err(Refusal::from);
         self.route(
             req.core,
-            MeshMsg::WatchOpened {
+            MeshMsg::Conn(ToConn::WatchOpened {
                 watch: req.watch,
                 result,
-            },
+            }),
         );
     }
 
@@ -348,10 +348,10 @@ impl CoreState {
                             ErrorCode::Unavailable,
                             format!("reading the cache log: {e}"),
                         );
-                        let opened = MeshMsg::WatchOpened {
+                        let opened = MeshMsg::Conn(ToConn::WatchOpened {
                             watch: req.watch,
                             result: Err(err.into()),
-                        };
+                        });
                         return reenter(&me, |st| st.route(req.core, opened));
                     }
                 };
@@ -442,10 +442,10 @@ impl CoreState {
         .map_err(Refusal::from);
         self.route(
             req.core,
-            MeshMsg::WatchOpened {
+            MeshMsg::Conn(ToConn::WatchOpened {
                 watch: req.watch,
                 result,
-            },
+            }),
         );
         None
     }

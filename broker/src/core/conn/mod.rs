@@ -566,13 +566,13 @@ impl CoreState {
         let deadline = Instant::now() + Duration::from_millis(cfg.publish_timeout_ms);
         self.route(
             owner,
-            MeshMsg::Publish(PublishReq {
+            MeshMsg::Owner(ToOwner::Publish(PublishReq {
                 origin,
                 stream: idx,
                 shard,
                 records,
                 deadline,
-            }),
+            })),
         );
         Ok(())
     }

@@ -8,7 +8,7 @@
 //! the simulator run this same code.
 
 use crate::core::shard::{Ctx, Refusal};
-use crate::core::{AttachOk, Fetched, MeshMsg, ShardKey};
+use crate::core::{AttachOk, Fetched, MeshMsg, ShardKey, ToOwner};
 use crate::fanout::{Batch, Item, Offer, SubQueue};
 use crate::metrics::CoreCounters;
 use felix_quic::idmap::IdMap;
@@ -107,13 +107,13 @@ impl SubHost {
         assert!(prev.is_none(), "subscription ids are unique");
         self.local.entry(key).or_default().push(sid);
         CoreCounters::inc(&ctx.counters.subscriptions_opened);
-        let attach = MeshMsg::Attach {
+        let attach = MeshMsg::Owner(ToOwner::Attach {
             core: ctx.me,
             sub: sid,
             stream: key.0,
             shard: key.1,
             start,
-        };
+        });
         self.effects
             .push(SubEffect::Route(ctx.owner_core(key), attach));
     }
@@ -186,12 +186,12 @@ impl SubHost {
     /// Tell the shard's owner whether any Block subscriber on this core has parked batches
     /// (sent when the count leaves or returns to zero).
     fn tell_owner_parked(&mut self, key: ShardKey, parked: bool, ctx: &Ctx) {
-        let msg = MeshMsg::Parked {
+        let msg = MeshMsg::Owner(ToOwner::Parked {
             core: ctx.me,
             stream: key.0,
             shard: key.1,
             parked,
-        };
+        });
         self.effects
             .push(SubEffect::Route(ctx.owner_core(key), msg));
     }
@@ -299,13 +299,13 @@ impl SubHost {
         let Some(from) = sub.next_offset else { return };
         sub.catch_up = Some(true);
         let (stream, shard) = (sub.stream, sub.shard);
-        let fetch = MeshMsg::Fetch {
+        let fetch = MeshMsg::Owner(ToOwner::Fetch {
             core: ctx.me,
             sub: sid,
             stream,
             shard,
             from,
-        };
+        });
         let owner = ctx.owner_core((stream, shard));
         self.effects.push(SubEffect::Route(owner, fetch));
     }
@@ -360,11 +360,11 @@ impl SubHost {
         if sub.queue.is_parked() {
             self.unparked(key, ctx);
         }
-        let detach = MeshMsg::Detach {
+        let detach = MeshMsg::Owner(ToOwner::Detach {
             core: ctx.me,
             stream: key.0,
             shard: key.1,
-        };
+        });
         self.effects
             .push(SubEffect::Route(ctx.owner_core(key), detach));
         if let Some((code, message)) = end {

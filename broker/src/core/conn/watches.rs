@@ -8,7 +8,7 @@
 
 use crate::cache::{Filter, WatchQueue};
 use crate::core::shard::{Ctx, Refused};
-use crate::core::{Ev, MeshMsg, Opened, ShardKey, WatchReq};
+use crate::core::{Ev, MeshMsg, Opened, ShardKey, ToOwner, WatchReq};
 use crate::metrics::CoreCounters;
 use bytes::Bytes;
 use felix_quic::idmap::IdMap;
@@ -133,7 +133,10 @@ impl WatchHost {
         let prev = self.watches.insert(wid, w);
         assert!(prev.is_none(), "watch ids are unique");
         self.local.entry(key).or_default().push(wid);
-        self.send(ctx.cache_owner_core(key), MeshMsg::WatchOpen(req));
+        self.send(
+            ctx.cache_owner_core(key),
+            MeshMsg::Owner(ToOwner::WatchOpen(req)),
+        );
     }
 
     /// The owner answered the watch: refused, or its start (state phase, replay, live
@@ -255,11 +258,11 @@ impl WatchHost {
                 self.local.remove(&key);
             }
         }
-        let close = MeshMsg::WatchClose {
+        let close = MeshMsg::Owner(ToOwner::WatchClose {
             watch: wid,
             cache: key.0,
             shard: key.1,
-        };
+        });
         self.send(ctx.cache_owner_core(key), close);
     }
 

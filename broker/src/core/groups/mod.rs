@@ -185,7 +185,10 @@ impl CoreState {
     }
 
     pub(in crate::core) fn group_reply(&mut self, origin: GroupOrigin, frame: Frame) {
-        self.route(origin.core, MeshMsg::GroupReply { origin, frame });
+        self.route(
+            origin.core,
+            MeshMsg::Conn(ToConn::GroupReply { origin, frame }),
+        );
     }
 
     // ---------- connection side ----------
@@ -247,11 +250,11 @@ impl CoreState {
         let owner = self.owner_core(idx, target.shard);
         self.route(
             owner,
-            MeshMsg::Group {
+            MeshMsg::Owner(ToOwner::Group {
                 origin,
                 stream: idx,
                 frame,
-            },
+            }),
         );
         Ok(())
     }
@@ -271,10 +274,10 @@ impl CoreState {
         for core in 0..self.s.cores {
             self.route(
                 core,
-                MeshMsg::GroupConnClosed {
+                MeshMsg::Owner(ToOwner::GroupConnClosed {
                     core: self.id,
                     conn: key,
-                },
+                }),
             );
         }
     }

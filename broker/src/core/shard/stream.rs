@@ -11,7 +11,7 @@
 use super::log::ShardLog;
 use super::{Ctx, Life, Refusal, Refused};
 use crate::catalog::{core_for_shard, Catalog, Place};
-use crate::core::{AttachOk, Fetched, MeshMsg, PublishReq, ShardKey};
+use crate::core::{AttachOk, Fetched, MeshMsg, PublishReq, ShardKey, ToConn, ToOwner};
 use crate::fanout::{Lag, ReplayRing, ShardOwner};
 use crate::metrics::{CoreCounters, Histogram};
 use felix_quic::idmap::IdMap;
@@ -141,10 +141,10 @@ impl<L: ShardLog> StreamHost<L> {
     fn refuse_publish(&mut self, req: PublishReq, why: Refused) {
         self.send(
             req.origin.core,
-            MeshMsg::PublishResult {
+            MeshMsg::Conn(ToConn::PublishResult {
                 origin: req.origin,
                 result: Err(why),
-            },
+            }),
         );
     }
 
@@ -337,7 +337,7 @@ impl<L: ShardLog> StreamHost<L> {
                             let result = Ok((key.1, range.start, req.records.count()));
                             self.effects.push(Effect::Send(
                                 origin.core,
-                                MeshMsg::PublishResult { origin, result },
+                                MeshMsg::Conn(ToConn::PublishResult { origin, result }),
                             ));
                         }
                         d.pending.push_back(Pending {
@@ -385,15 +385,18 @@ impl<L: ShardLog> StreamHost<L> {
             if core as u8 != ctx.me {
                 CoreCounters::inc(&c.mesh_deliveries_out);
             }
-            let delivery = MeshMsg::Delivery {
+            let delivery = MeshMsg::Conn(ToConn::Delivery {
                 stream: key.0,
                 shard: key.1,
                 batch: batch.clone(),
-            };
+            });
             self.send(core as u8, delivery);
         }
         let origin = req.origin;
-        self.send(origin.core, MeshMsg::PublishResult { origin, result });
+        self.send(
+            origin.core,
+            MeshMsg::Conn(ToConn::PublishResult { origin, result }),
+        );
         if self.is_durable(key) {
             self.effects.push(Effect::Committed(key));
         }
@@ -422,10 +425,10 @@ impl<L: ShardLog> StreamHost<L> {
             if !self.shard(key).owner.held.is_empty() {
                 self.send(
                     ctx.me,
-                    MeshMsg::DrainHeld {
+                    MeshMsg::Owner(ToOwner::DrainHeld {
                         stream: key.0,
                         shard: key.1,
-                    },
+                    }),
                 );
             }
             return;
@@ -464,7 +467,7 @@ impl<L: ShardLog> StreamHost<L> {
 
     fn attach(&mut self, key: ShardKey, core: u8, sub: u64, start: StartAt, ctx: &Ctx) {
         let result = self.attach_result(key, core, start, ctx);
-        self.send(core, MeshMsg::AttachResult { sub, result });
+        self.send(core, MeshMsg::Conn(ToConn::AttachResult { sub, result }));
     }
 
     fn attach_result(
@@ -562,20 +565,20 @@ impl<L: ShardLog> StreamHost<L> {
             Some(Err(e)) => {
                 return self.send(
                     core,
-                    MeshMsg::FetchResult {
+                    MeshMsg::Conn(ToConn::FetchResult {
                         sub,
                         result: Err(e),
-                    },
+                    }),
                 )
             }
             None => {
                 let e = Refusal::new(ErrorCode::Unavailable, "not a durable shard");
                 return self.send(
                     core,
-                    MeshMsg::FetchResult {
+                    MeshMsg::Conn(ToConn::FetchResult {
                         sub,
                         result: Err(e),
-                    },
+                    }),
                 );
             }
         };
@@ -587,7 +590,7 @@ impl<L: ShardLog> StreamHost<L> {
                 batches,
                 live: true,
             });
-            return self.send(core, MeshMsg::FetchResult { sub, result });
+            return self.send(core, MeshMsg::Conn(ToConn::FetchResult { sub, result }));
         }
         CoreCounters::inc(&ctx.counters.history_reads);
         self.effects.push(Effect::Read {
@@ -642,7 +645,7 @@ impl<L: ShardLog> StreamHost<L> {
                 format!("history read failed: {e}"),
             )),
         };
-        self.send(core, MeshMsg::FetchResult { sub, result });
+        self.send(core, MeshMsg::Conn(ToConn::FetchResult { sub, result }));
     }
 
     // ---------- durable lifecycle ----------

@@ -171,16 +171,20 @@ fn held_only_while_full(w: &World) -> Result<(), String> {
                 .cores
                 .iter()
                 .any(|d| d.subs.parked_counts().get(&key).is_some_and(|p| *p > 0));
-            let releasing = w.in_flight().any(|m| match m {
-                crate::core::MeshMsg::Parked {
-                    stream,
-                    shard,
-                    parked: false,
-                    ..
-                }
-                | crate::core::MeshMsg::DrainHeld { stream, shard } => (*stream, *shard) == key,
-                _ => false,
-            });
+            let releasing =
+                w.in_flight().any(|m| match m {
+                    crate::core::MeshMsg::Owner(crate::core::ToOwner::Parked {
+                        stream,
+                        shard,
+                        parked: false,
+                        ..
+                    })
+                    | crate::core::MeshMsg::Owner(crate::core::ToOwner::DrainHeld {
+                        stream,
+                        shard,
+                    }) => (*stream, *shard) == key,
+                    _ => false,
+                });
             if !parked && !releasing {
                 return Err(format!(
                     "block_held_only_while_full: core {c} holds {n} publishes for {key:?} and no subscriber is full"

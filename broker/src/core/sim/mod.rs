@@ -24,7 +24,7 @@ use crate::catalog::Catalog;
 use crate::core::conn::subs::{Sub, SubEffect, SubHost};
 use crate::core::shard::stream::{Effect, HostCfg, OpenOutcome, StreamHost};
 use crate::core::shard::{stream_changes, Ctx, Refused, StreamChange};
-use crate::core::{MeshMsg, Origin, PublishReq, ShardKey};
+use crate::core::{MeshMsg, Origin, PublishReq, ShardKey, ToConn, ToOwner};
 use crate::fanout::SubQueue;
 use crate::metrics::{CoreCounters, Histogram};
 use bytes::Bytes;
@@ -353,7 +353,7 @@ impl World {
             Err(m) => m,
         };
         match msg {
-            MeshMsg::PublishResult { origin, result } => {
+            MeshMsg::Conn(ToConn::PublishResult { origin, result }) => {
                 let id = origin.request_id;
                 let p = self.pubs.get_mut(&id).expect("a publish of the simulation");
                 p.answers.push(match result {
@@ -361,15 +361,15 @@ impl World {
                     Err(why) => Err(why.code),
                 });
             }
-            MeshMsg::Delivery {
+            MeshMsg::Conn(ToConn::Delivery {
                 stream,
                 shard,
                 batch,
-            } => self.with_subs(c, |h, w, ctx| h.on_delivery((stream, shard), batch, w, ctx)),
-            MeshMsg::AttachResult { sub, result } => {
+            }) => self.with_subs(c, |h, w, ctx| h.on_delivery((stream, shard), batch, w, ctx)),
+            MeshMsg::Conn(ToConn::AttachResult { sub, result }) => {
                 self.with_subs(c, |h, w, ctx| h.on_attach_result(sub, result, w, ctx))
             }
-            MeshMsg::FetchResult { sub, result } => {
+            MeshMsg::Conn(ToConn::FetchResult { sub, result }) => {
                 self.with_subs(c, |h, w, ctx| h.on_fetch_result(sub, result, w, ctx))
             }
             other => panic!(
@@ -431,7 +431,7 @@ impl World {
             deadline,
         };
         let owner = self.ctx(core).owner_core(key);
-        self.send(core, owner, MeshMsg::Publish(req));
+        self.send(core, owner, MeshMsg::Owner(ToOwner::Publish(req)));
         self.drain_inbox(core);
         id
     }
@@ -799,26 +799,28 @@ impl World {
 /// A message's name, for the trace.
 fn mesh_name(m: &MeshMsg) -> String {
     match m {
-        MeshMsg::Publish(r) => format!("Publish #{}", r.origin.request_id),
-        MeshMsg::PublishResult { origin, result } => {
+        MeshMsg::Owner(ToOwner::Publish(r)) => format!("Publish #{}", r.origin.request_id),
+        MeshMsg::Conn(ToConn::PublishResult { origin, result }) => {
             format!(
                 "PublishResult #{} {:?}",
                 origin.request_id,
                 result.as_ref().map_err(|e| e.code)
             )
         }
-        MeshMsg::Delivery { batch, .. } => {
+        MeshMsg::Conn(ToConn::Delivery { batch, .. }) => {
             format!("Delivery {}..{}", batch.first_offset, batch.end())
         }
-        MeshMsg::Attach { sub, .. } => format!("Attach #{sub}"),
-        MeshMsg::AttachResult { sub, result } => {
+        MeshMsg::Owner(ToOwner::Attach { sub, .. }) => format!("Attach #{sub}"),
+        MeshMsg::Conn(ToConn::AttachResult { sub, result }) => {
             format!("AttachResult #{sub} ok={}", result.is_ok())
         }
-        MeshMsg::Fetch { sub, from, .. } => format!("Fetch #{sub} from {from}"),
-        MeshMsg::FetchResult { sub, .. } => format!("FetchResult #{sub}"),
-        MeshMsg::Detach { core, .. } => format!("Detach from core {core}"),
-        MeshMsg::Parked { core, parked, .. } => format!("Parked core {core} {parked}"),
-        MeshMsg::DrainHeld { .. } => "DrainHeld".into(),
+        MeshMsg::Owner(ToOwner::Fetch { sub, from, .. }) => format!("Fetch #{sub} from {from}"),
+        MeshMsg::Conn(ToConn::FetchResult { sub, .. }) => format!("FetchResult #{sub}"),
+        MeshMsg::Owner(ToOwner::Detach { core, .. }) => format!("Detach from core {core}"),
+        MeshMsg::Owner(ToOwner::Parked { core, parked, .. }) => {
+            format!("Parked core {core} {parked}")
+        }
+        MeshMsg::Owner(ToOwner::DrainHeld { .. }) => "DrainHeld".into(),
         _ => "other".into(),
     }
 }
