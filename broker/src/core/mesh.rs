@@ -116,6 +116,12 @@ pub enum ToConn {
     },
     /// A change of a cache shard, to a core with a matching watch.
     CacheChange { cache: u32, shard: u32, ev: Arc<Ev> },
+    /// The owner's stream shard failed (its storage): end the local subscriptions on it.
+    SubsEnded {
+        stream: u32,
+        shard: u32,
+        why: Refusal,
+    },
     /// The owner dropped a shard (its storage failed): end the local watches on it.
     WatchesEnded {
         cache: u32,
@@ -301,6 +307,9 @@ impl CoreState {
                 cache,
                 shard,
             }) => self.on_watch_close(watch, cache, shard),
+            MeshMsg::Conn(ToConn::SubsEnded { stream, shard, why }) => {
+                self.end_local_subs((stream, shard), why)
+            }
             MeshMsg::Conn(ToConn::WatchesEnded { cache, shard, why }) => {
                 self.end_local_watches((cache, shard), why)
             }

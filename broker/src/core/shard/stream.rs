@@ -775,7 +775,31 @@ impl<L: ShardLog> StreamHost<L> {
         if !closing && !matches!(d.life, Life::Failed { .. }) {
             CoreCounters::inc(&ctx.counters.durable_shards_failed);
             d.life.fail(why.clone());
+            // Its subscribers are told, as a failed cache shard's watches are: nothing more
+            // will reach them from this shard.
+            let cores: Vec<usize> = self.shards[&key].owner.interested_cores().collect();
+            #[cfg(test)]
+            let cores = if breaks::on(&breaks::SILENT_FAILURE) {
+                Vec::new()
+            } else {
+                cores
+            };
+            let end = Refusal::new(
+                ErrorCode::Unavailable,
+                format!("shard storage failed: {why}; subscribe again after the broker reopens it"),
+            );
+            for core in cores {
+                let msg = ToConn::SubsEnded {
+                    stream: key.0,
+                    shard: key.1,
+                    why: end.clone(),
+                };
+                self.send(core as u8, MeshMsg::Conn(msg));
+            }
         }
+        let Some(d) = self.shards.get_mut(&key).and_then(|s| s.durable.as_mut()) else {
+            return;
+        };
         let pending: Vec<Pending> = d.pending.drain(..).collect();
         let why = if closing {
             Refusal::new(
@@ -851,6 +875,8 @@ pub(crate) mod breaks {
     pub(crate) static ACK_BEFORE_COMMIT: AtomicBool = AtomicBool::new(false);
     /// Ignore the notice that a core's Block subscribers are no longer full.
     pub(crate) static IGNORE_UNPARK: AtomicBool = AtomicBool::new(false);
+    /// Leave a failed shard's subscriptions open (untold).
+    pub(crate) static SILENT_FAILURE: AtomicBool = AtomicBool::new(false);
 
     pub(crate) fn on(b: &AtomicBool) -> bool {
         b.load(std::sync::atomic::Ordering::Relaxed)

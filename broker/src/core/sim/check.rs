@@ -92,8 +92,9 @@ fn acked_in_log(w: &World, acked: &Acked) -> Result<(), String> {
 
 /// INVARIANT `subscriber_sees_log_in_order`: what a subscriber receives starts at its
 /// `SubscribeOk` offset and is the shard's log in order: each batch starts where the last
-/// item ended, each gap is one lag notice naming it exactly, a Block subscriber never has a
-/// gap, nothing follows the end, and every record is the one acknowledged at its offset.
+/// item ended, each gap is one lag notice naming it exactly, a Block subscriber has no gap
+/// after the one retention may announce first (records gone before it subscribed), nothing
+/// follows the end, and every record is the one acknowledged at its offset.
 /// Returns where each subscriber's stream stands (`None`: ended).
 fn subscribers_in_order(w: &World, acked: &Acked) -> Result<BTreeMap<u64, Option<u64>>, String> {
     let mut out = BTreeMap::new();
@@ -113,7 +114,7 @@ fn subscribers_in_order(w: &World, acked: &Acked) -> Result<BTreeMap<u64, Option
         };
         let offsets = acked.get(&(c.key, life_of(w, c.key, c.life)));
         let mut next = Some(start);
-        for item in c.read.iter().chain(&c.unread) {
+        for (i, item) in c.read.iter().chain(&c.unread).enumerate() {
             let Some(expect) = next else {
                 return Err(format!(
                     "subscriber_sees_log_in_order: #{sid} got {item:?} after its end"
@@ -140,7 +141,13 @@ fn subscribers_in_order(w: &World, acked: &Acked) -> Result<BTreeMap<u64, Option
                     next = Some(first + records.len() as u64);
                 }
                 Got::Lag { from, lost } => {
-                    if *from != expect || *lost == 0 || c.policy == QueuePolicy::Block {
+                    // Block loses nothing once subscribed; what retention no longer held when
+                    // it subscribed is announced first, for every policy.
+                    let retention = i == 0 && *from == start;
+                    if *from != expect
+                        || *lost == 0
+                        || (c.policy == QueuePolicy::Block && !retention)
+                    {
                         return Err(format!(
                             "subscriber_sees_log_in_order: #{sid} ({:?}) expected offset {expect}, got a lag notice {from}+{lost}",
                             c.policy
@@ -207,7 +214,8 @@ pub(super) fn after_step(w: &World) -> Result<(), String> {
 /// subscribe its answer, and no host holds or waits for anything.
 /// INVARIANT `live_subscriber_complete`: a subscription still open has received (or been told
 /// it lost) every record up to its shard's tail, and every record it received was
-/// acknowledged.
+/// acknowledged; a subscription on a shard whose storage failed was ended (told), not left
+/// open with nothing more coming.
 pub(super) fn at_rest(w: &World) -> Result<(), String> {
     after_step(w)?;
     for (id, p) in &w.pubs {
@@ -247,11 +255,17 @@ pub(super) fn at_rest(w: &World) -> Result<(), String> {
         };
         // The shard's tail: for a durable shard its log's commit mark (acknowledged
         // publishes of a crashed broker's clients are in it too), else the acknowledged end.
-        // A failed log's commits past what it reported are not served.
-        let usable = |st: &&std::rc::Rc<std::cell::RefCell<super::Stored>>| {
-            durable(w, c.key) && st.borrow().failed.is_none()
-        };
-        let tail = match w.disk.get(&c.key).filter(usable) {
+        let failed = durable(w, c.key)
+            && w.disk
+                .get(&c.key)
+                .is_some_and(|st| st.borrow().failed.is_some());
+        if failed {
+            return Err(format!(
+                "live_subscriber_complete: #{sid} on {:?} is still open after its shard's storage failed (never told)",
+                c.key
+            ));
+        }
+        let tail = match w.disk.get(&c.key).filter(|_| durable(w, c.key)) {
             Some(st) => st.borrow().acked(),
             None => acked
                 .get(&(c.key, life_of(w, c.key, c.life)))

@@ -366,6 +366,9 @@ impl World {
                 shard,
                 batch,
             }) => self.with_subs(c, |h, w, ctx| h.on_delivery((stream, shard), batch, w, ctx)),
+            MeshMsg::Conn(ToConn::SubsEnded { stream, shard, why }) => {
+                self.with_subs(c, |h, _, ctx| h.end_shard((stream, shard), why, ctx))
+            }
             MeshMsg::Conn(ToConn::AttachResult { sub, result }) => {
                 self.with_subs(c, |h, w, ctx| h.on_attach_result(sub, result, w, ctx))
             }

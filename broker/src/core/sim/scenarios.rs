@@ -454,6 +454,100 @@ fn crash_and_restart_keeps_acknowledged(w: &mut World) -> Result<(), String> {
     Ok(())
 }
 
+/// Everything at once: a random mix of publishes, subscribes (every policy, bound and start),
+/// unsubscribes, stalls, clock jumps, a device error, a crash, placement moves and a stream
+/// delete, interleaved with random events. The checkers watch every step.
+fn everything_at_once(w: &mut World) -> Result<(), String> {
+    let mut generation = 1u64;
+    let (mut failed, mut crashed, mut deleted) = (false, false, false);
+    let mut layout = [HERE, HERE];
+    for _ in 0..60 {
+        let roll = w.rng.below(100);
+        let stream = if w.rng.chance(50) { EPH } else { DUR };
+        let (c, key) = (w.any_core(), w.any_shard(stream));
+        match roll {
+            0..=29 => {
+                let n = 1 + w.rng.below(3) as u32;
+                w.publish(c, key, n);
+            }
+            30..=41 => {
+                let policy = [
+                    QueuePolicy::DropNew,
+                    QueuePolicy::DropOld,
+                    QueuePolicy::Block,
+                ][w.rng.below(3) as usize];
+                let start = match w.rng.below(3) {
+                    0 => StartAt::Latest,
+                    1 => StartAt::Earliest,
+                    _ => StartAt::Offset(w.rng.below(6)),
+                };
+                let bound = 1 + w.rng.below(8);
+                w.subscribe(c, key, start, policy, bound);
+            }
+            42..=49 => {
+                let live: Vec<u64> = w
+                    .clients
+                    .iter()
+                    .filter(|(_, cl)| !cl.lost && cl.answer.is_some_and(|a| a.is_ok()))
+                    .map(|(id, _)| *id)
+                    .collect();
+                if !live.is_empty() {
+                    let sid = live[w.rng.below(live.len() as u64) as usize];
+                    w.unsubscribe(sid);
+                }
+            }
+            50..=64 => {
+                let ids: Vec<u64> = w.clients.keys().copied().collect();
+                if !ids.is_empty() {
+                    let sid = ids[w.rng.below(ids.len() as u64) as usize];
+                    let stall = w.rng.chance(50);
+                    w.set_stalled(sid, stall);
+                }
+            }
+            65..=74 => {
+                let ms = w.rng.below(PUBLISH_TIMEOUT_MS);
+                w.advance(ms);
+            }
+            75..=77 if !failed => {
+                failed = true;
+                let k = w.any_shard(DUR);
+                w.fail_log(k);
+            }
+            78..=80 if !crashed => {
+                crashed = true;
+                let machine = w.rng.chance(50);
+                w.crash(machine);
+            }
+            81..=83 => {
+                // Move a shard away, or back, at a new generation.
+                generation += 1;
+                let i = stream as usize;
+                if let Some(mut places) = layout[i] {
+                    let s = key.1 as usize;
+                    places[s] = if places[s].0 == NODE {
+                        (2, generation)
+                    } else {
+                        (NODE, generation)
+                    };
+                    layout[i] = Some(places);
+                    let next = catalog(&w.catalog, layout);
+                    w.set_catalog(next);
+                }
+            }
+            84 if !deleted => {
+                deleted = true;
+                layout[stream as usize] = None;
+                let next = catalog(&w.catalog, layout);
+                w.set_catalog(next);
+            }
+            _ => {}
+        }
+        let k = w.rng.below(12);
+        w.run(k)?;
+    }
+    w.quiesce()
+}
+
 // ---------- the seed loop ----------
 
 type Scenario = fn(&mut World) -> Result<(), String>;
@@ -576,6 +670,7 @@ mod run {
         storage_failure_refuses_pending => [durable_shards_failed, durable_publishes_refused],
         drain_across_cores => [durable_commits, subscriptions_closed],
         crash_and_restart_keeps_acknowledged => [history_reads],
+        everything_at_once => [publishes_held, lag_notices, history_reads, durable_shards_failed],
     );
 }
 
@@ -606,6 +701,15 @@ fn negative_twin_ack_before_commit_is_caught() {
         &breaks::ACK_BEFORE_COMMIT,
         crash_and_restart_keeps_acknowledged,
         "acked_in_log",
+    );
+}
+
+#[test]
+fn negative_twin_silent_storage_failure_is_caught() {
+    negative_twin(
+        &breaks::SILENT_FAILURE,
+        storage_failure_refuses_pending,
+        "live_subscriber_complete",
     );
 }
 
