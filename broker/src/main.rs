@@ -230,12 +230,18 @@ fn run(cfg: Config) -> Result<(), String> {
             use std::io::Write;
             let _ = std::io::stdout().flush();
         }
-        // Poll quickly until ready, then only for signals.
-        let ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: if announced { 100_000_000 } else { 5_000_000 },
+        // Poll quickly until ready; once ready, sleep until a signal. This thread shares the
+        // process's CPUs with the cores: a periodic wake-up would preempt a core's executor
+        // (measured: ~10 preemptions a second of ~40 µs each with a 100 ms poll).
+        let r = if announced {
+            unsafe { libc::sigwaitinfo(&sigset, std::ptr::null_mut()) }
+        } else {
+            let ts = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 5_000_000,
+            };
+            unsafe { libc::sigtimedwait(&sigset, std::ptr::null_mut(), &ts) }
         };
-        let r = unsafe { libc::sigtimedwait(&sigset, std::ptr::null_mut(), &ts) };
         if r > 0 {
             break r;
         }

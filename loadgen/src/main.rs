@@ -193,6 +193,12 @@ struct Args {
     /// (fanout-scale, cache); no default (not reported).
     #[arg(long)]
     broker_pid: Option<u32>,
+    /// Latency mode: list every message whose delivered-to-all latency is at least this many
+    /// µs, with the CLOCK_MONOTONIC time it was published (ns), in the result's `outliers`
+    /// (at most 5,000), to line the tail up with a trace of the broker (`perf record -k
+    /// mono`). No default (not listed).
+    #[arg(long)]
+    outliers_us: Option<u64>,
     /// Cache name (cache), in tenant `default`, namespace `default`.
     #[arg(long, default_value = "kv")]
     cache: String,
@@ -595,6 +601,9 @@ async fn run(mut a: Args) {
     if a.max_secs.is_some_and(|s| s == 0 || s > 600) {
         usage("--max-secs must be 1..=600");
     }
+    if a.outliers_us.is_some() && !matches!(a.mode, Mode::Latency) {
+        usage("--outliers-us applies to --mode latency");
+    }
     if let Some(d) = a.duration {
         if !takes_duration(a.mode) {
             usage("--duration applies to throughput, latency, rtt and ingest (fanout-scale and cache publish for --secs; the others take --count)");
@@ -872,6 +881,7 @@ async fn latency(a: &Args) -> Result<(), felix_client::Error> {
     plan.start();
     let start = Instant::now();
     let mut i = 0u64;
+    let mut outliers: Vec<(u64, u64)> = Vec::new();
     let truncated = loop {
         if let Some(cut) = plan.stop(i, total) {
             break cut;
@@ -879,6 +889,7 @@ async fn latency(a: &Args) -> Result<(), felix_client::Error> {
         tick.set(|c| &c.published, i + 1);
         let measured = !plan.warming(i, warmup);
         let t0 = Instant::now();
+        let mono0 = a.outliers_us.map(|_| monotonic_ns());
         // Fire-and-forget: the publish→delivery path, no ack round trip in the loop.
         publisher.publish_fire(
             &name(a),
@@ -912,7 +923,13 @@ async fn latency(a: &Args) -> Result<(), felix_client::Error> {
             }
         }
         if measured {
-            all.record(last.as_micros().max(1) as u64).unwrap();
+            let us = last.as_micros().max(1) as u64;
+            all.record(us).unwrap();
+            if let (Some(min), Some(at)) = (a.outliers_us, mono0) {
+                if us >= min && outliers.len() < 5000 {
+                    outliers.push((at, us));
+                }
+            }
         }
         i += 1;
     };
@@ -926,6 +943,9 @@ async fn latency(a: &Args) -> Result<(), felix_client::Error> {
         "duration_s": secs, "each": stats::pct(&each), "all_f": stats::pct(&all),
         "publish_refused": refused, "refused_last": last.map(|e| e.to_string()),
     });
+    if a.outliers_us.is_some() {
+        v["outliers"] = serde_json::json!(outliers);
+    }
     plan.fields(a, v.as_object_mut().unwrap());
     emit(a, v);
     let _ = publisher.close().await;
@@ -1195,6 +1215,17 @@ async fn group(a: &Args) -> Result<(), felix_client::Error> {
 }
 
 /// VmRSS of a process, bytes.
+/// CLOCK_MONOTONIC in nanoseconds: the clock `perf record -k mono` stamps samples with.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 /// CPU seconds (user + system) used so far by process `pid`, or by this process.
 fn cpu_used_secs(pid: Option<u32>) -> Option<f64> {
     let stat = std::fs::read_to_string(match pid {
