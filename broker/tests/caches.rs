@@ -330,11 +330,13 @@ fn watchers_joining_under_concurrent_writers_see_exactly_the_acknowledged_log() 
         // Watchers join at random points while the writers run: key watches and prefix
         // watches over every shard, all from current state.
         let mut rng = Rng(base_seed);
-        let wc = [b.client().await, b.client().await];
+        // One connection with the watch mux, one with a stream per watch: each gets key and
+        // prefix watches.
+        let wc = [b.client().await, b.client_without_mux().await];
         let mut watchers = Vec::new();
         for i in 0..6 {
             tokio::time::sleep(Duration::from_millis(rng.below(60))).await;
-            let c = &wc[i % 2];
+            let c = &wc[(i / 2) % 2];
             let (filter, w) = if i % 2 == 0 {
                 let k = Bytes::from(keys[rng.below(keys.len() as u64) as usize].clone());
                 let w = c
@@ -617,76 +619,10 @@ fn resume_snapshot_lag_expiry_and_restart() {
             .expect("3 keys > 2 events");
         assert_eq!(code(&e), Some(ErrorCode::InvalidRequest), "{e}");
 
-        // Lag: a watcher that does not read (client buffer 1, broker queue 4) is ended
-        // watch_lagged naming the offset to resume from once the QUIC stream window (16 MiB)
-        // is full; what it got plus the resume is the whole log of the key.
-        let lc = b.client().await;
-        let lag_opts = WatchOptions {
-            queue_events_max: 4,
-            buffer_items: 1,
-            ..Default::default()
-        };
-        let mut w = lc
-            .cache_watch(
-                &one,
-                WatchFilter::Key("lag".into()),
-                WatchStart::Latest,
-                lag_opts,
-            )
-            .await
-            .unwrap();
-        let mut log = Vec::new();
-        for i in 0..500 {
-            // 48 KiB values: 24 MB, past the stream window.
-            let v = format!("{i:04}{}", "x".repeat(48 << 10));
-            log.push(c.cache_put(&one, "lag", v, None).await.unwrap().version);
-        }
-        let mut got = Vec::new();
-        let resume = loop {
-            match w.next_timeout(WAIT).await.unwrap() {
-                Some(WatchItem::Event { offset, .. }) => got.push(offset),
-                Some(WatchItem::End {
-                    code,
-                    resume_from,
-                    message,
-                    ..
-                }) => {
-                    assert_eq!(
-                        code,
-                        ErrorCode::WatchLagged.number(),
-                        "{message}; {} events got; lagged {}",
-                        got.len(),
-                        b.total("cache_watches_lagged")
-                    );
-                    break resume_from;
-                }
-                other => panic!("unexpected {other:?}"),
-            }
-        };
-        assert!(got.len() < log.len(), "the watcher lagged");
-        let cut = log
-            .iter()
-            .position(|o| *o == resume)
-            .expect("resume_from is one of the key's offsets");
-        assert_eq!(
-            got,
-            log[..cut],
-            "everything before resume_from was delivered, in order"
-        );
-        drop(w);
-        let mut w = lc
-            .cache_watch(
-                &one,
-                WatchFilter::Key("lag".into()),
-                WatchStart::Offset(resume),
-                WatchOptions::default(),
-            )
-            .await
-            .unwrap();
-        let rest = changes(&mut w, log.len() - cut).await;
-        assert_eq!(rest.iter().map(|e| e.0).collect::<Vec<_>>(), log[cut..]);
-        drop(w);
-        lc.close().await.unwrap();
+        // Lag, on a connection with a stream per watch (the broker ends it), then on one
+        // with the mux (the client ends it).
+        lag_and_resume(&b, &c, &one, b.client_without_mux().await, "lag").await;
+        lag_and_resume(&b, &c, &one, b.client().await, "lag-mux").await;
 
         // Expiry: reclaimed in the background and delivered as an Expire event.
         let mut w = c
@@ -1186,4 +1122,92 @@ fn log_backed_cache_compacts_into_keys_idx_and_reopens_from_it() {
         drop(w);
         c.close().await.unwrap();
     });
+}
+
+/// A watcher of `key` that does not read (client buffer 1, broker queue 4) is ended
+/// watch_lagged naming the offset to resume from (without the mux, once the QUIC stream
+/// window, 16 MiB, is full and the broker queue with it; with the mux — a key ending in "mux"
+/// — once its client buffer is full); what it got plus the resume is the whole log of the
+/// key. `c` writes.
+async fn lag_and_resume(
+    b: &Broker,
+    c: &felix_client::Client,
+    one: &StreamName,
+    lc: felix_client::Client,
+    key: &'static str,
+) {
+    let mux = key.ends_with("mux");
+    let lag_opts = WatchOptions {
+        queue_events_max: 4,
+        buffer_items: 1,
+        ..Default::default()
+    };
+    let mut w = lc
+        .cache_watch(
+            one,
+            WatchFilter::Key(key.into()),
+            WatchStart::Latest,
+            lag_opts,
+        )
+        .await
+        .unwrap();
+    let mut log = Vec::new();
+    for i in 0..500 {
+        // 48 KiB values: 24 MB, past the stream window.
+        let v = format!("{i:04}{}", "x".repeat(48 << 10));
+        log.push(
+            c.cache_put(one, key.to_string(), v, None)
+                .await
+                .unwrap()
+                .version,
+        );
+    }
+    let mut got = Vec::new();
+    let resume = loop {
+        match w.next_timeout(WAIT).await.unwrap() {
+            Some(WatchItem::Event { offset, .. }) => got.push(offset),
+            Some(WatchItem::End {
+                code,
+                resume_from,
+                message,
+                ..
+            }) => {
+                assert_eq!(
+                    code,
+                    ErrorCode::WatchLagged.number(),
+                    "{message}; {} events got; lagged {}",
+                    got.len(),
+                    b.total("cache_watches_lagged")
+                );
+                // With the mux the client ends it (one stream is never paused for one reader).
+                assert_eq!(message.contains("client buffer"), mux, "{message}");
+                break resume_from;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    assert!(got.len() < log.len(), "the watcher lagged");
+    let cut = log
+        .iter()
+        .position(|o| *o == resume)
+        .expect("resume_from is one of the key's offsets");
+    assert_eq!(
+        got,
+        log[..cut],
+        "everything before resume_from was delivered, in order"
+    );
+    drop(w);
+    let mut w = lc
+        .cache_watch(
+            one,
+            WatchFilter::Key(key.into()),
+            WatchStart::Offset(resume),
+            WatchOptions::default(),
+        )
+        .await
+        .unwrap();
+    let rest = changes(&mut w, log.len() - cut).await;
+    assert_eq!(rest.iter().map(|e| e.0).collect::<Vec<_>>(), log[cut..]);
+    drop(w);
+    lc.close().await.unwrap();
 }

@@ -9,9 +9,9 @@
 use bytes::Bytes;
 use felix_quic::wire::streams::{doc_table, Placement, KINDS};
 use felix_quic::wire::{
-    AnswerOp, CacheFrame, ClaimRef, DeadLetterAction, DeadLetterRef, ErrorCode, EventKind, Frame,
-    GroupFrame, GroupInfo, GroupRef, Limits, QueuePolicy, Records, ShardSelector, StartAt,
-    StreamName, WatchFilter, WatchStart, WriteCond, HEADER_LEN,
+    features, AnswerOp, CacheFrame, ClaimRef, DeadLetterAction, DeadLetterRef, ErrorCode,
+    EventKind, Frame, GroupFrame, GroupInfo, GroupRef, Limits, QueuePolicy, Records, ShardSelector,
+    StartAt, StreamName, WatchFilter, WatchStart, WriteCond, HEADER_LEN,
 };
 use std::collections::BTreeSet;
 
@@ -308,6 +308,14 @@ fn broker_frames() -> Vec<Frame> {
             sum: 0,
             offset: 0,
         }),
+        c(CacheFrame::CacheMux {
+            watch_ids: vec![1],
+            frame: Box::new(CacheFrame::CacheStateDone {
+                count: 0,
+                snapshot: false,
+                live_from: 0,
+            }),
+        }),
         c(CacheFrame::CacheInfo {
             request_id: 1,
             shards: 1,
@@ -425,6 +433,7 @@ async fn conformance_table() {
     streams_served(&mut s).await;
     groups_served(&mut s).await;
     caches_served(&mut s).await;
+    watch_mux_served(&mut s).await;
     peer_max(&mut s).await;
     let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/protocol.md"))
         .unwrap();
@@ -1201,6 +1210,132 @@ async fn caches_served(s: &mut Suite) {
         "DescribeCache",
         "CacheInfo",
     ]);
+}
+
+/// A client asking for the watch mux: two watches of one key on one stream, with no
+/// `SubStream`; the state phase of each, then one frame naming both per change, then the end of
+/// the one unwatched.
+async fn watch_mux_served(s: &mut Suite) {
+    let mut c = s.conn().await;
+    match c
+        .hello_with(Frame::Hello {
+            features: features::ALL,
+            max_frame_bytes: FRAME_MAX as u32,
+            client: "raw-mux".into(),
+        })
+        .await
+    {
+        Frame::HelloOk { features: f, .. } => assert_ne!(f & features::WATCH_MUX, 0),
+        other => panic!("{other:?}"),
+    }
+    let k = Bytes::from_static(b"mux/1");
+    let put = |rid: u64, v: &'static [u8]| {
+        Frame::Cache(CacheFrame::CachePut {
+            request_id: rid,
+            cache: kv(),
+            key: k.clone(),
+            value: Bytes::from_static(v),
+            ttl_ms: 0,
+            cond: WriteCond::Always,
+        })
+    };
+    c.send(0, &put(700, b"a"));
+    assert!(matches!(
+        c.next_on(0).await,
+        Frame::Cache(CacheFrame::CacheWritten { .. })
+    ));
+    let mut wids = Vec::new();
+    let mut mux_stream = None;
+    for rid in [701, 702] {
+        c.send(
+            0,
+            &Frame::Cache(CacheFrame::CacheWatch {
+                request_id: rid,
+                cache: kv(),
+                filter: WatchFilter::Key(k.clone()),
+                start: WatchStart::Current,
+                queue_events_max: 0,
+                queue_bytes_max: 0,
+            }),
+        );
+        let wid = match c.next_on(0).await {
+            Frame::Cache(CacheFrame::CacheWatchOk {
+                request_id,
+                watch_id,
+                ..
+            }) if request_id == rid => watch_id,
+            other => panic!("{other:?}"),
+        };
+        // Only the first watch opens the stream; its first frame is already a CacheMux.
+        let (ms, first) = match mux_stream {
+            None => c.next_server_uni().await,
+            Some(ms) => (ms, c.next_on(ms).await),
+        };
+        mux_stream = Some(ms);
+        match first {
+            Frame::Cache(CacheFrame::CacheMux { watch_ids, frame }) => {
+                assert_eq!(watch_ids, vec![wid]);
+                assert!(matches!(
+                    *frame,
+                    CacheFrame::CacheEvent {
+                        kind: EventKind::Retained,
+                        ..
+                    }
+                ));
+            }
+            other => panic!("{other:?}"),
+        }
+        match c.next_on(ms).await {
+            Frame::Cache(CacheFrame::CacheMux { watch_ids, frame }) => {
+                assert_eq!(watch_ids, vec![wid]);
+                assert!(matches!(
+                    *frame,
+                    CacheFrame::CacheStateDone { count: 1, .. }
+                ));
+            }
+            other => panic!("{other:?}"),
+        }
+        wids.push(wid);
+    }
+    let ms = mux_stream.unwrap();
+    c.send(0, &put(703, b"b"));
+    let version = match c.next_on(0).await {
+        Frame::Cache(CacheFrame::CacheWritten { version, .. }) => version,
+        other => panic!("{other:?}"),
+    };
+    match c.next_on(ms).await {
+        Frame::Cache(CacheFrame::CacheMux {
+            mut watch_ids,
+            frame,
+        }) => {
+            watch_ids.sort();
+            assert_eq!(watch_ids, wids, "one frame names both watches");
+            assert!(matches!(
+                *frame,
+                CacheFrame::CacheEvent { kind: EventKind::Put, offset, .. } if offset == version
+            ));
+        }
+        other => panic!("{other:?}"),
+    }
+    c.send(
+        0,
+        &Frame::Unsubscribe {
+            request_id: 704,
+            subscription_id: wids[0],
+        },
+    );
+    match c.next_on(ms).await {
+        Frame::Cache(CacheFrame::CacheMux { watch_ids, frame }) => {
+            assert_eq!(watch_ids, vec![wids[0]]);
+            assert!(matches!(
+                *frame,
+                CacheFrame::CacheWatchEnd { code: 0, resume_from, .. } if resume_from == version + 1
+            ));
+        }
+        other => panic!("{other:?}"),
+    }
+    c.assert_no_bad();
+    s.cover(&["CacheMux"]);
 }
 
 async fn peer_max(s: &mut Suite) {

@@ -573,6 +573,7 @@ impl Client {
                 events: tx.clone(),
                 paused: paused.clone(),
                 shard,
+                watch: true,
             };
             self.inner.send(Cmd::Subscribe {
                 frame,

@@ -30,6 +30,7 @@ use tokio::sync::{mpsc, oneshot};
 
 mod cache;
 mod group;
+mod mux;
 pub use cache::{
     CacheEntry, CacheInfo, CacheWatch, CounterValue, Deleted, WatchItem, WatchOptions, Written,
 };
@@ -98,6 +99,9 @@ pub struct ClientConfig {
     /// The largest frame this client takes (announced in Hello; the broker refuses a value
     /// below its `max_payload_bytes` + 1 KiB).
     pub max_frame_bytes: usize,
+    /// Ask for the watch mux (every watch of the connection on one stream; docs/protocol.md,
+    /// "Watch mux"). Off: one stream per watch, paused when its buffer is full.
+    pub watch_mux: bool,
 }
 
 /// Resolve a broker address as people write it — `host:port`, `ip:port` or `[v6]:port` — to a
@@ -158,6 +162,7 @@ impl ClientConfig {
             transport: TransportConfig::default(),
             display_addr: addr.to_string(),
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
+            watch_mux: true,
         }
     }
 }
@@ -326,6 +331,8 @@ struct SubSlot {
     events: mpsc::Sender<Event>,
     paused: Arc<AtomicBool>,
     shard: u32,
+    /// A cache watch (on the mux stream when the connection negotiated it).
+    watch: bool,
 }
 
 #[derive(Default)]
@@ -358,6 +365,10 @@ struct ConnHandler {
     fire_backlog: Arc<AtomicU64>,
     /// The frame maximum announced in Hello.
     max_frame_bytes: usize,
+    /// Features asked for in Hello.
+    features: u64,
+    /// The watch mux's state (`mux.rs`).
+    mux: mux::MuxState,
 }
 
 /// Poll cancels remembered for their late `not_found` answers.
@@ -439,6 +450,10 @@ impl ConnHandler {
     }
 
     fn on_sub_frame(&mut self, c: &mut FelixConn, stream: u64, frame: Frame) {
+        if let Frame::Cache(CacheFrame::CacheMux { watch_ids, frame }) = frame {
+            self.on_mux(c, watch_ids, *frame);
+            return;
+        }
         if let Frame::SubStream { subscription_id } = frame {
             self.stream_sub.insert(stream, subscription_id);
             return;
@@ -467,7 +482,7 @@ impl Handler for ConnHandler {
         c.send_frame(
             0,
             &Frame::Hello {
-                features: features::ALL,
+                features: self.features,
                 max_frame_bytes: self.max_frame_bytes as u32,
                 client: "felix-rs".into(),
             },
@@ -498,9 +513,13 @@ impl Handler for ConnHandler {
             self.on_sub_frame(c, stream, frame);
             return;
         }
-        if let Frame::HelloOk { limits, .. } = &frame {
+        if let Frame::HelloOk {
+            limits, features, ..
+        } = &frame
+        {
             // Each side sends at most the other's maximum.
             c.set_peer_max_frame_bytes(limits.max_frame_bytes as usize);
+            self.mux.on = features & self.features & features::WATCH_MUX != 0;
             if let Some(h) = self.hello.take() {
                 let _ = h.send(Ok(frame));
             }
@@ -530,8 +549,11 @@ impl Handler for ConnHandler {
                 let mut ended = false;
                 for f in self.early.remove(&sid).unwrap_or_default() {
                     ended |= is_end(&f);
-                    if let (Some(ev), Some(st)) = (Self::to_event(slot.shard, f), stream) {
-                        self.deliver(c, st, &slot, ev);
+                    match (Self::to_event(slot.shard, f), stream) {
+                        (Some(ev), Some(st)) => self.deliver(c, st, &slot, ev),
+                        // Held from the mux stream until this answer.
+                        (Some(ev), None) if slot.watch => self.deliver_mux(c, sid, &slot, ev),
+                        _ => {}
                     }
                 }
                 if let (true, Some(st)) = (ended, stream) {
@@ -619,7 +641,8 @@ impl Handler for ConnHandler {
                 subscription_id,
                 request_id,
             } => {
-                self.subs.remove(&subscription_id);
+                let removed = self.subs.remove(&subscription_id);
+                self.mux_unsubscribed(subscription_id, removed);
                 // Frames still in flight on its stream (its end included) are dropped, not
                 // kept as "early" frames of a subscription that never comes.
                 self.stream_sub.retain(|_, s| *s != subscription_id);
@@ -680,6 +703,7 @@ impl Handler for ConnHandler {
                 }
             }
         }
+        self.drain_mux_blocked();
         let streams: Vec<u64> = self.blocked.keys().copied().collect();
         for stream in streams {
             let Some(&sid) = self.stream_sub.get(&stream) else {
@@ -731,6 +755,7 @@ impl Handler for ConnHandler {
         if let Some(h) = self.hello.take() {
             let _ = h.send(Err(Error::Closed(reason.clone())));
         }
+        self.mux = Default::default();
         for (_, slot) in self.subs.drain() {
             let _ = slot.events.try_send(Event::End {
                 shard: slot.shard,
@@ -944,6 +969,12 @@ impl Client {
             flushing: Vec::new(),
             fire_backlog: fire_backlog.clone(),
             max_frame_bytes: cfg.max_frame_bytes,
+            features: if cfg.watch_mux {
+                features::ALL
+            } else {
+                features::ALL & !features::WATCH_MUX
+            },
+            mux: Default::default(),
         };
         let tx = spawn_client(
             cfg.addr,
@@ -1186,6 +1217,7 @@ impl Client {
                 events: tx.clone(),
                 paused: paused.clone(),
                 shard,
+                watch: false,
             };
             // On failure `sub` is dropped, which unsubscribes the shards already opened.
             let (sid, start) = self.subscribe_on(stream, shard, &opts, slot).await?;

@@ -515,6 +515,11 @@ impl WatchQueue {
         Some(o)
     }
 
+    /// The newest queued offset.
+    pub fn last(&self) -> Option<u64> {
+        self.queue.back().map(|(o, _)| *o)
+    }
+
     /// Bytes queued (what the bytes bound counts).
     pub fn bytes(&self) -> u64 {
         self.bytes

@@ -125,6 +125,8 @@ struct PubStream {
 #[derive(Default)]
 struct Session {
     hello_done: bool,
+    /// Features both sides announced (`HelloOk.features`).
+    features: u64,
     /// Being closed by the broker (`close_with`): frames still arriving are ignored.
     closing: bool,
     /// Answer stream → the streams not read until it drains (refusals piled up unread).

@@ -6,6 +6,20 @@ use super::shard::stream::{Effect, StreamMsg};
 use super::shard::Ctx;
 use super::*;
 
+/// The context a host steps with on this core: who, the time now (the driver's clock read),
+/// the catalog it acts on, the counters. Built from the state's fields, not `&self`, so the
+/// host (another field) can be borrowed mutably beside it.
+pub(in crate::core) fn step_ctx<'a>(id: u8, s: &'a CoreSettings, catalog: &'a Catalog) -> Ctx<'a> {
+    Ctx {
+        me: id,
+        cores: s.cores,
+        now: Instant::now(),
+        ts_ms: felix_storage::log::now_ms(),
+        catalog,
+        counters: &s.counters,
+    }
+}
+
 impl CoreState {
     pub(in crate::core) fn owner_core(&self, stream: u32, shard: u32) -> u8 {
         let def = &self.catalog.slot(stream).def;
@@ -17,14 +31,7 @@ impl CoreState {
         &mut self,
         f: impl FnOnce(&mut StreamHost<Log>, &Ctx) -> R,
     ) -> R {
-        let ctx = Ctx {
-            me: self.id,
-            cores: self.s.cores,
-            now: Instant::now(),
-            ts_ms: felix_storage::log::now_ms(),
-            catalog: &self.catalog,
-            counters: &self.s.counters,
-        };
+        let ctx = step_ctx(self.id, &self.s, &self.catalog);
         let r = f(&mut self.streams, &ctx);
         for e in self.streams.drain_effects() {
             self.stream_effect(e);

@@ -224,6 +224,13 @@ impl Broker {
             .expect("connect")
     }
 
+    /// A client that does not ask for the watch mux (one stream per watch).
+    pub async fn client_without_mux(&self) -> Client {
+        let mut cfg = self.client_config();
+        cfg.watch_mux = false;
+        Client::connect(cfg).await.expect("connect")
+    }
+
     /// GET a path from the ops listener; the whole HTTP response.
     pub fn http_get(&self, path: &str) -> String {
         let mut s = std::net::TcpStream::connect(self.metrics).unwrap();

@@ -149,7 +149,12 @@ impl Raw {
 
     /// Send `Hello` announcing `max_frame_bytes` and return the `HelloOk` (panics otherwise).
     pub async fn hello(&mut self, max_frame_bytes: u32) -> Frame {
-        self.send(0, &hello_frame(max_frame_bytes));
+        self.hello_with(hello_frame(max_frame_bytes)).await
+    }
+
+    /// Send this `Hello` and return the `HelloOk` (panics otherwise).
+    pub async fn hello_with(&mut self, hello: Frame) -> Frame {
+        self.send(0, &hello);
         let f = self.next_on(0).await;
         assert!(matches!(f, Frame::HelloOk { .. }), "HelloOk, got {f:?}");
         if let Frame::HelloOk { limits, .. } = &f {
@@ -253,9 +258,11 @@ impl Raw {
     }
 }
 
+/// The raw peer's Hello: every feature but the watch mux (its watches get a stream each, as
+/// the per-watch layout is written; `hello_with` asks for the mux).
 pub fn hello_frame(max_frame_bytes: u32) -> Frame {
     Frame::Hello {
-        features: features::ALL,
+        features: features::ALL & !features::WATCH_MUX,
         max_frame_bytes,
         client: "raw-test".into(),
     }

@@ -20,6 +20,11 @@
 //! ids and subscription ids share one space per connection, and both count toward
 //! `max_subscriptions`. Event frames carry no per-watch field: one encoded event is shared by
 //! every watcher of a core.
+//!
+//! With the `WATCH_MUX` feature negotiated, every watch of a connection is delivered on one
+//! server-opened unidirectional stream (no `SubStream` first): each frame on it is a
+//! `CacheMux` naming the watch ids it is for, wrapping a `CacheEvent`, `CacheStateDone` or
+//! `CacheWatchEnd`. One event then costs one frame per connection, not one per watcher.
 
 use super::{put_message, put_stream, Reader, StreamName, WireError};
 use bytes::{BufMut, Bytes, BytesMut};
@@ -41,8 +46,9 @@ pub mod kind {
     pub const COUNTER_VALUE: u8 = 41;
     pub const DESCRIBE_CACHE: u8 = 42;
     pub const CACHE_INFO: u8 = 43;
+    pub const CACHE_MUX: u8 = 44;
     pub const FIRST: u8 = CACHE_PUT;
-    pub const LAST: u8 = CACHE_INFO;
+    pub const LAST: u8 = CACHE_MUX;
 }
 
 /// The condition of a write.
@@ -194,6 +200,13 @@ pub enum CacheFrame {
         resume_from: u64,
         message: String,
     },
+    /// A watch frame (`CacheEvent`, `CacheStateDone` or `CacheWatchEnd`) for each watch named
+    /// (`WATCH_MUX`): on the wire `count u32 | watch ids u64 × count | inner kind u8 | inner
+    /// body`. At least one id, none repeated.
+    CacheMux {
+        watch_ids: Vec<u64>,
+        frame: Box<CacheFrame>,
+    },
     CounterAdd {
         request_id: u64,
         cache: StreamName,
@@ -292,6 +305,7 @@ impl CacheFrame {
             CounterValue { .. } => kind::COUNTER_VALUE,
             DescribeCache { .. } => kind::DESCRIBE_CACHE,
             CacheInfo { .. } => kind::CACHE_INFO,
+            CacheMux { .. } => kind::CACHE_MUX,
         }
     }
 
@@ -311,7 +325,7 @@ impl CacheFrame {
             | CounterValue { request_id, .. }
             | DescribeCache { request_id, .. }
             | CacheInfo { request_id, .. } => *request_id,
-            CacheEvent { .. } | CacheStateDone { .. } | CacheWatchEnd { .. } => 0,
+            CacheEvent { .. } | CacheStateDone { .. } | CacheWatchEnd { .. } | CacheMux { .. } => 0,
         }
     }
 
@@ -473,6 +487,14 @@ impl CacheFrame {
                 b.put_u16_le(*code);
                 b.put_u64_le(*resume_from);
                 put_message(b, message);
+            }
+            CacheMux { watch_ids, frame } => {
+                b.put_u32_le(watch_ids.len() as u32);
+                for id in watch_ids {
+                    b.put_u64_le(*id);
+                }
+                b.put_u8(frame.kind());
+                frame.encode_body(b);
             }
             CounterAdd {
                 request_id,
@@ -653,9 +675,71 @@ impl CacheFrame {
                 durable: r.bool("durable")?,
                 default_ttl_ms: r.u64("default_ttl_ms")?,
             },
+            kind::CACHE_MUX => {
+                let count = r.u32("watch_count")? as usize;
+                if count == 0 {
+                    return Err(WireError::InvalidValue {
+                        field: "watch_count",
+                        value: 0,
+                    });
+                }
+                // Bounded by the bytes present before anything is allocated.
+                let ids = r.take(count.saturating_mul(8), "watch_ids")?;
+                let watch_ids: Vec<u64> = ids
+                    .chunks_exact(8)
+                    .map(|c| u64::from_le_bytes(c.try_into().expect("8-byte chunk")))
+                    .collect();
+                let mut seen = std::collections::HashSet::with_capacity(count);
+                if let Some(dup) = watch_ids.iter().find(|id| !seen.insert(**id)) {
+                    return Err(WireError::InvalidValue {
+                        field: "watch_ids",
+                        value: *dup,
+                    });
+                }
+                let inner = r.u8("inner_kind")?;
+                if !matches!(
+                    inner,
+                    kind::CACHE_EVENT | kind::CACHE_STATE_DONE | kind::CACHE_WATCH_END
+                ) {
+                    return Err(WireError::InvalidValue {
+                        field: "inner_kind",
+                        value: inner as u64,
+                    });
+                }
+                CacheMux {
+                    watch_ids,
+                    frame: Box::new(CacheFrame::decode(inner, r)?),
+                }
+            }
             other => unreachable!("kind {other} is outside the cache range"),
         })
     }
+}
+
+/// The head of a `CacheMux` frame naming `watch_ids` around an encoded watch frame `inner`
+/// (header included): send the head, then `inner[HEADER_LEN..]` (shared, zero copy).
+/// `head ++ inner[HEADER_LEN..]` is exactly the `CacheMux` frame's encoding.
+pub fn encode_mux_head(watch_ids: &[u64], inner: &[u8]) -> Bytes {
+    use super::HEADER_LEN;
+    assert!(!watch_ids.is_empty(), "a CacheMux names at least one watch");
+    let inner_kind = inner[3];
+    assert!(
+        matches!(
+            inner_kind,
+            kind::CACHE_EVENT | kind::CACHE_STATE_DONE | kind::CACHE_WATCH_END
+        ),
+        "a CacheMux wraps a watch-stream frame"
+    );
+    let inner_body = inner.len() - HEADER_LEN;
+    let body_len = 4 + 8 * watch_ids.len() + 1 + inner_body;
+    let mut b = BytesMut::with_capacity(HEADER_LEN + body_len - inner_body);
+    b.put_slice(&super::header_bytes(kind::CACHE_MUX, 0, body_len));
+    b.put_u32_le(watch_ids.len() as u32);
+    for id in watch_ids {
+        b.put_u64_le(*id);
+    }
+    b.put_u8(inner_kind);
+    b.freeze()
 }
 
 /// Encode one watch event frame once, to share its bytes among watchers.

@@ -56,8 +56,11 @@ pub mod features {
     pub const BATCH: u64 = 1 << 0;
     /// Lag notices on subscription streams (always on in v1).
     pub const LAG_NOTICE: u64 = 1 << 1;
+    /// Every watch of a connection on one stream, each frame naming its watch ids
+    /// (`CacheMux`); negotiated: a broker uses it only when the client's Hello asks for it.
+    pub const WATCH_MUX: u64 = 1 << 2;
     /// Every feature this build implements.
-    pub const ALL: u64 = BATCH | LAG_NOTICE;
+    pub const ALL: u64 = BATCH | LAG_NOTICE | WATCH_MUX;
 }
 
 /// Frame kinds. Numbers are stable.
@@ -1054,7 +1057,10 @@ pub fn has_request_id(kind: u8) -> bool {
         group::kind::FIRST..=group::kind::LAST => true,
         k @ cache::kind::FIRST..=cache::kind::LAST => !matches!(
             k,
-            cache::kind::CACHE_EVENT | cache::kind::CACHE_STATE_DONE | cache::kind::CACHE_WATCH_END
+            cache::kind::CACHE_EVENT
+                | cache::kind::CACHE_STATE_DONE
+                | cache::kind::CACHE_WATCH_END
+                | cache::kind::CACHE_MUX
         ),
         _ => false,
     }

@@ -161,6 +161,7 @@ pub const KINDS: &[(u8, &str, Placement)] = &[
         Placement::Control,
     ),
     (cache::kind::CACHE_INFO, "CacheInfo", Placement::BrokerOnly),
+    (cache::kind::CACHE_MUX, "CacheMux", Placement::BrokerOnly),
 ];
 
 /// The row of `k`, if it is a v1 kind.

@@ -69,6 +69,19 @@ fn vector_frames() -> Vec<(&'static str, Frame)> {
             },
         ),
         (
+            "cache_mux_event",
+            Frame::Cache(CacheFrame::CacheMux {
+                watch_ids: vec![1, 2],
+                frame: Box::new(CacheFrame::CacheEvent {
+                    kind: super::cache::EventKind::Put,
+                    offset: 5,
+                    key: Bytes::from_static(b"k"),
+                    expires_at_ms: 0,
+                    value: Bytes::from_static(b"v"),
+                }),
+            }),
+        ),
+        (
             "cache_watch_key",
             Frame::Cache(CacheFrame::CacheWatch {
                 request_id: 4,
@@ -370,6 +383,7 @@ fn arb_frame() -> impl Strategy<Value = Frame> {
         }),
         arb_group_frame().prop_map(Frame::Group),
         arb_cache_frame().prop_map(Frame::Cache),
+        arb_cache_mux().prop_map(Frame::Cache),
         (
             100u8..=255,
             any::<u16>(),
@@ -806,6 +820,84 @@ fn arb_cache_frame() -> impl Strategy<Value = super::CacheFrame> {
     ]
 }
 
+/// A `CacheMux` around any watch-stream frame, naming 1..40 distinct watch ids.
+fn arb_cache_mux() -> impl Strategy<Value = super::CacheFrame> {
+    use super::cache::CacheFrame;
+    let inner = arb_cache_frame().prop_filter("a watch-stream frame", |f| {
+        matches!(
+            f,
+            CacheFrame::CacheEvent { .. }
+                | CacheFrame::CacheStateDone { .. }
+                | CacheFrame::CacheWatchEnd { .. }
+        )
+    });
+    (proptest::collection::btree_set(any::<u64>(), 1..40), inner).prop_map(|(ids, f)| {
+        CacheFrame::CacheMux {
+            watch_ids: ids.into_iter().collect(),
+            frame: Box::new(f),
+        }
+    })
+}
+
+#[test]
+fn mux_head_and_shared_event_bytes_equal_the_frame_encoding() {
+    use super::cache::{encode_event, encode_mux_head, CacheFrame, EventKind};
+    let ev = encode_event(
+        EventKind::Put,
+        7,
+        Bytes::from_static(b"k"),
+        0,
+        Bytes::from_static(b"v"),
+    );
+    let head = encode_mux_head(&[3, 1, 2], &ev);
+    let mut whole = head.to_vec();
+    whole.extend_from_slice(&ev[HEADER_LEN..]);
+    let f = Frame::Cache(CacheFrame::CacheMux {
+        watch_ids: vec![3, 1, 2],
+        frame: Box::new(CacheFrame::CacheEvent {
+            kind: EventKind::Put,
+            offset: 7,
+            key: Bytes::from_static(b"k"),
+            expires_at_ms: 0,
+            value: Bytes::from_static(b"v"),
+        }),
+    });
+    assert_eq!(whole, f.encode().to_vec());
+    assert_eq!(decode_frame(&whole, MAX).unwrap(), f);
+}
+
+#[test]
+fn a_mux_frame_naming_no_watch_a_watch_twice_or_wrapping_a_request_is_refused() {
+    use super::cache::kind;
+    let body = |count: u32, ids: &[u64], inner: u8| {
+        let mut b = count.to_le_bytes().to_vec();
+        for id in ids {
+            b.extend_from_slice(&id.to_le_bytes());
+        }
+        b.push(inner);
+        // a CacheStateDone body: count u64, snapshot u8, live_from u64
+        b.extend_from_slice(&[0u8; 17]);
+        Bytes::from(b)
+    };
+    let field = |b: Bytes| match decode_body(kind::CACHE_MUX, 0, b) {
+        Err(WireError::InvalidValue { field, .. }) => field,
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    assert_eq!(field(body(0, &[], kind::CACHE_STATE_DONE)), "watch_count");
+    assert_eq!(field(body(2, &[5, 5], kind::CACHE_STATE_DONE)), "watch_ids");
+    assert_eq!(field(body(1, &[5], kind::CACHE_PUT)), "inner_kind");
+    // A count past the bytes present is truncated, not allocated.
+    assert!(matches!(
+        decode_body(
+            kind::CACHE_MUX,
+            0,
+            body(u32::MAX, &[5], kind::CACHE_STATE_DONE)
+        ),
+        Err(WireError::Truncated { .. })
+    ));
+    assert!(decode_body(kind::CACHE_MUX, 0, body(1, &[5], kind::CACHE_STATE_DONE)).is_ok());
+}
+
 #[test]
 fn shared_event_bytes_equal_the_frame_encoding() {
     use super::cache::{encode_event, CacheFrame, EventKind};
@@ -954,7 +1046,10 @@ fn request_id_is_known_for_exactly_the_kinds_that_start_with_one() {
                 | kind::SUB_END
         ) && !matches!(
             *k,
-            cache::kind::CACHE_EVENT | cache::kind::CACHE_STATE_DONE | cache::kind::CACHE_WATCH_END
+            cache::kind::CACHE_EVENT
+                | cache::kind::CACHE_STATE_DONE
+                | cache::kind::CACHE_WATCH_END
+                | cache::kind::CACHE_MUX
         );
         assert_eq!(has, known, "{name}");
     }

@@ -442,6 +442,7 @@ impl CoreState {
         let wid = ((self.id as u64) << 48) | self.next_sub;
         self.next_sub += 1;
         session.watches.push(wid);
+        let mux = session.features & features::WATCH_MUX != 0;
         let f = filter_of(&filter);
         let w = crate::core::conn::watches::Watch {
             conn: key,
@@ -457,6 +458,7 @@ impl CoreState {
             frames: VecDeque::new(),
             end: None,
             resume_at: 0,
+            mux,
         };
         let req = WatchReq {
             core: self.id,

@@ -3,7 +3,8 @@
 //! watch gets once its owner accepted it.
 
 use super::*;
-use crate::core::conn::watches::{Room, StreamOpened, WatchEffect, WatchHost};
+use crate::core::conn::watches::{Room, StreamOpened, WatchEffect, WatchHost, MUX_SID};
+use crate::core::owner::step_ctx;
 use crate::core::shard::Ctx;
 
 /// Bytes a watch may have waiting in quiche before the pump stops (flow control does the
@@ -17,14 +18,7 @@ impl CoreState {
         &mut self,
         f: impl FnOnce(&mut WatchHost, Room, &Ctx) -> R,
     ) -> R {
-        let ctx = Ctx {
-            me: self.id,
-            cores: self.s.cores,
-            now: Instant::now(),
-            ts_ms: felix_storage::log::now_ms(),
-            catalog: &self.catalog,
-            counters: &self.s.counters,
-        };
+        let ctx = step_ctx(self.id, &self.s, &self.catalog);
         let ep = &self.ep;
         let room = |conn: ConnKey, qs: u64| {
             ep.peek(conn)
@@ -84,10 +78,33 @@ impl CoreState {
     /// to the watch host.
     pub(in crate::core) fn on_watch_opened(&mut self, wid: u64, result: Result<Opened, Refusal>) {
         let stream = match (&result, self.watches.get(wid)) {
+            (Ok(_), Some(w)) if w.mux => Some(self.mux_stream(w.conn)),
             (Ok(_), Some(w)) => Some(self.open_watch_stream(w.conn, wid)),
             _ => None,
         };
         self.with_watches(|h, room, ctx| h.on_opened(wid, result, stream, room, ctx));
+    }
+
+    /// The connection's watch mux stream, opened with its first accepted watch (no
+    /// `SubStream`: it carries only `CacheMux` frames).
+    fn mux_stream(&mut self, conn: ConnKey) -> StreamOpened {
+        if let Some(qs) = self.watches.mux_stream(conn) {
+            return Ok(qs);
+        }
+        let Some(e) = self.ep.get(conn) else {
+            return Err(None);
+        };
+        if !e.conn.can_open_uni() {
+            return Err(Some(Refusal::new(
+                ErrorCode::TooManySubscriptions,
+                "the client's unidirectional stream limit is exhausted",
+            )));
+        }
+        let qs = e.conn.open_uni();
+        if let Some(session) = self.sessions.get_mut(&conn) {
+            session.sub_streams.insert(qs, MUX_SID);
+        }
+        Ok(qs)
     }
 
     /// A watch's own stream, announced with `SubStream` (the stream opens only once the
@@ -123,17 +140,22 @@ impl CoreState {
         self.with_watches(|h, room, ctx| h.pump(wid, room, ctx));
     }
 
+    /// Refill a connection's drained mux stream; true if anything went.
+    pub(in crate::core) fn pump_mux(&mut self, conn: ConnKey) -> bool {
+        self.with_watches(|h, room, ctx| h.pump_mux(conn, room, ctx))
+    }
+
     /// `Unsubscribe` naming a watch of this connection.
     pub(in crate::core) fn unwatch(&mut self, conn: ConnKey, wid: u64) -> bool {
-        self.with_watches(|h, _, ctx| h.unwatch(conn, wid, ctx))
+        self.with_watches(|h, room, ctx| h.unwatch(conn, wid, room, ctx))
     }
 
     /// End every local watch on `key`'s shard (cache deleted or moved).
     pub(in crate::core) fn end_local_watches(&mut self, key: ShardKey, why: Refusal) {
-        self.with_watches(|h, _, ctx| h.end_shard(key, why, ctx));
+        self.with_watches(|h, room, ctx| h.end_shard(key, why, room, ctx));
     }
 
-    pub(in crate::core) fn watches_conn_closed(&mut self, watches: Vec<u64>) {
-        self.with_watches(|h, _, ctx| h.conn_closed(watches, ctx));
+    pub(in crate::core) fn watches_conn_closed(&mut self, conn: ConnKey, watches: Vec<u64>) {
+        self.with_watches(|h, _, ctx| h.conn_closed(conn, watches, ctx));
     }
 }

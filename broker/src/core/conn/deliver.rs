@@ -4,6 +4,7 @@
 
 use super::subs::{SubEffect, SubHost, Writable};
 use super::*;
+use crate::core::owner::step_ctx;
 use crate::core::shard::Ctx;
 
 impl CoreState {
@@ -49,14 +50,7 @@ impl CoreState {
         &mut self,
         f: impl FnOnce(&mut SubHost, Writable, &Ctx) -> R,
     ) -> R {
-        let ctx = Ctx {
-            me: self.id,
-            cores: self.s.cores,
-            now: Instant::now(),
-            ts_ms: felix_storage::log::now_ms(),
-            catalog: &self.catalog,
-            counters: &self.s.counters,
-        };
+        let ctx = step_ctx(self.id, &self.s, &self.catalog);
         let ep = &self.ep;
         let writable =
             |conn: ConnKey, qs: u64| ep.peek(conn).is_some_and(|e| e.conn.queued_bytes(qs) == 0);
@@ -148,6 +142,10 @@ impl CoreState {
             }
             let mut sent = false;
             for sid in refill {
+                if sid == crate::core::conn::watches::MUX_SID {
+                    sent |= self.pump_mux(key);
+                    continue;
+                }
                 if self.watches.contains(sid) {
                     sent |= !self.watches.idle(sid);
                     self.pump_watch(sid);

@@ -48,7 +48,7 @@ impl CoreState {
             for sid in session.subs {
                 self.remove_sub(sid, None);
             }
-            self.watches_conn_closed(session.watches);
+            self.watches_conn_closed(key, session.watches);
             self.group_conn_closed(key, session.long_polls);
         }
     }
@@ -94,8 +94,9 @@ impl CoreState {
             return;
         };
         session.hello_done = true;
+        session.features = f & features::ALL;
         let hello = Frame::HelloOk {
-            features: f & features::ALL,
+            features: session.features,
             limits: Limits {
                 max_frame_bytes: cfg.max_frame_bytes as u32,
                 max_payload_bytes: cfg.max_payload_bytes,

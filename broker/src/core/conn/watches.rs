@@ -5,6 +5,11 @@
 //! No socket: how many more bytes a watch's stream may take before the pump stops is asked of
 //! the driver (`Room`), a new stream is opened by the driver before `on_opened`, and what to
 //! write comes out as effects. `caches/watch.rs` drives it.
+//!
+//! A connection that negotiated `WATCH_MUX` has one stream for all its watches: a change is
+//! queued once per connection as a `CacheMux` naming the watches that take it (the head is
+//! per connection, the event's bytes are shared), and each watch's own bound is still
+//! counted in its `WatchQueue`.
 
 use crate::cache::{Filter, WatchQueue};
 use crate::core::shard::{Ctx, Refused};
@@ -13,7 +18,8 @@ use crate::metrics::CoreCounters;
 use bytes::Bytes;
 use felix_quic::idmap::IdMap;
 use felix_quic::server::ConnKey;
-use felix_quic::wire::{CacheFrame, ErrorCode, Frame};
+use felix_quic::wire::cache::encode_mux_head;
+use felix_quic::wire::{CacheFrame, ErrorCode, Frame, HEADER_LEN};
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -40,6 +46,58 @@ pub(crate) struct Watch {
     /// The offset after the last change handed to the connection: nothing from it on has
     /// been delivered (what an end names when it drops the queue).
     pub resume_at: u64,
+    /// Delivered on its connection's mux stream (`WATCH_MUX`): `state`, `frames` stay empty
+    /// (its frames wait in the connection's `Mux`) and `end` only marks an end queued there.
+    pub mux: bool,
+}
+
+/// The value a connection's mux stream has in the session's stream → subscription map.
+pub(crate) const MUX_SID: u64 = u64::MAX;
+
+/// One frame waiting for a connection's mux stream: `head` (naming the watches) then `body`
+/// (the wrapped frame's body, shared by every connection).
+struct MuxEntry {
+    head: Bytes,
+    body: Bytes,
+    /// The change's offset, for the watches in `pops` (each pops it off its queue when sent).
+    offset: u64,
+    pops: Vec<u64>,
+    /// The watch this frame ends: gone once it is sent.
+    ends: Option<u64>,
+    /// Watch frames this one stands for (one per watch named).
+    count: u64,
+}
+
+impl MuxEntry {
+    fn new(ids: Vec<u64>, frame: &Bytes, offset: u64, changes: bool) -> MuxEntry {
+        MuxEntry {
+            head: encode_mux_head(&ids, frame),
+            body: frame.slice(HEADER_LEN..),
+            offset,
+            count: ids.len() as u64,
+            pops: if changes { ids } else { Vec::new() },
+            ends: None,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.head.len() + self.body.len()
+    }
+}
+
+/// A connection's mux stream and what waits for it, in order.
+#[derive(Default)]
+struct Mux {
+    stream: Option<u64>,
+    queue: VecDeque<MuxEntry>,
+    bytes: u64,
+}
+
+impl Mux {
+    fn push(&mut self, e: MuxEntry) {
+        self.bytes += e.len() as u64;
+        self.queue.push_back(e);
+    }
 }
 
 /// What the watch side asks its driver to do.
@@ -78,8 +136,13 @@ pub(crate) type StreamOpened = Result<u64, Option<Refused>>;
 #[derive(Default)]
 pub(crate) struct WatchHost {
     watches: IdMap<u64, Watch>,
-    /// Watches of this core per cache shard (changes arrive once per core).
+    /// Watches of this core per cache shard (changes arrive once per core), each on its own
+    /// stream.
     local: IdMap<ShardKey, Vec<u64>>,
+    /// Mux watches of this core per cache shard, by connection (a change is one frame per
+    /// connection).
+    local_mux: IdMap<ShardKey, IdMap<ConnKey, Vec<u64>>>,
+    muxes: IdMap<ConnKey, Mux>,
     effects: Vec<WatchEffect>,
 }
 
@@ -102,25 +165,45 @@ impl WatchHost {
 
     /// Cache shards with watches on this core.
     pub(crate) fn shards(&self) -> Vec<ShardKey> {
-        self.local.keys().copied().collect()
+        let mut v: Vec<ShardKey> = self.local.keys().copied().collect();
+        v.extend(
+            self.local_mux
+                .keys()
+                .filter(|k| !self.local.contains_key(k)),
+        );
+        v
     }
 
-    /// Events and bytes queued over this core's watches (state phases included).
+    /// The mux stream of connection `conn`, once it has one.
+    pub(crate) fn mux_stream(&self, conn: ConnKey) -> Option<u64> {
+        self.muxes.get(&conn).and_then(|m| m.stream)
+    }
+
+    /// Frames and bytes queued over this core's watches (state phases included; a mux frame
+    /// counts once however many watches it names).
     pub(crate) fn queue_totals(&self) -> (u64, u64) {
-        self.watches.values().fold((0, 0), |(e, b), w| {
-            let state: u64 = w.state.iter().map(|f| f.len() as u64).sum();
-            (
-                e + (w.queue.len() + w.state.len()) as u64,
-                b + w.queue.bytes() + state,
-            )
-        })
+        let own = self
+            .watches
+            .values()
+            .filter(|w| !w.mux)
+            .fold((0, 0), |(e, b), w| {
+                let state: u64 = w.state.iter().map(|f| f.len() as u64).sum();
+                (
+                    e + (w.queue.len() + w.state.len()) as u64,
+                    b + w.queue.bytes() + state,
+                )
+            });
+        self.muxes
+            .values()
+            .fold(own, |(e, b), m| (e + m.queue.len() as u64, b + m.bytes))
     }
 
-    /// Nothing queued for the watch (it is gone, or everything was handed to quiche).
+    /// Nothing queued for the watch on its own stream (it is gone, on the mux, or everything
+    /// was handed to quiche).
     pub(crate) fn idle(&self, wid: u64) -> bool {
         self.watches
             .get(&wid)
-            .is_none_or(|w| w.state.is_empty() && w.frames.is_empty() && w.end.is_none())
+            .is_none_or(|w| w.mux || (w.state.is_empty() && w.frames.is_empty() && w.end.is_none()))
     }
 
     fn send(&mut self, to: u8, msg: MeshMsg) {
@@ -130,9 +213,14 @@ impl WatchHost {
     /// A new watch: register it here and ask the shard's owner to compute its start.
     pub(crate) fn open(&mut self, wid: u64, w: Watch, req: WatchReq, ctx: &Ctx) {
         let key = (w.cache, w.shard);
+        if w.mux {
+            let conns = self.local_mux.entry(key).or_default();
+            conns.entry(w.conn).or_default().push(wid);
+        } else {
+            self.local.entry(key).or_default().push(wid);
+        }
         let prev = self.watches.insert(wid, w);
         assert!(prev.is_none(), "watch ids are unique");
-        self.local.entry(key).or_default().push(wid);
         self.send(
             ctx.cache_owner_core(key),
             MeshMsg::Owner(ToOwner::WatchOpen(req)),
@@ -177,17 +265,33 @@ impl WatchHost {
         w.quic_stream = Some(qs);
         w.resume_at = opened.resume_from;
         w.live_from = Some(opened.live_from);
+        let mux = w.mux;
+        if mux {
+            let m = self.muxes.entry(conn).or_default();
+            assert!(
+                m.stream.is_none_or(|s| s == qs),
+                "one mux stream per connection"
+            );
+            m.stream = Some(qs);
+        }
+        // The state phase, then the replay, each frame on the watch's stream or the mux.
         if let Some((retained, done)) = opened.state {
-            w.state.extend(retained);
-            w.state.push_back(done);
+            for f in retained.into_iter().chain(std::iter::once(done)) {
+                match self.muxes.get_mut(&conn).filter(|_| mux) {
+                    Some(m) => m.push(MuxEntry::new(vec![wid], &f, 0, false)),
+                    None => w.state.push_back(f),
+                }
+            }
         }
         let mut lagged = None;
         for ev in opened.replay {
-            if w.queue.offer(ev.offset, ev.frame.len() as u64) {
-                w.frames.push_back(ev.frame.clone());
-            } else {
+            if !w.queue.offer(ev.offset, ev.frame.len() as u64) {
                 lagged = w.queue.ended_at();
                 break;
+            }
+            match self.muxes.get_mut(&conn).filter(|_| mux) {
+                Some(m) => m.push(MuxEntry::new(vec![wid], &ev.frame, ev.offset, true)),
+                None => w.frames.push_back(ev.frame.clone()),
             }
         }
         let (events_max, bytes_max) = w.queue.bounds();
@@ -207,8 +311,50 @@ impl WatchHost {
         self.pump(wid, room, ctx);
     }
 
+    /// Offer a change to the mux watches of `key`'s shard: one frame per connection naming
+    /// the watches that took it. Returns the watches that overflowed (with the offset they
+    /// resume from) and the connections to pump.
+    fn offer_mux(&mut self, key: ShardKey, ev: &Ev) -> (Vec<(u64, u64)>, Vec<ConnKey>) {
+        let (mut lagged, mut touched) = (Vec::new(), Vec::new());
+        let Some(conns) = self.local_mux.get(&key) else {
+            return (lagged, touched);
+        };
+        for (conn, wids) in conns {
+            let mut ids = Vec::new();
+            for wid in wids {
+                let w = self.watches.get_mut(wid).expect("indexed watches exist");
+                let live = w.live_from.is_some_and(|lf| ev.offset >= lf);
+                if !live || w.end.is_some() || !w.filter.matches(&ev.key) {
+                    continue;
+                }
+                if w.queue.offer(ev.offset, ev.frame.len() as u64) {
+                    ids.push(*wid);
+                } else {
+                    let at = w.queue.ended_at().expect("a refused offer ends the queue");
+                    lagged.push((*wid, at));
+                }
+            }
+            if !ids.is_empty() {
+                let m = self
+                    .muxes
+                    .get_mut(conn)
+                    .expect("an opened mux watch has a mux");
+                m.push(MuxEntry::new(ids, &ev.frame, ev.offset, true));
+                touched.push(*conn);
+            }
+        }
+        (lagged, touched)
+    }
+
     /// A change of an owned shard reached this core: offer it to the matching watches.
     pub(crate) fn on_change(&mut self, key: ShardKey, ev: Arc<Ev>, room: Room, ctx: &Ctx) {
+        let (lagged, touched) = self.offer_mux(key, &ev);
+        for (wid, at) in lagged {
+            self.lag_end(wid, at, ctx);
+        }
+        for conn in touched {
+            self.pump_mux(conn, room, ctx);
+        }
         let Some(ids) = self.local.get(&key) else {
             return;
         };
@@ -240,19 +386,63 @@ impl WatchHost {
             return;
         }
         CoreCounters::inc(&ctx.counters.cache_watches_lagged);
-        w.end = Some(Frame::Cache(CacheFrame::CacheWatchEnd {
+        let end = Frame::Cache(CacheFrame::CacheWatchEnd {
             code: ErrorCode::WatchLagged.number(),
             resume_from: at,
             message: format!(
                 "watch fell behind its queue bound; nothing from offset {at} on was delivered: watch again from {at}"
             ),
-        }));
-        let key = (w.cache, w.shard);
-        self.unindex(wid, key, ctx);
+        });
+        let (key, conn, mux) = ((w.cache, w.shard), w.conn, w.mux);
+        self.unindex(wid, key, conn, mux, ctx);
+        if mux {
+            self.queue_mux_end(wid, end);
+        } else {
+            self.watches.get_mut(&wid).expect("looked up above").end = Some(end);
+        }
     }
 
-    fn unindex(&mut self, wid: u64, key: ShardKey, ctx: &Ctx) {
-        if let Some(v) = self.local.get_mut(&key) {
+    /// Queue the end of mux watch `wid` after everything queued for it (it is forgotten once
+    /// the end is sent); `w.end` marks it as ending.
+    fn queue_mux_end(&mut self, wid: u64, end: Frame) {
+        let w = self
+            .watches
+            .get_mut(&wid)
+            .expect("a watch being ended exists");
+        assert!(w.mux && w.end.is_none(), "one end per mux watch");
+        let mut e = MuxEntry::new(vec![wid], &end.encode(), 0, false);
+        e.ends = Some(wid);
+        w.end = Some(end);
+        let m = self
+            .muxes
+            .get_mut(&w.conn)
+            .expect("an opened mux watch has a mux");
+        m.push(e);
+    }
+
+    /// Where a watch ended now resumes: after what is queued for it on the mux (that is still
+    /// delivered, before its end), or after what its own stream was handed.
+    fn resume_point(w: &Watch) -> u64 {
+        match (w.mux, w.queue.last()) {
+            (true, Some(last)) => last + 1,
+            _ => w.resume_at,
+        }
+    }
+
+    fn unindex(&mut self, wid: u64, key: ShardKey, conn: ConnKey, mux: bool, ctx: &Ctx) {
+        if mux {
+            if let Some(conns) = self.local_mux.get_mut(&key) {
+                if let Some(v) = conns.get_mut(&conn) {
+                    v.retain(|x| *x != wid);
+                    if v.is_empty() {
+                        conns.remove(&conn);
+                    }
+                }
+                if conns.is_empty() {
+                    self.local_mux.remove(&key);
+                }
+            }
+        } else if let Some(v) = self.local.get_mut(&key) {
             v.retain(|x| *x != wid);
             if v.is_empty() {
                 self.local.remove(&key);
@@ -272,6 +462,11 @@ impl WatchHost {
         let Some(w) = self.watches.get_mut(&wid) else {
             return;
         };
+        if w.mux {
+            let conn = w.conn;
+            self.pump_mux(conn, room, ctx);
+            return;
+        }
         let Some(qs) = w.quic_stream else {
             return; // not accepted by the owner yet
         };
@@ -304,20 +499,69 @@ impl WatchHost {
         }
     }
 
+    /// Move frames of connection `conn`'s mux queue onto its mux stream while it has room;
+    /// true if any went. A frame of changes pops each named watch's queue (those still here);
+    /// a watch whose end went is gone.
+    pub(crate) fn pump_mux(&mut self, conn: ConnKey, room: Room, ctx: &Ctx) -> bool {
+        let Some(m) = self.muxes.get_mut(&conn) else {
+            return false;
+        };
+        let Some(qs) = m.stream else {
+            return false;
+        };
+        let Some(mut left) = room(conn, qs) else {
+            return false;
+        };
+        let (mut frames, mut sent, mut gone) = (0u64, 0u64, Vec::new());
+        while left > 0 {
+            let Some(e) = m.queue.pop_front() else { break };
+            m.bytes -= e.len() as u64;
+            for wid in &e.pops {
+                if let Some(w) = self.watches.get_mut(wid) {
+                    let off = w
+                        .queue
+                        .pop()
+                        .expect("a queued change is in its watch's queue");
+                    assert_eq!(off, e.offset, "mux frames and watch queues move together");
+                    w.resume_at = off + 1;
+                }
+            }
+            frames += 1;
+            sent += e.count;
+            left = left.saturating_sub(e.len());
+            gone.extend(e.ends);
+            self.effects.push(WatchEffect::Bytes(conn, qs, e.head));
+            self.effects.push(WatchEffect::Bytes(conn, qs, e.body));
+        }
+        CoreCounters::add(&ctx.counters.cache_watch_events, sent);
+        for wid in gone {
+            self.remove(wid, None, true, ctx);
+        }
+        frames > 0
+    }
+
     /// Forget a watch here; `end` is sent as its last frame (then the stream is finished).
-    /// `unindexed`: already unregistered (lag end).
+    /// `unindexed`: already unregistered (lag end). A mux watch's end was queued on the mux
+    /// (`end` is None), and the mux stream stays.
     pub(crate) fn remove(&mut self, wid: u64, end: Option<Frame>, unindexed: bool, ctx: &Ctx) {
         let Some(w) = self.watches.remove(&wid) else {
             return;
         };
         if !unindexed {
-            self.unindex(wid, (w.cache, w.shard), ctx);
+            self.unindex(wid, (w.cache, w.shard), w.conn, w.mux, ctx);
         }
         self.effects.push(WatchEffect::Removed {
             conn: w.conn,
             wid,
-            quic_stream: w.quic_stream,
+            quic_stream: w.quic_stream.filter(|_| !w.mux),
         });
+        if w.mux {
+            assert!(
+                end.is_none(),
+                "a mux watch's end goes through its mux queue"
+            );
+            return;
+        }
         if let Some(qs) = w.quic_stream {
             if let Some(f) = end {
                 self.effects.push(WatchEffect::Frame(w.conn, qs, f));
@@ -327,24 +571,38 @@ impl WatchHost {
     }
 
     /// `Unsubscribe` naming a watch of connection `conn`: false if it names none.
-    pub(crate) fn unwatch(&mut self, conn: ConnKey, wid: u64, ctx: &Ctx) -> bool {
+    pub(crate) fn unwatch(&mut self, conn: ConnKey, wid: u64, room: Room, ctx: &Ctx) -> bool {
         let Some(w) = self.watches.get(&wid).filter(|w| w.conn == conn) else {
             return false;
         };
         let end = Frame::Cache(CacheFrame::CacheWatchEnd {
             code: 0,
-            resume_from: w.resume_at,
+            resume_from: Self::resume_point(w),
             message: "unwatched".into(),
         });
         let unindexed = w.end.is_some();
+        if w.mux && w.quic_stream.is_some() {
+            // An end already queued answers the unwatch; else this one goes after the rest.
+            if !unindexed {
+                let (key, mux) = ((w.cache, w.shard), w.mux);
+                self.unindex(wid, key, conn, mux, ctx);
+                self.queue_mux_end(wid, end);
+                self.pump_mux(conn, room, ctx);
+            }
+            return true;
+        }
         self.remove(wid, Some(end), unindexed, ctx);
         true
     }
 
     /// End every local watch on `key`'s shard (cache deleted or moved). What they had
     /// queued is dropped; each end names the offset after the last change delivered.
-    pub(crate) fn end_shard(&mut self, key: ShardKey, why: Refused, ctx: &Ctx) {
-        let ids = self.local.get(&key).cloned().unwrap_or_default();
+    pub(crate) fn end_shard(&mut self, key: ShardKey, why: Refused, room: Room, ctx: &Ctx) {
+        let mut ids = self.local.get(&key).cloned().unwrap_or_default();
+        if let Some(conns) = self.local_mux.get(&key) {
+            ids.extend(conns.values().flatten());
+        }
+        let mut touched = Vec::new();
         for wid in ids {
             let w = &self.watches[&wid];
             if w.quic_stream.is_none() {
@@ -362,15 +620,28 @@ impl WatchHost {
             }
             let end = Frame::Cache(CacheFrame::CacheWatchEnd {
                 code: why.code.number(),
-                resume_from: w.resume_at,
+                resume_from: Self::resume_point(w),
                 message: why.message.clone(),
             });
+            if w.mux {
+                // What it has queued is still delivered, before its end.
+                let conn = w.conn;
+                self.unindex(wid, key, conn, true, ctx);
+                self.queue_mux_end(wid, end);
+                touched.push(conn);
+                continue;
+            }
             self.remove(wid, Some(end), false, ctx);
+        }
+        touched.dedup();
+        for conn in touched {
+            self.pump_mux(conn, room, ctx);
         }
     }
 
     /// The connection of these watches closed.
-    pub(crate) fn conn_closed(&mut self, wids: Vec<u64>, ctx: &Ctx) {
+    pub(crate) fn conn_closed(&mut self, conn: ConnKey, wids: Vec<u64>, ctx: &Ctx) {
+        self.muxes.remove(&conn);
         for wid in wids {
             let unindexed = self.watches.get(&wid).is_some_and(|w| w.end.is_some());
             self.remove(wid, None, unindexed, ctx);

@@ -21,17 +21,7 @@ impl CoreState {
             match parsed.and_then(|(cfg, snap)| restore(cfg, snap, tail)) {
                 Ok(group) => {
                     tracing::info!(stream = %name, shard = key.1, group = %g, cursor = group.cursor(), "consumer group restored");
-                    sg.groups.insert(
-                        g,
-                        GroupSlot {
-                            group,
-                            waiters: VecDeque::new(),
-                            writing: false,
-                            dirty: false,
-                            queued: Vec::new(),
-                            deleting: None,
-                        },
-                    );
+                    sg.groups.insert(g, GroupSlot::new(group));
                 }
                 Err(why) => {
                     tracing::error!(stream = %name, shard = key.1, group = %g, error = %why, "consumer group file unreadable; the group answers unavailable until deleted");
@@ -136,17 +126,11 @@ impl CoreState {
             let msg = format!("cannot create {}: {e}", dir.display());
             return self.group_reply(origin, Frame::error(rid, ErrorCode::Unavailable, msg));
         }
-        self.groups.entry(key).or_default().groups.insert(
-            name.clone(),
-            GroupSlot {
-                group,
-                waiters: VecDeque::new(),
-                writing: false,
-                dirty: false,
-                queued: Vec::new(),
-                deleting: None,
-            },
-        );
+        self.groups
+            .entry(key)
+            .or_default()
+            .groups
+            .insert(name.clone(), GroupSlot::new(group));
         self.persist_group(key, &name, Some((origin, ok(rid))));
     }
 

@@ -74,6 +74,20 @@ struct GroupSlot {
     deleting: Option<GroupOrigin>,
 }
 
+impl GroupSlot {
+    /// A group with nothing waiting, writing or queued.
+    fn new(group: Group) -> Self {
+        GroupSlot {
+            group,
+            waiters: VecDeque::new(),
+            writing: false,
+            dirty: false,
+            queued: Vec::new(),
+            deleting: None,
+        }
+    }
+}
+
 fn ok(request_id: u64) -> Frame {
     Frame::Group(GroupFrame::GroupOk { request_id })
 }
