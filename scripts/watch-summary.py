@@ -50,7 +50,8 @@ def main():
             continue
         runs[(case, system)].append(r)
     cases = sorted({c for c, _ in runs} | {c for c, _ in invalid})
-    systems = ["felix", "etcd", "nats-kv"]
+    present = {s for _, s in runs} | {s for _, s in invalid}
+    systems = [s for s in ["felix", "felix-nomux", "etcd", "nats-kv"] if s in present]
     print("| case | system | runs (invalid) | puts/s | events/s | p50 / p99 ms | complete (each run) | client / server cores | bytes per watcher |")
     print("|---|---|---|---|---|---|---|---|---|")
     meds = {}
@@ -65,14 +66,17 @@ def main():
             print(f'| {c} | {s} | {len(rs)} ({invalid.get((c, s), 0)}) | {fmt(m["puts_s"])} | {fmt(m["events_s"], 0)} | '
                   f'{fmt(m["p50_ms"])} / {fmt(m["p99_ms"])} | {comp} | {fmt(m["client"], 2)} / {fmt(m["server"], 2)} | {fmt(m["rss_w"], 0)} |')
     print()
-    print("| case | Felix / etcd events/s | Felix / etcd p99 |")
-    print("|---|---|---|")
+    print("| case | Felix / etcd events/s | Felix / etcd p99 | mux / no mux events/s |")
+    print("|---|---|---|---|")
     for c in cases:
-        f, e = meds.get((c, "felix")), meds.get((c, "etcd"))
-        if not f or not e or not f["events_s"] or not e["events_s"]:
-            continue
-        p99 = f["p99_ms"] / e["p99_ms"] if e["p99_ms"] else None
-        print(f'| {c} | **{f["events_s"] / e["events_s"]:.2f}** | {fmt(p99, 2)} |')
+        f, e, n = meds.get((c, "felix")), meds.get((c, "etcd")), meds.get((c, "felix-nomux"))
+        ratio = p99 = mux = None
+        if f and e and f["events_s"] and e["events_s"]:
+            ratio = f["events_s"] / e["events_s"]
+            p99 = f["p99_ms"] / e["p99_ms"] if f["p99_ms"] and e["p99_ms"] else None
+        if f and n and f["events_s"] and n["events_s"]:
+            mux = f["events_s"] / n["events_s"]
+        print(f'| {c} | **{fmt(ratio, 2)}** | {fmt(p99, 2)} | {fmt(mux, 2)} |')
     if "--png" in sys.argv:
         try:
             import matplotlib
@@ -83,7 +87,7 @@ def main():
             return
         out = sys.argv[sys.argv.index("--png") + 1]
         fig, ax = plt.subplots(figsize=(8, 4))
-        width = 0.25
+        width = 0.8 / max(len(systems), 1)
         for i, s in enumerate(systems):
             ys = [(meds.get((c, s)) or {}).get("events_s") or 0 for c in cases]
             ax.bar([x + i * width for x in range(len(cases))], ys, width, label=s)

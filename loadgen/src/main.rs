@@ -219,6 +219,10 @@ struct Args {
     /// pre-PMTUD transport for before/after runs.
     #[arg(long, default_value_t = felix_quic::DEFAULT_UDP_PAYLOAD_MAX, value_parser = parse_udp_max)]
     udp_payload_max_bytes: usize,
+    /// Ask for the watch mux (cache mode: every watch of a connection on one stream).
+    /// `--watch-mux false` gives one stream per watch, for before/after runs.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    watch_mux: bool,
     /// The client settings, resolved once from --broker (not a flag).
     #[arg(skip)]
     client: Option<ClientConfig>,
@@ -254,6 +258,7 @@ fn cfg(a: &Args) -> ClientConfig {
     let mut c = a.client.clone().expect("resolved in run()");
     c.verify = Verify::CaFile(a.ca.clone());
     c.transport.udp_payload_max_bytes = a.udp_payload_max_bytes;
+    c.watch_mux = a.watch_mux;
     c
 }
 
@@ -433,6 +438,7 @@ fn emit(a: &Args, mut v: serde_json::Value) {
             "udp_payload_max_bytes".into(),
             a.udp_payload_max_bytes.into(),
         );
+        o.insert("watch_mux".into(), a.watch_mux.into());
         o.insert("machine".into(), machine_facts());
         o.insert("git_rev".into(), git_rev().into());
         o.insert(
@@ -1435,7 +1441,6 @@ use stats::pct;
 
 async fn cache(a: &Args) -> Result<(), felix_client::Error> {
     use felix_client::{EventKind, WatchFilter, WatchItem, WatchOptions, WatchStart};
-    use std::sync::atomic::AtomicBool;
     use std::sync::Mutex;
     let watchers_n = a.subscribers;
     let count = a.count.unwrap_or(10_000);
@@ -1497,51 +1502,53 @@ async fn cache(a: &Args) -> Result<(), felix_client::Error> {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let rss1 = a.broker_pid.and_then(rss_bytes);
     let epoch = Instant::now();
-    let sent = Arc::new(AtomicU64::new(0));
-    let done = Arc::new(AtomicBool::new(false));
     let hists: Vec<_> = (0..conns_n)
         .map(|_| Arc::new(Mutex::new(new_hist())))
         .collect();
     let drain_end = Duration::from_secs(a.secs + 10).min(Duration::from_secs(a.bound_secs));
+    // Each watcher's count so far, and how many readers ended: the main task closes the
+    // connections once every watcher has what the writer sent (or the drain time is up), which
+    // ends the readers. A reader waits on its watch alone: a timeout per read would register a
+    // timer per event per watcher, which was most of the load core's work at 10k watchers.
+    let progress: Arc<Vec<AtomicU64>> =
+        Arc::new((0..watchers_n).map(|_| AtomicU64::new(0)).collect());
+    let ended = Arc::new(AtomicU64::new(0));
     let readers: Vec<_> = watches
         .into_iter()
         .enumerate()
         .map(|(i, mut w)| {
-            let (sent, done, h) = (sent.clone(), done.clone(), hists[i % conns_n].clone());
+            let h = hists[i % conns_n].clone();
+            let (progress, ended) = (progress.clone(), ended.clone());
             tokio::spawn(async move {
                 // Every offset this watcher saw, in arrival order: checked against the
                 // writer's acknowledged offsets at the end (a count could pass a gap plus a
                 // duplicate).
                 let mut offsets: Vec<u64> = Vec::new();
                 let (mut got, mut lagged) = (0u64, false);
-                loop {
-                    if done.load(Ordering::Acquire) && got >= sent.load(Ordering::Acquire) {
-                        break;
-                    }
-                    let left = drain_end.saturating_sub(epoch.elapsed());
-                    if left.is_zero() {
-                        break;
-                    }
-                    match w.next_timeout(left.min(Duration::from_millis(200))).await {
-                        Ok(Some(WatchItem::Event {
+                while let Some(item) = w.next().await {
+                    match item {
+                        WatchItem::Event {
                             kind: EventKind::Put,
                             value,
                             offset,
                             ..
-                        })) => {
+                        } => {
                             offsets.push(offset);
                             let t = u64::from_le_bytes(value[..8].try_into().unwrap());
                             let now = epoch.elapsed().as_micros() as u64;
                             let _ = h.lock().unwrap().record(now.saturating_sub(t).max(1));
                             got += 1;
+                            progress[i].store(got, Ordering::Release);
                         }
-                        Ok(Some(WatchItem::End { .. })) | Ok(None) => {
-                            lagged = true;
+                        // u16::MAX: the connection closed (the run is over), not a lag end.
+                        WatchItem::End { code, .. } => {
+                            lagged = code != u16::MAX;
                             break;
                         }
-                        Ok(Some(_)) | Err(_) => {}
+                        _ => {}
                     }
                 }
+                ended.fetch_add(1, Ordering::AcqRel);
                 (got, lagged, offsets)
             })
         })
@@ -1573,11 +1580,25 @@ async fn cache(a: &Args) -> Result<(), felix_client::Error> {
                 .unwrap();
             acked.push(w.version);
             n += 1;
-            sent.store(n, Ordering::Release);
         }
     }
     let write_secs = start.elapsed().as_secs_f64();
-    done.store(true, Ordering::Release);
+    // Bounded: until every watcher has the n changes, every reader ended, or the drain time.
+    while epoch.elapsed() < drain_end
+        && ended.load(Ordering::Acquire) < watchers_n as u64
+        && progress.iter().any(|p| p.load(Ordering::Acquire) < n)
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The watch phase ends here: its time and CPU do not include closing the connections.
+    let elapsed = start.elapsed().as_secs_f64();
+    let cpu1 = (
+        cpu_used_secs(None),
+        a.broker_pid.and_then(|p| cpu_used_secs(Some(p))),
+    );
+    for c in std::mem::take(&mut clients) {
+        let _ = c.close().await;
+    }
     let (mut delivered, mut lagged, mut complete) = (0u64, 0usize, 0usize);
     let (mut exact, mut wrong) = (0usize, None::<String>);
     for (i, r) in readers.into_iter().enumerate() {
@@ -1603,13 +1624,8 @@ async fn cache(a: &Args) -> Result<(), felix_client::Error> {
         (Some(r0), Some(r1)) => Some(r1.saturating_sub(r0) as f64 / watchers_n as f64),
         _ => None,
     };
-    let elapsed = start.elapsed().as_secs_f64();
     // CPU over the watch phase, in cores: a saturated load core measures the client, not
     // the broker (the load core decrypts QUIC for every watcher).
-    let cpu1 = (
-        cpu_used_secs(None),
-        a.broker_pid.and_then(|p| cpu_used_secs(Some(p))),
-    );
     let cores =
         |x: Option<f64>, y: Option<f64>| Some(((y? - x?) / elapsed * 100.0).round() / 100.0);
     let client_cores = cores(cpu0.0, cpu1.0);
@@ -1642,9 +1658,6 @@ async fn cache(a: &Args) -> Result<(), felix_client::Error> {
         }),
     );
     let _ = writer.close().await;
-    for c in clients {
-        let _ = c.close().await;
-    }
     Ok(())
 }
 
