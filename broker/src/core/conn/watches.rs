@@ -276,6 +276,8 @@ impl WatchHost {
         }
         // The state phase, then the replay, each frame on the watch's stream or the mux.
         if let Some((retained, done)) = opened.state {
+            #[cfg(test)]
+            let (retained, done) = breaks::state_done_first(retained, done);
             for f in retained.into_iter().chain(std::iter::once(done)) {
                 match self.muxes.get_mut(&conn).filter(|_| mux) {
                     Some(m) => m.push(MuxEntry::new(vec![wid], &f, 0, false)),
@@ -386,6 +388,8 @@ impl WatchHost {
             return;
         }
         CoreCounters::inc(&ctx.counters.cache_watches_lagged);
+        #[cfg(test)]
+        let at = at + u64::from(breaks::on(&breaks::MUX_RESUME_PAST_LAG));
         let end = Frame::Cache(CacheFrame::CacheWatchEnd {
             code: ErrorCode::WatchLagged.number(),
             resume_from: at,
@@ -417,6 +421,13 @@ impl WatchHost {
             .muxes
             .get_mut(&w.conn)
             .expect("an opened mux watch has a mux");
+        #[cfg(test)]
+        if breaks::on(&breaks::MUX_END_FIRST) {
+            // Broken on purpose: the end overtakes what was queued for the watch.
+            m.bytes += e.len() as u64;
+            m.queue.push_front(e);
+            return;
+        }
         m.push(e);
     }
 
@@ -648,3 +659,37 @@ impl WatchHost {
         }
     }
 }
+
+/// Test-build switches that break one rule each, so the mux checker's negative twin can show
+/// it catches the break (`mux_check.rs`).
+#[cfg(test)]
+pub(crate) mod breaks {
+    use std::sync::atomic::AtomicBool;
+    /// Queue a mux watch's end ahead of the changes queued for it.
+    pub(crate) static MUX_END_FIRST: AtomicBool = AtomicBool::new(false);
+    /// Name the offset after the refused change as a lag end's resume point.
+    pub(crate) static MUX_RESUME_PAST_LAG: AtomicBool = AtomicBool::new(false);
+    /// Send a state phase's `CacheStateDone` before its retained events.
+    pub(crate) static MUX_STATE_DONE_FIRST: AtomicBool = AtomicBool::new(false);
+
+    pub(crate) fn on(b: &AtomicBool) -> bool {
+        b.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// With `MUX_STATE_DONE_FIRST` on, the state phase's end goes before its values.
+    pub(crate) fn state_done_first(
+        mut retained: Vec<bytes::Bytes>,
+        done: bytes::Bytes,
+    ) -> (Vec<bytes::Bytes>, bytes::Bytes) {
+        if !on(&MUX_STATE_DONE_FIRST) {
+            return (retained, done);
+        }
+        retained.insert(0, done);
+        let last = retained.pop().expect("done was put in");
+        (retained, last)
+    }
+}
+
+#[cfg(test)]
+#[path = "mux_check.rs"]
+mod mux_check;
