@@ -159,7 +159,7 @@ pub struct CacheWatch {
     /// Shards whose end was returned (a second end, e.g. from a connection close, is not).
     ended: std::collections::HashSet<u32>,
     /// Per shard: the offset after the last change received (where a resume would start).
-    next: HashMap<u32, u64>,
+    next: felix_quic::idmap::IdMap<u32, u64>,
 }
 
 impl CacheWatch {
@@ -217,7 +217,13 @@ impl CacheWatch {
                 offset,
                 ..
             } if *kind != EventKind::Retained => {
-                self.next.insert(*shard, offset + 1);
+                // Updated in place: this runs once per change per watch.
+                match self.next.get_mut(shard) {
+                    Some(n) => *n = offset + 1,
+                    None => {
+                        self.next.insert(*shard, offset + 1);
+                    }
+                }
             }
             WatchItem::StateDone {
                 shard, live_from, ..
@@ -550,7 +556,7 @@ impl Client {
             live_from: Vec::new(),
             open: 0,
             ended: Default::default(),
-            next: HashMap::new(),
+            next: Default::default(),
         };
         for (filter, start) in specs {
             let request_id = self.inner.id();

@@ -346,7 +346,8 @@ struct ConnHandler {
     hello: Option<oneshot::Sender<Result<Frame, Error>>>,
     pending: HashMap<u64, oneshot::Sender<Result<Frame, Error>>>,
     pending_subs: HashMap<u64, SubSlot>,
-    subs: HashMap<u64, SubSlot>,
+    /// By subscription or watch id (looked up per watch per change: a fast hash).
+    subs: felix_quic::idmap::IdMap<u64, SubSlot>,
     stream_sub: HashMap<u64, u64>,
     /// Frames of a subscription stream that arrived before its `SubscribeOk`.
     early: HashMap<u64, Vec<Frame>>,
@@ -957,7 +958,7 @@ impl Client {
             hello: Some(htx),
             pending: HashMap::new(),
             pending_subs: HashMap::new(),
-            subs: HashMap::new(),
+            subs: Default::default(),
             stream_sub: HashMap::new(),
             early: HashMap::new(),
             blocked: HashMap::new(),

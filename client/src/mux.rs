@@ -10,8 +10,8 @@
 //! name a resume inside it).
 
 use super::*;
+use felix_quic::idmap::{IdMap, IdSet};
 use felix_quic::wire::CacheFrame;
-use std::collections::HashSet;
 
 /// Request ids this side picks for its own unsubscribes, counting down from the top so they
 /// never meet the application's (which count up from 1).
@@ -22,11 +22,11 @@ pub(crate) struct MuxState {
     /// Both Hellos carried `WATCH_MUX`.
     pub on: bool,
     /// Watches unsubscribed whose broker end has not arrived yet: their frames are dropped.
-    gone: HashSet<u64>,
+    gone: IdSet<u64>,
     /// Watches in their state phase (a retained event came, `CacheStateDone` not yet).
-    in_state: HashSet<u64>,
+    in_state: IdSet<u64>,
     /// Per watch: items waiting for room in its buffer, in order (its last may be its end).
-    blocked: HashMap<u64, (SubSlot, VecDeque<Event>)>,
+    blocked: IdMap<u64, (SubSlot, VecDeque<Event>)>,
     own_ids_used: u64,
 }
 
@@ -38,14 +38,17 @@ impl ConnHandler {
     /// A `CacheMux`: the wrapped frame for each watch named.
     pub(crate) fn on_mux(&mut self, c: &mut FelixConn, ids: Vec<u64>, inner: CacheFrame) {
         let end = matches!(inner, CacheFrame::CacheWatchEnd { .. });
+        // A live change (not retained, not an end) may take the fast path below.
+        let change =
+            matches!(inner, CacheFrame::CacheEvent { kind, .. } if kind != EventKind::Retained);
         for wid in ids {
-            if self.mux.gone.contains(&wid) {
+            if !self.mux.gone.is_empty() && self.mux.gone.contains(&wid) {
                 if end {
                     self.mux.gone.remove(&wid);
                 }
                 continue;
             }
-            let Some(slot) = self.subs.get(&wid).cloned() else {
+            let Some(slot) = self.subs.get(&wid) else {
                 // Before its CacheWatchOk (another stream): held until the answer.
                 self.early
                     .entry(wid)
@@ -53,9 +56,22 @@ impl ConnHandler {
                     .push(Frame::Cache(inner.clone()));
                 continue;
             };
-            if let Some(ev) = cache::watch_item(slot.shard, inner.clone()).map(Event::Watch) {
-                self.deliver_mux(c, wid, &slot, ev);
-            }
+            let Some(ev) = cache::watch_item(slot.shard, inner.clone()).map(Event::Watch) else {
+                continue;
+            };
+            // The common case, per watch per change: nothing waiting, room in its buffer.
+            let waiting = !self.mux.blocked.is_empty() && self.mux.blocked.contains_key(&wid);
+            let stating = !self.mux.in_state.is_empty() && self.mux.in_state.contains(&wid);
+            let ev = if change && !waiting && !stating {
+                match slot.events.try_send(ev) {
+                    Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => continue,
+                    Err(mpsc::error::TrySendError::Full(ev)) => ev,
+                }
+            } else {
+                ev
+            };
+            let slot = slot.clone();
+            self.deliver_mux(c, wid, &slot, ev);
         }
     }
 
