@@ -88,28 +88,24 @@ impl CoreState {
     /// The connection's watch mux stream, opened with its first accepted watch (no
     /// `SubStream`: it carries only `CacheMux` frames).
     fn mux_stream(&mut self, conn: ConnKey) -> StreamOpened {
-        if let Some(qs) = self.watches.mux_stream(conn) {
-            return Ok(qs);
+        match self.watches.mux_stream(conn) {
+            Some(qs) => Ok(qs),
+            None => self.open_stream(conn, MUX_SID, None),
         }
-        let Some(e) = self.ep.get(conn) else {
-            return Err(None);
-        };
-        if !e.conn.can_open_uni() {
-            return Err(Some(Refusal::new(
-                ErrorCode::TooManySubscriptions,
-                "the client's unidirectional stream limit is exhausted",
-            )));
-        }
-        let qs = e.conn.open_uni();
-        if let Some(session) = self.sessions.get_mut(&conn) {
-            session.sub_streams.insert(qs, MUX_SID);
-        }
-        Ok(qs)
     }
 
     /// A watch's own stream, announced with `SubStream` (the stream opens only once the
     /// owner accepted the watch, so a refused watch leaves nothing on the connection).
     fn open_watch_stream(&mut self, conn: ConnKey, wid: u64) -> StreamOpened {
+        let first = Frame::SubStream {
+            subscription_id: wid,
+        };
+        self.open_stream(conn, wid, Some(first))
+    }
+
+    /// Open a server stream on `conn` whose refills go to `sid` (a watch, or the mux), with
+    /// `first` as its first frame.
+    fn open_stream(&mut self, conn: ConnKey, sid: u64, first: Option<Frame>) -> StreamOpened {
         let Some(e) = self.ep.get(conn) else {
             return Err(None);
         };
@@ -120,14 +116,11 @@ impl CoreState {
             )));
         }
         let qs = e.conn.open_uni();
-        e.conn.send_frame(
-            qs,
-            &Frame::SubStream {
-                subscription_id: wid,
-            },
-        );
+        if let Some(f) = first {
+            e.conn.send_frame(qs, &f);
+        }
         if let Some(session) = self.sessions.get_mut(&conn) {
-            session.sub_streams.insert(qs, wid);
+            session.sub_streams.insert(qs, sid);
         }
         Ok(qs)
     }
