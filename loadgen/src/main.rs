@@ -1260,7 +1260,6 @@ fn rss_bytes(pid: u32) -> Option<u64> {
 }
 
 async fn fanout_scale(a: &Args) -> Result<(), felix_client::Error> {
-    use std::sync::atomic::AtomicBool;
     use std::sync::Mutex;
     let subs_n = a.subscribers;
     if subs_n == 0 || subs_n > 10_000 || a.rate == 0 || a.rate > 1_000_000 || a.secs == 0 {
@@ -1294,7 +1293,6 @@ async fn fanout_scale(a: &Args) -> Result<(), felix_client::Error> {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let rss1 = a.broker_pid.and_then(rss_bytes);
     let epoch = Instant::now();
-    let sent = Arc::new(AtomicU64::new(0));
     let ticker = ticker(
         a.progress,
         report::Shown {
@@ -1303,7 +1301,6 @@ async fn fanout_scale(a: &Args) -> Result<(), felix_client::Error> {
             subscribers: subs_n,
         },
     );
-    let done = Arc::new(AtomicBool::new(false));
     let hists: Vec<_> = (0..conns_n)
         .map(|_| {
             Arc::new(Mutex::new(
@@ -1312,52 +1309,55 @@ async fn fanout_scale(a: &Args) -> Result<(), felix_client::Error> {
         })
         .collect();
     let drain_end = Duration::from_secs(a.secs + 10).min(Duration::from_secs(a.bound_secs));
+    // Each subscription's received + announced-lost count, and how many readers ended: the
+    // main task closes the connections once every subscription has accounted for what was
+    // published (or the drain time is up), which ends the readers. A reader waits on its
+    // subscription alone: a timeout per read registers a timer per delivery per subscriber.
+    let accounted: Arc<Vec<AtomicU64>> =
+        Arc::new((0..subs_n).map(|_| AtomicU64::new(0)).collect());
+    let ended = Arc::new(AtomicU64::new(0));
     let readers: Vec<_> = subs
         .into_iter()
         .enumerate()
         .map(|(i, mut s)| {
-            let (sent, done, h) = (sent.clone(), done.clone(), hists[i % conns_n].clone());
+            let h = hists[i % conns_n].clone();
+            let (accounted, ended) = (accounted.clone(), ended.clone());
             let progress = ticker.counters();
             tokio::spawn(async move {
                 let mut st = SubStat::default();
-                loop {
-                    if done.load(Ordering::Acquire)
-                        && st.got + st.lost >= sent.load(Ordering::Acquire)
-                    {
-                        break;
-                    }
-                    let left = drain_end.saturating_sub(epoch.elapsed());
-                    if left.is_zero() {
-                        break;
-                    }
-                    match s.next_timeout(left.min(Duration::from_millis(200))).await {
-                        Ok(Some(ev @ Event::Records { .. })) => {
-                            let recs = ev.records();
-                            if let Some((_, p)) = recs.first() {
+                while let Some(ev) = s.next().await {
+                    match ev {
+                        Event::Records { records, .. } => {
+                            if let Some(p) = records.iter().next() {
                                 let t = u64::from_le_bytes(p[..8].try_into().unwrap());
                                 let now = epoch.elapsed().as_micros() as u64;
                                 let _ = h.lock().unwrap().record(now.saturating_sub(t).max(1));
                             }
-                            st.got += recs.len() as u64;
+                            let k = records.count() as u64;
+                            st.got += k;
                             if let Some(p) = &progress {
-                                p.delivered.fetch_add(recs.len() as u64, Ordering::Relaxed);
+                                p.delivered.fetch_add(k, Ordering::Relaxed);
                             }
                         }
-                        Ok(Some(Event::Lag { lost: l, .. })) => {
+                        Event::Lag { lost: l, .. } => {
                             st.lost += l;
                             st.lag_notices += 1;
                             if let Some(p) = &progress {
                                 p.lost.fetch_add(l, Ordering::Relaxed);
                             }
                         }
-                        Ok(Some(Event::End { code, message, .. })) => {
-                            st.end = Some((code, message));
+                        // u16::MAX: the connection closed (the run is over), not an end.
+                        Event::End { code, message, .. } => {
+                            if code != u16::MAX {
+                                st.end = Some((code, message));
+                            }
                             break;
                         }
-                        Ok(None) => break,
-                        Ok(Some(Event::Watch(_))) | Err(_) => {}
+                        Event::Watch(_) => {}
                     }
+                    accounted[i].store(st.got + st.lost, Ordering::Release);
                 }
+                ended.fetch_add(1, Ordering::AcqRel);
                 st
             })
         })
@@ -1387,11 +1387,22 @@ async fn fanout_scale(a: &Args) -> Result<(), felix_client::Error> {
             .collect();
         publisher.publish_fire(&name(a), ShardSelector::Shard(a.shard), batch)?;
         n = due;
-        sent.store(n, Ordering::Release);
         ticker.set(|c| &c.published, n);
     }
     let pub_secs = start.elapsed().as_secs_f64();
-    done.store(true, Ordering::Release);
+    // Bounded: until every subscription accounted for the n records, every reader ended, or
+    // the drain time.
+    while epoch.elapsed() < drain_end
+        && ended.load(Ordering::Acquire) < subs_n as u64
+        && accounted.iter().any(|c| c.load(Ordering::Acquire) < n)
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The delivery phase ends here: its time does not include closing the connections.
+    let elapsed = start.elapsed().as_secs_f64();
+    for c in std::mem::take(&mut clients) {
+        let _ = c.close().await;
+    }
     let (mut delivered, mut complete) = (0u64, 0usize);
     let mut min_got = u64::MAX;
     let mut stats = Vec::with_capacity(subs_n);
@@ -1403,7 +1414,6 @@ async fn fanout_scale(a: &Args) -> Result<(), felix_client::Error> {
         stats.push(st);
     }
     drop(ticker);
-    let elapsed = start.elapsed().as_secs_f64();
     let mut hist = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000, 2).unwrap();
     for h in &hists {
         hist.add(&*h.lock().unwrap()).unwrap();
@@ -1431,9 +1441,6 @@ async fn fanout_scale(a: &Args) -> Result<(), felix_client::Error> {
     loss_fields(&stats, n, v.as_object_mut().unwrap());
     emit(a, v);
     let _ = publisher.close().await;
-    for c in clients {
-        let _ = c.close().await;
-    }
     Ok(())
 }
 
