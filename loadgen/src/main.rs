@@ -1313,8 +1313,7 @@ async fn fanout_scale(a: &Args) -> Result<(), felix_client::Error> {
     // main task closes the connections once every subscription has accounted for what was
     // published (or the drain time is up), which ends the readers. A reader waits on its
     // subscription alone: a timeout per read registers a timer per delivery per subscriber.
-    let accounted: Arc<Vec<AtomicU64>> =
-        Arc::new((0..subs_n).map(|_| AtomicU64::new(0)).collect());
+    let accounted: Arc<Vec<AtomicU64>> = Arc::new((0..subs_n).map(|_| AtomicU64::new(0)).collect());
     let ended = Arc::new(AtomicU64::new(0));
     let readers: Vec<_> = subs
         .into_iter()
