@@ -672,9 +672,7 @@ pub(crate) mod breaks {
     /// Send a state phase's `CacheStateDone` before its retained events.
     pub(crate) static MUX_STATE_DONE_FIRST: AtomicBool = AtomicBool::new(false);
 
-    pub(crate) fn on(b: &AtomicBool) -> bool {
-        b.load(std::sync::atomic::Ordering::Relaxed)
-    }
+    pub(crate) use crate::core::shard::stream::breaks::on;
 
     /// With `MUX_STATE_DONE_FIRST` on, the state phase's end goes before its values.
     pub(crate) fn state_done_first(
