@@ -170,6 +170,10 @@ pub struct Catalog {
     pub revision: u64,
     /// Registration superseded (another process registered under this node id): serve nothing.
     pub fenced: bool,
+    /// The peer listener of every broker that has one (`node id → host:port`).
+    pub peer_addrs: HashMap<u64, String>,
+    /// The cluster's identity (the control plane's catalog id; empty standalone).
+    pub cluster_id: String,
 }
 
 /// Maximum shards per stream.
@@ -292,6 +296,8 @@ impl Catalog {
             namespaces: view.namespaces.clone(),
             revision: view.revision,
             fenced,
+            peer_addrs: view.peer_addrs.clone(),
+            cluster_id: view.cluster_id.clone(),
         }
     }
 
@@ -373,6 +379,77 @@ impl Catalog {
             ));
         }
         self.place_check(&slot.def.name(), &slot.places, shard)
+    }
+
+    /// Where to forward a request for shard `shard` of stream (or, with `cache`, cache)
+    /// slot `idx` that this broker does not own: the owner's node id, its peer address and
+    /// what the owner checks the forward against. `None` when the shard is not placed on
+    /// another live broker with a peer listener (the caller answers with `serve_check`'s
+    /// refusal then).
+    pub fn forward_target(
+        &self,
+        cache: bool,
+        idx: u32,
+        shard: u32,
+    ) -> Option<(u64, String, u64, u64)> {
+        let (places, incarnation, deleted) = if cache {
+            let s = self.cache_slots.get(idx as usize)?;
+            (&s.places, s.incarnation, s.deleted)
+        } else {
+            let s = self.slots.get(idx as usize)?;
+            (&s.places, s.incarnation, s.deleted)
+        };
+        if deleted || self.fenced {
+            return None;
+        }
+        match places.get(shard as usize)? {
+            Place::Elsewhere {
+                owner, generation, ..
+            } => {
+                let addr = self.peer_addrs.get(owner)?;
+                Some((*owner, addr.clone(), incarnation, *generation))
+            }
+            _ => None,
+        }
+    }
+
+    /// The owner's check of a forward: the forwarder routed by this incarnation and this
+    /// placement generation, and this broker owns the shard at that generation. A forward is
+    /// never forwarded again: a shard placed elsewhere is refused `not_leader` here.
+    pub fn forward_check(
+        &self,
+        cache: bool,
+        idx: u32,
+        shard: u32,
+        incarnation: u64,
+        generation: u64,
+    ) -> Result<(), (ErrorCode, String)> {
+        if cache {
+            self.cache_serve_check(idx, shard)?;
+        } else {
+            self.serve_check(idx, shard)?;
+        }
+        let (places, have, name) = if cache {
+            let s = &self.cache_slots[idx as usize];
+            (&s.places, s.incarnation, s.def.name())
+        } else {
+            let s = &self.slots[idx as usize];
+            (&s.places, s.incarnation, s.def.name())
+        };
+        if have != incarnation {
+            return Err((
+                ErrorCode::Conflict,
+                format!("{name} here is incarnation {have}, the forward names {incarnation} (deleted and made again, or a catalog behind); nothing was done"),
+            ));
+        }
+        match places[shard as usize] {
+            Place::Mine { generation: g } if g == generation => Ok(()),
+            Place::Mine { generation: g } => Err((
+                ErrorCode::Conflict,
+                format!("shard {shard} of {name} is at placement generation {g} here, the forward names {generation}; nothing was done"),
+            )),
+            _ => unreachable!("serve_check passed: the shard is mine"),
+        }
     }
 
     fn place_check(
@@ -514,6 +591,9 @@ pub struct ControlView {
     pub streams: Vec<ViewStream>,
     pub caches: Vec<ViewStream<CacheDef>>,
     pub broker_addrs: HashMap<u64, String>,
+    /// Peer listeners (`node id → host:port`) of the brokers that have one.
+    pub peer_addrs: HashMap<u64, String>,
+    pub cluster_id: String,
 }
 
 /// A stream (or, with `D = CacheDef`, a cache) as the control plane has it.

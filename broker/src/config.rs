@@ -251,6 +251,16 @@ settings! {
         cache_compact_records: u64 = 100_000, "FELIX_CACHE_COMPACT_RECORDS";
         /// Long-poll bound of one catalog changes request to the control plane, milliseconds.
         controlplane_wait_ms: u64 = 30_000, "FELIX_CONTROLPLANE_WAIT_MS";
+        /// How long a forward to another broker may wait for its answer, milliseconds, past
+        /// the request's own wait (a publish's timeout, a long poll's wait): then it is
+        /// answered `outcome_unknown`.
+        forward_timeout_ms: u64 = 5_000, "FELIX_FORWARD_TIMEOUT_MS";
+        /// How long dialing a peer broker may take before the forwards waiting for that link
+        /// are refused `unavailable` (nothing was sent), milliseconds.
+        peer_connect_timeout_ms: u64 = 2_000, "FELIX_PEER_CONNECT_TIMEOUT_MS";
+        /// Forwards one core may have waiting or in flight on one peer link; past it a forward
+        /// is refused `inflight_limit` (nothing was sent).
+        peer_forwards_max: u32 = 4096, "FELIX_PEER_FORWARDS_MAX";
     }
     optional {
         /// CPUs to pin the executors to, in the kernel's list syntax (`2-3`, `0,2`): executor i runs on the i-th CPU listed. Each must be in the process's allowed set. Default: the allowed set itself.
@@ -273,6 +283,59 @@ settings! {
         /// host:port clients dial to reach this broker (registered with the control plane);
         /// default the bound QUIC address.
         advertise_addr: String, "FELIX_ADVERTISE_ADDR";
+        /// Internal QUIC address other brokers dial (mutual TLS; needs peer_cert, peer_key and
+        /// peer_ca). Without it this broker neither forwards nor takes forwards.
+        peer_listen: SocketAddr, "FELIX_PEER_LISTEN";
+        /// host:port other brokers dial to reach the peer listener; default peer_listen.
+        peer_advertise_addr: String, "FELIX_PEER_ADVERTISE_ADDR";
+        /// This node's peer certificate (PEM): it must name `node-<node_id>`, signed by peer_ca.
+        peer_cert: PathBuf, "FELIX_PEER_CERT";
+        /// The peer certificate's private key (PEM).
+        peer_key: PathBuf, "FELIX_PEER_KEY";
+        /// The cluster's CA (PEM): every broker of the cluster is signed by it.
+        peer_ca: PathBuf, "FELIX_PEER_CA";
+    }
+}
+
+impl Config {
+    /// A peer listener needs its certificate, key and the cluster CA: without them the broker
+    /// refuses to start rather than take or make forwards unverified.
+    fn check_peer(&self) -> Result<(), String> {
+        let files = [&self.peer_cert, &self.peer_key, &self.peer_ca];
+        let set = files.iter().filter(|f| f.is_some()).count();
+        match (self.peer_listen.is_some(), set) {
+            (true, 3) => {}
+            (true, _) => {
+                return Err("peer_listen needs peer_cert, peer_key and peer_ca (mutual TLS between brokers; scripts/dev-certs.sh makes them for a local cluster); nothing unverified is served".into())
+            }
+            (false, 0) => {}
+            (false, _) => {
+                return Err("peer_cert, peer_key and peer_ca are only used with peer_listen".into())
+            }
+        }
+        if self.peer_listen.is_some() && self.controlplane_url.is_none() {
+            return Err("peer_listen needs controlplane_url: the control plane says which broker owns what".into());
+        }
+        if let Some(a) = &self.peer_advertise_addr {
+            if self.peer_listen.is_none() {
+                return Err("peer_advertise_addr is only used with peer_listen".into());
+            }
+            felix_control::catalog::check_addr(a).map_err(|_| {
+                format!("peer_advertise_addr must be HOST:PORT, got {a:?}")
+            })?;
+        }
+        for (name, v) in [
+            ("forward_timeout_ms", self.forward_timeout_ms),
+            ("peer_connect_timeout_ms", self.peer_connect_timeout_ms),
+        ] {
+            if v == 0 || v > 600_000 {
+                return Err(format!("{name} must be 1..=600000, got {v}"));
+            }
+        }
+        if self.peer_forwards_max == 0 {
+            return Err("peer_forwards_max must be at least 1".into());
+        }
+        Ok(())
     }
 }
 
@@ -411,6 +474,7 @@ impl Config {
         if c.node_id == 0 {
             return Err("node_id must be at least 1".into());
         }
+        c.check_peer()?;
         if c.controlplane_wait_ms == 0 || c.controlplane_wait_ms > 30_000 {
             return Err(
                 "controlplane_wait_ms must be 1..=30000 (the control plane's maximum)".into(),

@@ -157,6 +157,12 @@ impl Mirror {
                 .values()
                 .map(|b| (b.node_id, b.quic_addr.clone()))
                 .collect(),
+            peer_addrs: self
+                .brokers
+                .values()
+                .filter_map(|b| Some((b.node_id, b.peer_addr.clone()?)))
+                .collect(),
+            cluster_id: self.catalog_id.clone(),
         }
     }
 }
@@ -231,6 +237,8 @@ pub struct LinkConfig {
     pub cores: u32,
     /// Long-poll bound of one changes request.
     pub wait_ms: u64,
+    /// What other brokers dial to reach this broker's peer listener.
+    pub peer_addr: Option<String>,
 }
 
 /// Shared between the feed and heartbeat tasks (never held across an await).
@@ -553,8 +561,23 @@ async fn register(
         node_id: cfg.node_id,
         quic_addr: cfg.quic_addr.clone(),
         cores: cfg.cores,
+        peer_addr: cfg.peer_addr.clone(),
+        capabilities: cfg
+            .peer_addr
+            .as_ref()
+            .map(|_| vec!["peer_addr".to_string()])
+            .unwrap_or_default(),
     };
-    call(http.post(format!("{base}/v1/brokers")).json(&req)).await
+    let reply: api::RegisterBrokerReply =
+        call(http.post(format!("{base}/v1/brokers")).json(&req)).await?;
+    // An older control plane ignores what it does not know: say so rather than wait for
+    // forwards that can never come.
+    for c in &req.capabilities {
+        if !reply.capabilities.contains(c) {
+            tracing::error!(capability = %c, "the control plane does not understand this registration field; other brokers cannot reach this one's peer listener");
+        }
+    }
+    Ok(reply)
 }
 
 #[cfg(test)]

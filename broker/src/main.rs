@@ -1,7 +1,7 @@
 use clap::Parser;
 use felix_broker::catalog::{Catalog, CatalogCell};
 use felix_broker::config::{Config, Flags};
-use felix_broker::core::{run_core, CoreSettings, MeshMsg};
+use felix_broker::core::{run_core, CoreSettings, MeshMsg, PeerSockets};
 use felix_broker::metrics::{self, CoreCounters, Ops};
 use felix_quic::tls::{self, CertPaths, TransportConfig};
 use glommio::channels::channel_mesh::MeshBuilder;
@@ -31,6 +31,9 @@ fn main() {
         init_logs(false);
         std::process::exit(felix_broker::inspect::main(&args[2..]));
     }
+    if args.get(1).map(String::as_str) == Some("dev-certs") {
+        std::process::exit(dev_certs(&args[2..]));
+    }
     let flags = Flags::parse();
     let cfg = match Config::resolve(&flags) {
         Ok(c) => c,
@@ -47,6 +50,42 @@ fn main() {
     if let Err(e) = run(cfg) {
         eprintln!("felix-broker: {e}");
         std::process::exit(1);
+    }
+}
+
+/// `felix-broker dev-certs DIR NODE_ID...`: a cluster CA (kept if DIR has one) and a peer
+/// certificate per node, for a local cluster (`scripts/dev-certs.sh`).
+fn dev_certs(args: &[String]) -> i32 {
+    let usage = "usage: felix-broker dev-certs DIR NODE_ID [NODE_ID...]";
+    let Some((dir, ids)) = args.split_first() else {
+        eprintln!("{usage}");
+        return 2;
+    };
+    let ids: Result<Vec<u64>, _> = ids.iter().map(|s| s.parse::<u64>()).collect();
+    match ids {
+        Ok(ids) if !ids.is_empty() && ids.iter().all(|&i| i > 0) => {
+            match tls::generate_cluster_certs(std::path::Path::new(dir), &ids) {
+                Ok(made) => {
+                    for (id, t) in ids.iter().zip(made) {
+                        println!(
+                            "node {id}: cert {} key {} ca {}",
+                            t.cert.cert.display(),
+                            t.cert.key.display(),
+                            t.ca.display()
+                        );
+                    }
+                    0
+                }
+                Err(e) => {
+                    eprintln!("felix-broker dev-certs: {e}");
+                    1
+                }
+            }
+        }
+        _ => {
+            eprintln!("node ids are numbers of at least 1; {usage}");
+            2
+        }
     }
 }
 
@@ -92,6 +131,31 @@ fn run(cfg: Config) -> Result<(), String> {
     };
     // Validate TLS files before starting cores, so a bad file is one clear error.
     tls::server_config(&cert, &transport).map_err(|e| e.to_string())?;
+    let peer_tls = match (&cfg.peer_cert, &cfg.peer_key, &cfg.peer_ca) {
+        (Some(c), Some(k), Some(ca)) => {
+            let t = tls::PeerTls {
+                cert: CertPaths {
+                    cert: c.clone(),
+                    key: k.clone(),
+                },
+                ca: ca.clone(),
+            };
+            tls::peer_server_config(&t, &transport)
+                .and_then(|_| tls::peer_client_config(&t, &transport))
+                .map_err(|e| format!("peer TLS: {e}"))?;
+            let der = std::fs::read(c).map_err(|e| format!("peer_cert {}: {e}", c.display()))?;
+            let names = tls::pem_dns_names(&der);
+            let want = tls::node_name(cfg.node_id);
+            if !names.contains(&want) {
+                return Err(format!(
+                    "peer_cert {} names {names:?}, not {want} (this broker's node_id): other brokers would refuse it",
+                    c.display()
+                ));
+            }
+            Some(t)
+        }
+        _ => None,
+    };
 
     // Block SIGTERM/SIGINT in every thread; the main thread waits for them with sigwait.
     let sigset = unsafe {
@@ -117,6 +181,24 @@ fn run(cfg: Config) -> Result<(), String> {
                 .unwrap_or(listen);
         }
         sockets.push(s);
+    }
+    // The peer listener: one SO_REUSEPORT socket per core, and one dial socket per core.
+    let mut peer_sockets: Vec<Option<(socket2::Socket, socket2::Socket)>> = Vec::new();
+    let mut peer_listen = cfg.peer_listen;
+    for i in 0..cfg.cores {
+        let Some(addr) = peer_listen else {
+            peer_sockets.push(None);
+            continue;
+        };
+        let l = felix_quic::glommio_driver::bind_reuseport(addr, 8 << 20)
+            .map_err(|e| format!("bind peer_listen {addr}: {e}"))?;
+        if i == 0 {
+            peer_listen = l.local_addr().ok().and_then(|a| a.as_socket()).or(peer_listen);
+        }
+        let dial_addr = std::net::SocketAddr::new(addr.ip(), 0);
+        let d = felix_quic::glommio_driver::bind_reuseport(dial_addr, 8 << 20)
+            .map_err(|e| format!("bind a dial socket on {dial_addr}: {e}"))?;
+        peer_sockets.push(Some((l, d)));
     }
     let metrics_listener = std::net::TcpListener::bind(cfg.metrics_listen)
         .map_err(|e| format!("bind {}: {e}", cfg.metrics_listen))?;
@@ -152,9 +234,10 @@ fn run(cfg: Config) -> Result<(), String> {
         ),
     }
     let mut handles = Vec::new();
-    for (i, sock) in sockets.into_iter().enumerate() {
+    for (i, (sock, peer_socks)) in sockets.into_iter().zip(peer_sockets).enumerate() {
         let mesh = mesh.clone();
         let cert = cert.clone();
+        let peer_tls = peer_tls.clone();
         let transport = transport.clone();
         let settings = CoreSettings {
             cores: cfg.cores as u8,
@@ -184,8 +267,17 @@ fn run(cfg: Config) -> Result<(), String> {
                     tracing::warn!(error = %e, "DMA probe seed failed; durable reads may fail");
                 }
                 let qc = tls::server_config(&cert, &transport).expect("validated at start");
+                let peer = match (peer_socks, &peer_tls) {
+                    (Some((listen, dial)), Some(t)) => Some(PeerSockets {
+                        listen,
+                        dial,
+                        server: tls::peer_server_config(t, &transport).expect("validated at start"),
+                        client: tls::peer_client_config(t, &transport).expect("validated at start"),
+                    }),
+                    _ => None,
+                };
                 let mesh = mesh.join().await.expect("core mesh join");
-                run_core(sock, qc, settings, mesh).await;
+                run_core(sock, qc, settings, mesh, peer).await;
             })
             .map_err(|e| format!("start core {i}: {e}"))?;
         handles.push(h);
@@ -208,6 +300,11 @@ fn run(cfg: Config) -> Result<(), String> {
                 quic_addr,
                 cores: cfg.cores as u32,
                 wait_ms: cfg.controlplane_wait_ms,
+                peer_addr: peer_listen.map(|l| match &cfg.peer_advertise_addr {
+                    Some(a) => a.clone(),
+                    None if l.ip().is_unspecified() => format!("127.0.0.1:{}", l.port()),
+                    None => l.to_string(),
+                }),
             },
             catalog.clone(),
             synced.clone(),
@@ -223,8 +320,9 @@ fn run(cfg: Config) -> Result<(), String> {
         {
             announced = true;
             ops.ready.store(true, Ordering::Release);
+            let peer = peer_listen.map(|p| format!(" peer={p}")).unwrap_or_default();
             println!(
-                "felix-broker ready quic={listen} metrics={metrics_addr} cores={}",
+                "felix-broker ready quic={listen} metrics={metrics_addr} cores={}{peer}",
                 cfg.cores
             );
             use std::io::Write;
@@ -286,3 +384,4 @@ fn run(cfg: Config) -> Result<(), String> {
         }
     }
 }
+

@@ -105,6 +105,12 @@ counters! {
     cache_shards_failed: "log-backed cache shards on this core that failed (device error or refused at open); their requests get unavailable",
     cache_compactions: "keys.idx snapshots of log-backed cache shards written (each followed by deleting the segments it covers)",
     cache_segments_compacted: "log segments of log-backed cache shards deleted by compaction",
+    peer_dials: "peer links this core dialed to other brokers",
+    peer_links_accepted: "peer links from other brokers accepted on this core (PeerHello taken)",
+    peer_links_refused: "peer links refused: certificate naming another node, wrong cluster, own node id",
+    forwards_sent: "requests this core forwarded to the broker that owns their shard",
+    forwards_refused: "forwarded requests answered with a refusal (the owner's, or unavailable/outcome_unknown from the link)",
+    forwards_served: "forwarded requests from other brokers served on this core",
     ;
     gauges {
         connections_open: "QUIC connections open on this core",

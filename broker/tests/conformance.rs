@@ -9,7 +9,7 @@
 use bytes::Bytes;
 use felix_quic::wire::streams::{doc_table, Placement, KINDS};
 use felix_quic::wire::{
-    features, AnswerOp, CacheFrame, ClaimRef, DeadLetterAction, DeadLetterRef, ErrorCode,
+    features, AnswerOp, CacheFrame, ForwardHead, PeerFrame, ClaimRef, DeadLetterAction, DeadLetterRef, ErrorCode,
     EventKind, Frame, GroupFrame, GroupInfo, GroupRef, Limits, QueuePolicy, Records, ShardSelector,
     StartAt, StreamName, WatchFilter, WatchStart, WriteCond, HEADER_LEN,
 };
@@ -577,6 +577,44 @@ async fn stream_rules(s: &mut Suite) {
             .count(),
         broker_frames().len(),
         "a case for every broker-only kind"
+    );
+    // The peer link's frames from a client: refused on any stream, nothing done (a forward's
+    // refusal names its inner request's id). The owner side is broker/tests/cluster.rs.
+    let peer_frames = [
+        Frame::Peer(PeerFrame::PeerHello {
+            node_id: 9,
+            cluster_id: String::new(),
+            capabilities: 1,
+            max_frame_bytes: 1 << 20,
+        }),
+        Frame::Peer(PeerFrame::PeerHelloOk {
+            node_id: 9,
+            cluster_id: String::new(),
+            capabilities: 1,
+            max_frame_bytes: 1 << 20,
+        }),
+        Frame::Peer(PeerFrame::Forward {
+            head: ForwardHead {
+                incarnation: 0,
+                generation: 0,
+                origin_node: 9,
+                principal: String::new(),
+            },
+            inner: Box::new(publish(210, events(), 3, true, &[b"x"])),
+        }),
+    ];
+    for f in &peer_frames {
+        let rid = f.request_id().unwrap_or(0);
+        c.send(0, f);
+        assert_eq!(error_of(c.next_on(0).await), (rid, ErrorCode::InvalidRequest));
+        c.send(4, f);
+        assert_eq!(error_of(c.next_on(4).await), (rid, ErrorCode::InvalidRequest));
+        let name = KINDS.iter().find(|k| k.0 == f.kind()).unwrap().1;
+        s.cover(&[name]);
+    }
+    assert_eq!(
+        KINDS.iter().filter(|k| k.2 == Placement::PeerLink).count(),
+        peer_frames.len()
     );
     // A Publish on the control stream, and an acked one on a one-way stream: refused, and
     // not appended (shard 3's next offset is still 0 after both).

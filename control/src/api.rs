@@ -76,6 +76,8 @@ pub fn status_for(code: ErrorCode) -> u16 {
         TooManySubscriptions | InflightLimit | PublishTimeout | CacheFull => 429,
         NotLeader | Unavailable | ShuttingDown => 503,
         Internal => 500,
+        // The answer of another node was lost: 504, the gateway's timeout.
+        OutcomeUnknown => 504,
     }
 }
 
@@ -225,6 +227,9 @@ pub struct Broker {
     /// Bumped on every registration (a broker restart registers again).
     pub incarnation: u64,
     pub revision: u64,
+    /// `host:port` of its peer listener (other brokers forward there), if it has one.
+    #[serde(default)]
+    pub peer_addr: Option<String>,
 }
 
 // ---- requests ----
@@ -361,16 +366,27 @@ pub struct UpdateCache {
     pub durable: Option<bool>,
 }
 
+/// What a control plane of this build understands in a registration or heartbeat (the
+/// `capabilities` it answers with). Registration and heartbeat bodies take fields they do not
+/// know and ignore them, so a newer broker can talk to an older control plane: the broker
+/// learns from the answer which of its fields were understood, instead of being refused.
+pub const CONTROL_CAPABILITIES: &[&str] = &["peer_addr"];
+
 /// `POST /v1/brokers`: a broker announces itself (at start, and again whenever a heartbeat
-/// answers `not_found`).
+/// answers `not_found`). Unknown fields are ignored (see [`CONTROL_CAPABILITIES`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "server", derive(ToSchema))]
-#[serde(deny_unknown_fields)]
 pub struct RegisterBroker {
     pub node_id: u64,
     /// `host:port` of its QUIC listener.
     pub quic_addr: String,
     pub cores: u32,
+    /// `host:port` of its peer listener (`--peer-listen`), if it has one.
+    #[serde(default)]
+    pub peer_addr: Option<String>,
+    /// The capabilities the broker uses in this registration (for example `peer_addr`).
+    #[serde(default)]
+    pub capabilities: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -383,12 +399,19 @@ pub struct RegisterBrokerReply {
     pub dead_after_ms: u64,
     /// Catalog revision at registration; read `GET /v1/catalog` next.
     pub catalog_revision: u64,
+    /// The broker's capabilities this control plane understood (the rest were ignored).
+    #[serde(default)]
+    pub capabilities: Vec<String>,
+    /// The cluster's identity (the catalog id): brokers name it in their peer `PeerHello`,
+    /// and refuse a peer of another cluster.
+    #[serde(default)]
+    pub cluster_id: String,
 }
 
-/// `POST /v1/brokers/{node_id}/heartbeat`.
+/// `POST /v1/brokers/{node_id}/heartbeat`. Unknown fields are ignored (see
+/// [`CONTROL_CAPABILITIES`]).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[cfg_attr(feature = "server", derive(ToSchema))]
-#[serde(deny_unknown_fields)]
 pub struct Heartbeat {
     /// The incarnation the registration answered; a stale one is refused with `conflict`.
     #[serde(default)]

@@ -905,6 +905,11 @@ impl Catalog {
             )));
         }
         check_addr(&req.quic_addr)?;
+        if let Some(p) = &req.peer_addr {
+            check_addr(p).map_err(|_| {
+                ApiError::invalid(format!("peer_addr must be host:port, got {p:?}"))
+            })?;
+        }
         let prev = self.brokers.get(&req.node_id).cloned();
         if prev.is_none() && self.brokers.len() >= self.limits.max_brokers {
             return Err(ApiError::new(
@@ -922,6 +927,7 @@ impl Catalog {
             live: true,
             incarnation: prev.map(|p| p.incarnation + 1).unwrap_or(1),
             revision: self.revision + 1,
+            peer_addr: req.peer_addr.clone(),
         };
         self.brokers.insert(b.node_id, b.clone());
         self.emit(ChangeEvent::BrokerPut { broker: b.clone() });

@@ -876,12 +876,20 @@ async fn register_broker(
     State(st): State<Arc<AppState>>,
     Json(req): Json<RegisterBroker>,
 ) -> Res<Json<RegisterBrokerReply>> {
+    let capabilities: Vec<String> = req
+        .capabilities
+        .iter()
+        .filter(|c| crate::api::CONTROL_CAPABILITIES.contains(&c.as_str()))
+        .cloned()
+        .collect();
     match st.write(Command::RegisterBroker { req }).await? {
         Reply::Broker(b) => Ok(Json(RegisterBrokerReply {
             catalog_revision: b.revision.max(st.read(|c| c.revision())),
             broker: b,
             heartbeat_interval_ms: st.cfg.heartbeat_interval_ms,
             dead_after_ms: st.cfg.dead_after_ms,
+            capabilities,
+            cluster_id: st.read(|c| c.catalog_id().to_string()),
         })),
         other => Err(unexpected(other)),
     }

@@ -249,6 +249,13 @@ impl FelixConn {
         }
     }
 
+    /// Set a stream's scheduling urgency (0 is served first; quiche's default is 127): a
+    /// peer link puts forwarded requests below its own control traffic, so what must not
+    /// starve (the link's hello now, replication's leases next) never waits behind them.
+    pub fn set_urgency(&mut self, stream: u64, urgency: u8) {
+        let _ = self.q.stream_priority(stream, urgency, true);
+    }
+
     /// Queue a frame (already encoded) on `stream`.
     pub fn send_bytes(&mut self, stream: u64, data: Bytes) {
         if data.is_empty() {

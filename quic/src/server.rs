@@ -24,10 +24,37 @@ pub enum Route {
     Dropped,
 }
 
+/// Which of a core's sockets a connection lives on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Sock {
+    /// The client listener (SO_REUSEPORT, one per core).
+    Client = 0,
+    /// The peer listener: other brokers dial it (SO_REUSEPORT, one per core; mutual TLS).
+    PeerListen = 1,
+    /// This core's own socket for dialing peers (an ephemeral port, so every answer comes
+    /// back to the core that dialed: nothing to route, nothing to accept).
+    PeerDial = 2,
+}
+
+/// How many kinds of socket a core has.
+pub const SOCKS: usize = 3;
+
+/// The peer side of an endpoint: its two sockets' addresses and the two TLS configs.
+pub struct PeerSide {
+    pub listen: SocketAddr,
+    pub dial: SocketAddr,
+    /// Accepts dialers that present a certificate of the cluster CA.
+    pub server: quiche::Config,
+    /// Dials with this node's certificate, verifying the listener's.
+    pub client: quiche::Config,
+}
+
 /// A connection and its bookkeeping.
 pub struct ConnEntry {
     pub conn: FelixConn,
     pub peer: SocketAddr,
+    /// The socket it lives on.
+    pub sock: Sock,
     cids: Vec<Vec<u8>>,
     deadline: Option<Instant>,
 }
@@ -38,6 +65,7 @@ pub struct Endpoint {
     cores: u8,
     config: quiche::Config,
     local: SocketAddr,
+    peer: Option<PeerSide>,
     max_frame_bytes: usize,
     accepting: bool,
     conns: HashMap<ConnKey, ConnEntry>,
@@ -62,6 +90,7 @@ impl Endpoint {
             cores,
             config,
             local,
+            peer: None,
             max_frame_bytes,
             accepting: true,
             conns: HashMap::new(),
@@ -74,6 +103,53 @@ impl Endpoint {
 
     pub fn core(&self) -> u8 {
         self.core
+    }
+
+    /// Give the endpoint its peer sockets and configs (a broker with `--peer-listen`).
+    pub fn set_peer(&mut self, peer: PeerSide) {
+        self.peer = Some(peer);
+    }
+
+    /// The local address of a socket (the client listener's when there is no peer side).
+    fn local_of(&self, sock: Sock) -> SocketAddr {
+        match (sock, &self.peer) {
+            (Sock::PeerListen, Some(p)) => p.listen,
+            (Sock::PeerDial, Some(p)) => p.dial,
+            _ => self.local,
+        }
+    }
+
+    /// Dial a peer broker at `to`, verifying that its certificate names `server_name`.
+    /// The connection lives on the dial socket; its first packets are queued (dirty).
+    pub fn connect(&mut self, server_name: &str, to: SocketAddr) -> Result<ConnKey, String> {
+        let Some(peer) = self.peer.as_mut() else {
+            return Err("this broker has no peer listener".into());
+        };
+        let scid_bytes = connection_id_for_core(self.core, CONN_ID_LEN);
+        let scid = quiche::ConnectionId::from_ref(&scid_bytes);
+        let q = quiche::connect_with_buffer_factory::<BytesFactory>(
+            Some(server_name),
+            &scid,
+            peer.dial,
+            to,
+            &mut peer.client,
+        )
+        .map_err(|e| format!("dial {server_name} at {to}: {e}"))?;
+        let key = self.next_key;
+        self.next_key += 1;
+        self.by_cid.insert(scid_bytes.clone(), key);
+        self.conns.insert(
+            key,
+            ConnEntry {
+                conn: FelixConn::new(q, false, self.max_frame_bytes),
+                peer: to,
+                sock: Sock::PeerDial,
+                cids: vec![scid_bytes],
+                deadline: None,
+            },
+        );
+        self.dirty.push(key);
+        Ok(key)
     }
 
     /// Stop accepting new connections (drain); existing ones keep working. The socket stays
@@ -109,16 +185,22 @@ impl Endpoint {
         self.dirty.push(key);
     }
 
-    /// Handle a datagram received on this core's socket (`forwarded` when another core
-    /// handed it over, in which case it is never forwarded again).
-    pub fn on_datagram(&mut self, buf: &mut [u8], from: SocketAddr, forwarded: bool) -> Route {
+    /// Handle a datagram received on this core's socket `sock` (`forwarded` when another
+    /// core handed it over, in which case it is never forwarded again).
+    pub fn on_datagram(
+        &mut self,
+        buf: &mut [u8],
+        from: SocketAddr,
+        sock: Sock,
+        forwarded: bool,
+    ) -> Route {
         let hdr = match quiche::Header::from_slice(buf, CONN_ID_LEN) {
             Ok(h) => h,
             Err(_) => return Route::Dropped,
         };
         let dcid = hdr.dcid.to_vec();
         if let Some(&key) = self.by_cid.get(&dcid) {
-            let to = self.local;
+            let to = self.local_of(sock);
             let e = self
                 .conns
                 .get_mut(&key)
@@ -129,6 +211,10 @@ impl Endpoint {
             e.peer = from;
             self.dirty.push(key);
             return Route::Conn { key, new: false };
+        }
+        if sock == Sock::PeerDial {
+            // Only the connections this core dialed live there, and they were found above.
+            return Route::Dropped;
         }
         if hdr.ty != quiche::Type::Initial {
             if !forwarded
@@ -155,12 +241,14 @@ impl Endpoint {
         }
         let scid_bytes = connection_id_for_core(self.core, CONN_ID_LEN);
         let scid = quiche::ConnectionId::from_ref(&scid_bytes);
+        let local = self.local_of(sock);
+        let config = match (sock, self.peer.as_mut()) {
+            (Sock::PeerListen, Some(p)) => &mut p.server,
+            (Sock::PeerListen, None) => return Route::Dropped,
+            _ => &mut self.config,
+        };
         let q = match quiche::accept_with_buf_factory::<BytesFactory>(
-            &scid,
-            None,
-            self.local,
-            from,
-            &mut self.config,
+            &scid, None, local, from, config,
         ) {
             Ok(q) => q,
             Err(_) => return Route::Dropped,
@@ -168,8 +256,7 @@ impl Endpoint {
         let key = self.next_key;
         self.next_key += 1;
         let mut conn = FelixConn::new(q, true, self.max_frame_bytes);
-        let to = self.local;
-        let _ = conn.recv(buf, quiche::RecvInfo { from, to });
+        let _ = conn.recv(buf, quiche::RecvInfo { from, to: local });
         self.by_cid.insert(scid_bytes.clone(), key);
         // The client retransmits its Initial to the original DCID until it hears back.
         self.by_cid.insert(dcid.clone(), key);
@@ -178,6 +265,7 @@ impl Endpoint {
             ConnEntry {
                 conn,
                 peer: from,
+                sock,
                 cids: vec![scid_bytes, dcid],
                 deadline: None,
             },
@@ -240,24 +328,26 @@ impl Endpoint {
         done
     }
 
-    /// Remove closed connections and return their keys.
-    pub fn reap_closed(&mut self) -> Vec<ConnKey> {
+    /// Remove closed connections and return their keys, each with why it closed.
+    pub fn reap_closed(&mut self) -> Vec<(ConnKey, String)> {
         let closed: Vec<ConnKey> = self
             .conns
             .iter()
             .filter(|(_, e)| e.conn.is_closed())
             .map(|(k, _)| *k)
             .collect();
-        for k in &closed {
-            if let Some(e) = self.conns.remove(k) {
+        let mut out = Vec::with_capacity(closed.len());
+        for k in closed {
+            if let Some(e) = self.conns.remove(&k) {
                 crate::conn::trace_close_stats("server", e.conn.quic());
+                out.push((k, e.conn.close_reason()));
                 for c in e.cids {
                     self.by_cid.remove(&c);
                 }
             }
-            self.dirty.remove(*k);
+            self.dirty.remove(k);
         }
-        closed
+        out
     }
 }
 

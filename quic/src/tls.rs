@@ -6,8 +6,10 @@ use boring::ec::{EcGroup, EcKey};
 use boring::hash::MessageDigest;
 use boring::nid::Nid;
 use boring::pkey::PKey;
-use boring::ssl::{SslContextBuilder, SslFiletype, SslMethod, SslVersion};
-use boring::x509::extension::{BasicConstraints, SubjectAlternativeName};
+use boring::ssl::{SslContextBuilder, SslFiletype, SslMethod, SslVerifyMode, SslVersion};
+use boring::x509::extension::{
+    BasicConstraints, ExtendedKeyUsage, KeyUsage, SubjectAlternativeName,
+};
 use boring::x509::{X509NameBuilder, X509};
 use std::path::{Path, PathBuf};
 
@@ -109,6 +111,153 @@ pub fn generate_self_signed(dns: &[&str], ips: &[&str]) -> Result<(Vec<u8>, Vec<
     b.sign(&key, MessageDigest::sha256())?;
     let cert = b.build();
     Ok((cert.to_pem()?, key.private_key_to_pem_pkcs8()?))
+}
+
+/// The name a broker's peer certificate carries for node `id` (a DNS subject alternative
+/// name): a peer link dials `node-<id>` and checks the listener's certificate names it; the
+/// listener checks the dialer's certificate names the node its `PeerHello` claims.
+pub fn node_name(id: u64) -> String {
+    format!("node-{id}")
+}
+
+/// The files of a broker's peer identity: its certificate and key, and the cluster's CA
+/// (every broker of a cluster trusts one CA; certificates each broker signs for itself could
+/// not verify each other).
+#[derive(Debug, Clone)]
+pub struct PeerTls {
+    pub cert: CertPaths,
+    pub ca: PathBuf,
+}
+
+/// Generate a cluster CA and one certificate per node, signed by it, under `dir`:
+/// `ca.pem` (and `ca-key.pem`, 0600), `node-<id>.pem` and `node-<id>-key.pem` (0600). A node's
+/// certificate names `node-<id>`, `localhost` and the loopback addresses, for client and
+/// server use. An existing CA is reused (adding a node to a cluster); node files are rewritten.
+pub fn generate_cluster_certs(dir: &Path, nodes: &[u64]) -> Result<Vec<PeerTls>, TlsError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| TlsError::Io { path, source }
+    };
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    let (ca_path, ca_key_path) = (dir.join("ca.pem"), dir.join("ca-key.pem"));
+    let (ca, ca_key) = if ca_path.exists() && ca_key_path.exists() {
+        let c = std::fs::read(&ca_path).map_err(io(&ca_path))?;
+        let k = std::fs::read(&ca_key_path).map_err(io(&ca_key_path))?;
+        (X509::from_pem(&c)?, PKey::private_key_from_pem(&k)?)
+    } else {
+        let (c, k) = generate_self_signed(&[], &[])?;
+        write_private(&ca_key_path, &k).map_err(io(&ca_key_path))?;
+        std::fs::write(&ca_path, &c).map_err(io(&ca_path))?;
+        (X509::from_pem(&c)?, PKey::private_key_from_pem(&k)?)
+    };
+    let mut out = Vec::new();
+    for &id in nodes {
+        let name = node_name(id);
+        let (cert_pem, key_pem) = issue_node_cert(&ca, &ca_key, &name)?;
+        let cert = dir.join(format!("{name}.pem"));
+        let key = dir.join(format!("{name}-key.pem"));
+        write_private(&key, &key_pem).map_err(io(&key))?;
+        std::fs::write(&cert, &cert_pem).map_err(io(&cert))?;
+        out.push(PeerTls {
+            cert: CertPaths { cert, key },
+            ca: ca_path.clone(),
+        });
+    }
+    Ok(out)
+}
+
+/// A leaf certificate for `name` signed by the CA (PEM cert, PKCS#8 PEM key).
+fn issue_node_cert(
+    ca: &X509,
+    ca_key: &PKey<boring::pkey::Private>,
+    name: &str,
+) -> Result<(Vec<u8>, Vec<u8>), TlsError> {
+    let group = EcGroup::from_curve_name(Nid::X9_62_PRIME256V1)?;
+    let key = PKey::from_ec_key(EcKey::generate(&group)?)?;
+    let mut subject = X509NameBuilder::new()?;
+    subject.append_entry_by_nid(Nid::COMMONNAME, name)?;
+    let subject = subject.build();
+    let mut b = X509::builder()?;
+    b.set_version(2)?;
+    let mut serial = BigNum::new()?;
+    serial.rand(127, MsbOption::MAYBE_ZERO, false)?;
+    let serial = serial.to_asn1_integer()?;
+    b.set_serial_number(&serial)?;
+    b.set_subject_name(&subject)?;
+    b.set_issuer_name(ca.subject_name())?;
+    b.set_pubkey(&key)?;
+    let (nb, na) = (Asn1Time::days_from_now(0)?, Asn1Time::days_from_now(3650)?);
+    b.set_not_before(&nb)?;
+    b.set_not_after(&na)?;
+    let bc = BasicConstraints::new().build()?;
+    b.append_extension(&bc)?;
+    let ku = KeyUsage::new().digital_signature().build()?;
+    b.append_extension(&ku)?;
+    let eku = ExtendedKeyUsage::new().server_auth().client_auth().build()?;
+    b.append_extension(&eku)?;
+    let san = SubjectAlternativeName::new()
+        .dns(name)
+        .dns("localhost")
+        .ip("127.0.0.1")
+        .ip("::1")
+        .build(&b.x509v3_context(Some(ca), None))?;
+    b.append_extension(&san)?;
+    b.sign(ca_key, MessageDigest::sha256())?;
+    Ok((b.build().to_pem()?, key.private_key_to_pem_pkcs8()?))
+}
+
+/// The DNS names a DER certificate carries (its subject alternative names).
+pub fn cert_dns_names(der: &[u8]) -> Vec<String> {
+    let Ok(x) = X509::from_der(der) else {
+        return Vec::new();
+    };
+    x.subject_alt_names()
+        .map(|names| {
+            names
+                .iter()
+                .filter_map(|n| n.dnsname().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The DNS names the first certificate of a PEM file carries.
+pub fn pem_dns_names(pem: &[u8]) -> Vec<String> {
+    match X509::from_pem(pem).and_then(|x| x.to_der()) {
+        Ok(der) => cert_dns_names(&der),
+        Err(_) => Vec::new(),
+    }
+}
+
+fn peer_builder(tls: &PeerTls) -> Result<SslContextBuilder, TlsError> {
+    let mut b = tls13_builder()?;
+    b.set_certificate_chain_file(&tls.cert.cert)?;
+    b.set_private_key_file(&tls.cert.key, SslFiletype::PEM)?;
+    b.check_private_key()?;
+    b.set_ca_file(&tls.ca)?;
+    Ok(b)
+}
+
+/// quiche config of a broker's peer listener: its node certificate, and a client certificate
+/// required from every dialer, verified against the cluster CA. Which node the certificate
+/// names is checked against the dialer's `PeerHello` ([`cert_dns_names`]).
+pub fn peer_server_config(tls: &PeerTls, t: &TransportConfig) -> Result<quiche::Config, TlsError> {
+    let mut b = peer_builder(tls)?;
+    b.set_verify(SslVerifyMode::PEER | SslVerifyMode::FAIL_IF_NO_PEER_CERT);
+    let mut c = quiche::Config::with_boring_ssl_ctx_builder(quiche::PROTOCOL_VERSION, b)?;
+    apply_transport(&mut c, t)?;
+    Ok(c)
+}
+
+/// quiche config of a broker dialing a peer: presents its node certificate and verifies the
+/// listener's against the cluster CA and the name `node-<id>` it dials
+/// (`quiche::connect(Some(&node_name(id)), ..)`).
+pub fn peer_client_config(tls: &PeerTls, t: &TransportConfig) -> Result<quiche::Config, TlsError> {
+    let b = peer_builder(tls)?;
+    let mut c = quiche::Config::with_boring_ssl_ctx_builder(quiche::PROTOCOL_VERSION, b)?;
+    c.verify_peer(true);
+    apply_transport(&mut c, t)?;
+    Ok(c)
 }
 
 /// Transport settings shared by both ends.
@@ -241,6 +390,75 @@ mod tests {
             .unwrap()
             .iter()
             .any(|n| n.dnsname() == Some("localhost")));
+    }
+
+    /// Runs a handshake between a dialer built from `cc` asking for `name` and a listener
+    /// built from `sc`, over memory; returns both ends once nothing moves any more.
+    fn handshake(
+        cc: &mut quiche::Config,
+        sc: &mut quiche::Config,
+        name: &str,
+    ) -> (quiche::Connection, quiche::Connection) {
+        let (ca, sa): (std::net::SocketAddr, std::net::SocketAddr) = (
+            "127.0.0.1:1000".parse().unwrap(),
+            "127.0.0.1:2000".parse().unwrap(),
+        );
+        let cid = quiche::ConnectionId::from_ref(&[7; 16]);
+        let scid = quiche::ConnectionId::from_ref(&[9; 16]);
+        let mut c = quiche::connect(Some(name), &cid, ca, sa, cc).unwrap();
+        let mut s = quiche::accept(&scid, None, sa, ca, sc).unwrap();
+        for _ in 0..50 {
+            let a = deliver(&mut c, &mut s, (ca, sa), usize::MAX);
+            let b = deliver(&mut s, &mut c, (sa, ca), usize::MAX);
+            if a.is_empty() && b.is_empty() {
+                break;
+            }
+        }
+        (c, s)
+    }
+
+    /// Peer links: two nodes of one cluster CA verify each other, the listener sees which
+    /// node dialed, a dialer asking for another node's name fails, and a dialer without a
+    /// certificate (or with one from another CA) is refused.
+    #[test]
+    fn peer_certificates_bind_the_node_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = TransportConfig::default();
+        let nodes = generate_cluster_certs(dir.path(), &[1, 2]).unwrap();
+        let (n1, n2) = (&nodes[0], &nodes[1]);
+        let mut cc = peer_client_config(n1, &t).unwrap();
+        let mut sc = peer_server_config(n2, &t).unwrap();
+        let (c, s) = handshake(&mut cc, &mut sc, &node_name(2));
+        assert!(c.is_established() && s.is_established());
+        let seen = cert_dns_names(s.peer_cert().expect("client certificate"));
+        assert!(seen.contains(&node_name(1)), "{seen:?}");
+        assert!(!seen.contains(&node_name(2)));
+
+        // Dialing node 3 at node 2's address: node 2's certificate does not name node-3.
+        let mut cc = peer_client_config(n1, &t).unwrap();
+        let mut sc = peer_server_config(n2, &t).unwrap();
+        let (c, _) = handshake(&mut cc, &mut sc, &node_name(3));
+        assert!(!c.is_established());
+
+        // No client certificate at all.
+        let mut plain = client_config(&Verify::CaFile(n1.ca.clone()), &t).unwrap();
+        let mut sc = peer_server_config(n2, &t).unwrap();
+        let (c, s) = handshake(&mut plain, &mut sc, &node_name(2));
+        assert!(!s.is_established() || !c.is_established() || s.peer_cert().is_none());
+        assert!(!s.is_established(), "a listener requires a client certificate");
+
+        // Another cluster's CA: neither side verifies.
+        let other = tempfile::tempdir().unwrap();
+        let foreign = generate_cluster_certs(other.path(), &[1]).unwrap();
+        let mut cc = peer_client_config(&foreign[0], &t).unwrap();
+        let mut sc = peer_server_config(n2, &t).unwrap();
+        let (c, s) = handshake(&mut cc, &mut sc, &node_name(2));
+        assert!(!(c.is_established() && s.is_established()));
+
+        // The CA is reused when a node is added.
+        let ca_before = std::fs::read(&n1.ca).unwrap();
+        generate_cluster_certs(dir.path(), &[3]).unwrap();
+        assert_eq!(std::fs::read(&n1.ca).unwrap(), ca_before);
     }
 
     /// Moves every packet `from` has to send into `to`, dropping those larger than

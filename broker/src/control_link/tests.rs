@@ -43,6 +43,7 @@ fn broker(id: u64) -> api::Broker {
         live: true,
         incarnation: 1,
         revision: 1,
+        peer_addr: None,
     }
 }
 

@@ -6,36 +6,83 @@
 
 use super::*;
 
-/// Run one core until shutdown. `sock` is this core's SO_REUSEPORT socket.
+/// The peer side of a core: its SO_REUSEPORT socket on the peer listener, its own socket for
+/// dialing peers, and the two mutual-TLS configs.
+pub struct PeerSockets {
+    pub listen: socket2::Socket,
+    pub dial: socket2::Socket,
+    pub server: quiche::Config,
+    pub client: quiche::Config,
+}
+
+/// A core's sockets, by kind ([`Sock`]); the peer ones only with a peer listener.
+#[derive(Clone)]
+struct Socks([Option<Rc<GlommioUdp>>; SOCKS]);
+
+impl Socks {
+    fn get(&self, sock: Sock) -> &Rc<GlommioUdp> {
+        self.0[sock as usize]
+            .as_ref()
+            .expect("a connection lives only on a socket the core has")
+    }
+}
+
+/// Run one core until shutdown. `sock` is this core's SO_REUSEPORT client socket.
 pub async fn run_core(
     sock: socket2::Socket,
     quic_config: quiche::Config,
     settings: CoreSettings,
     mesh: (Senders<MeshMsg>, Receivers<MeshMsg>),
+    peer: Option<PeerSockets>,
 ) {
     let (senders, mut receivers) = mesh;
     let id = senders.peer_id() as u8;
-    let sock = Rc::new(GlommioUdp::new(sock));
-    let local = sock.local_addr().expect("bound socket");
-    let ep = Endpoint::new(
+    let client_sock = Rc::new(GlommioUdp::new(sock));
+    let local = client_sock.local_addr().expect("bound socket");
+    let mut ep = Endpoint::new(
         id,
         settings.cores,
         quic_config,
         local,
         settings.cfg.max_frame_bytes,
     );
+    let mut socks = Socks([Some(client_sock), None, None]);
+    if let Some(p) = peer {
+        let listen = Rc::new(GlommioUdp::new(p.listen));
+        let dial = Rc::new(GlommioUdp::new(p.dial));
+        ep.set_peer(PeerSide {
+            listen: listen.local_addr().expect("bound socket"),
+            dial: dial.local_addr().expect("bound socket"),
+            server: p.server,
+            client: p.client,
+        });
+        socks.0[Sock::PeerListen as usize] = Some(listen);
+        socks.0[Sock::PeerDial as usize] = Some(dial);
+    }
     let senders = Rc::new(senders);
     let (wake, wake_rx) = wake_pair();
     let (mesh_wake, mesh_wake_rx) = wake_pair();
-    let state = CoreState::new(id, ep, settings, senders.clone(), (wake.clone(), mesh_wake));
+    let has_peer = socks.0[Sock::PeerListen as usize].is_some();
+    let state = CoreState::new(
+        id,
+        ep,
+        settings,
+        senders.clone(),
+        (wake.clone(), mesh_wake),
+        has_peer,
+    );
     open_durable_shards(&state).await;
     state.borrow().s.started.fetch_add(1, Ordering::AcqRel);
     for (_peer, rx) in receivers.streams() {
-        spawn_mesh_receiver(state.clone(), rx, wake.clone(), sock.clone());
+        spawn_mesh_receiver(state.clone(), rx, wake.clone(), socks.clone());
     }
     spawn_mesh_pump(state.clone(), senders, mesh_wake_rx);
-    spawn_receive_loop(state.clone(), wake, sock.clone());
-    flusher(state, sock, wake_rx).await;
+    for kind in [Sock::Client, Sock::PeerListen, Sock::PeerDial] {
+        if let Some(sock) = &socks.0[kind as usize] {
+            spawn_receive_loop(state.clone(), wake.clone(), sock.clone(), kind);
+        }
+    }
+    flusher(state, socks, wake_rx).await;
 }
 
 impl CoreState {
@@ -45,8 +92,19 @@ impl CoreState {
         settings: CoreSettings,
         senders: Rc<Senders<MeshMsg>>,
         (wake, mesh_wake): (Wake, Wake),
+        has_peer: bool,
     ) -> Rc<RefCell<CoreState>> {
         let n = settings.cores as usize;
+        let links = has_peer.then(|| {
+            let cfg = &settings.cfg;
+            peer::Links::new(peer::LinksCfg {
+                node_id: cfg.node_id,
+                max_frame_bytes: cfg.max_frame_bytes as u32,
+                connect_timeout: Duration::from_millis(cfg.peer_connect_timeout_ms),
+                forward_timeout: Duration::from_millis(cfg.forward_timeout_ms),
+                forwards_max: cfg.peer_forwards_max as usize,
+            })
+        });
         let (catalog_version, catalog) = settings.catalog.load();
         let streams = StreamHost::new(HostCfg {
             cores: n,
@@ -86,6 +144,7 @@ impl CoreState {
             gauges_at: Instant::now(),
             hello_waits: VecDeque::new(),
             closes_due: VecDeque::new(),
+            links,
         }));
         state.borrow_mut().me = Rc::downgrade(&state);
         state
@@ -97,7 +156,7 @@ fn spawn_mesh_receiver(
     state: Rc<RefCell<CoreState>>,
     mut rx: impl futures_lite::Stream<Item = MeshMsg> + Unpin + 'static,
     wake: Wake,
-    sock: Rc<GlommioUdp>,
+    socks: Socks,
 ) {
     glommio::spawn_local(async move {
         use futures_lite::StreamExt;
@@ -111,8 +170,8 @@ fn spawn_mesh_receiver(
                 st.drain_inbox();
                 r
             };
-            if let Some((buf, to)) = reply {
-                let _ = sock.send_one(&buf, to).await;
+            if let Some((buf, to, kind)) = reply {
+                let _ = socks.get(kind).send_one(&buf, to).await;
             }
             wake.wake();
         }
@@ -148,8 +207,14 @@ fn spawn_mesh_pump(
     .detach();
 }
 
-/// The receive loop: datagrams (GRO-coalesced reads cut into segments) into the endpoint.
-fn spawn_receive_loop(state: Rc<RefCell<CoreState>>, wake: Wake, sock: Rc<GlommioUdp>) {
+/// The receive loop of one socket: datagrams (GRO-coalesced reads cut into segments) into
+/// the endpoint.
+fn spawn_receive_loop(
+    state: Rc<RefCell<CoreState>>,
+    wake: Wake,
+    sock: Rc<GlommioUdp>,
+    kind: Sock,
+) {
     glommio::spawn_local(async move {
         // Room for the largest GRO-coalesced read (64 KiB of datagrams).
         let mut buf = vec![0u8; 1 << 17];
@@ -162,7 +227,7 @@ fn spawn_receive_loop(state: Rc<RefCell<CoreState>>, wake: Wake, sock: Rc<Glommi
                 let reply = {
                     let mut st = state.borrow_mut();
                     CoreCounters::inc(&st.s.counters.packets_received);
-                    let r = st.on_datagram(&mut buf[seg], from);
+                    let r = st.on_datagram(&mut buf[seg], from, kind);
                     st.drain_inbox();
                     r
                 };
@@ -204,19 +269,25 @@ enum Drain {
     },
 }
 
-async fn flusher(state: Rc<RefCell<CoreState>>, sock: Rc<GlommioUdp>, wake_rx: WakeRx) {
-    // 64 packets of ~1.3 KiB, or ~31 of 16 KiB, per round (packets are packed end to end).
-    let mut batch = TxBatch::new(64, 1 << 20);
+async fn flusher(state: Rc<RefCell<CoreState>>, socks: Socks, wake_rx: WakeRx) {
+    // 64 packets of ~1.3 KiB, or ~31 of 16 KiB, per round (packets are packed end to end);
+    // one batch per socket kind (the peer ones stay empty without a peer listener).
+    let mut batches: Vec<TxBatch> = (0..SOCKS).map(|_| TxBatch::new(64, 1 << 20)).collect();
     let mut drain = Drain::Serving;
     loop {
         drain = drain_phase(&state, drain).await;
         loop {
-            batch.clear();
-            flush_round(&mut state.borrow_mut(), &mut batch);
-            if batch.is_empty() {
+            batches.iter_mut().for_each(TxBatch::clear);
+            flush_round(&mut state.borrow_mut(), &mut batches);
+            if batches.iter().all(TxBatch::is_empty) {
                 break;
             }
-            sock.send_batch(&batch).await;
+            for kind in [Sock::Client, Sock::PeerListen, Sock::PeerDial] {
+                let batch = &batches[kind as usize];
+                if !batch.is_empty() {
+                    socks.get(kind).send_batch(batch).await;
+                }
+            }
         }
         if let Drain::Closing { since } = drain {
             let st = state.borrow();
@@ -319,10 +390,11 @@ async fn drain_phase(state: &Rc<RefCell<CoreState>>, mut drain: Drain) -> Drain 
 }
 
 /// One round of the flusher: the timers that came due, then the packets of the connections
-/// dirty at the start of the round, into `batch`.
-fn flush_round(st: &mut CoreState, batch: &mut TxBatch) {
+/// dirty at the start of the round, into the batch of each one's socket.
+fn flush_round(st: &mut CoreState, batches: &mut [TxBatch]) {
     let now = Instant::now();
     st.refresh_catalog();
+    st.links_tick(now);
     st.with_streams(|h, ctx| h.tick(ctx));
     st.groups_tick();
     st.caches_tick();
@@ -336,13 +408,20 @@ fn flush_round(st: &mut CoreState, batch: &mut TxBatch) {
     for _ in 0..st.ep.dirty_count() {
         let Some(k) = st.ep.pop_dirty() else { break };
         st.flush_conn(k);
-        if !st.ep.transmit(k, now, batch) {
+        let Some(sock) = st.ep.peek(k).map(|e| e.sock) else {
+            continue;
+        };
+        if !st.ep.transmit(k, now, &mut batches[sock as usize]) {
             st.ep.mark_dirty(k);
             break;
         }
     }
     st.drain_inbox();
-    for k in st.ep.reap_closed() {
+    for (k, why) in st.ep.reap_closed() {
+        if st.is_link(k) {
+            st.on_link_closed(k, why);
+            continue;
+        }
         st.on_conn_closed(k);
         CoreCounters::inc(&st.s.counters.connections_closed);
     }
@@ -360,6 +439,8 @@ fn next_wait(st: &CoreState, drain: &Drain) -> Duration {
         // The first held publish to time out.
         st.streams
             .next_deadline()
+            .map(|d| d.saturating_duration_since(now)),
+        st.links_deadline()
             .map(|d| d.saturating_duration_since(now)),
     ]
     .into_iter()

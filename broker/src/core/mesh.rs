@@ -11,7 +11,12 @@ use super::*;
 /// broker that does not own a shard sends its `ToOwner` to the broker that does.
 pub enum MeshMsg {
     /// A datagram for a connection that lives on the receiving core.
-    Packet { buf: Vec<u8>, from: SocketAddr },
+    /// A datagram that arrived on another core's socket of kind `sock`.
+    Packet {
+        buf: Vec<u8>,
+        from: SocketAddr,
+        sock: felix_quic::server::Sock,
+    },
     /// To the core that owns the shard named in the message.
     Owner(ToOwner),
     /// To the core that holds the connection (or the subscribers, watches) it is for.
@@ -241,7 +246,10 @@ impl CoreState {
         }
     }
 
-    pub(in crate::core) fn on_mesh(&mut self, msg: MeshMsg) -> Option<(Vec<u8>, SocketAddr)> {
+    pub(in crate::core) fn on_mesh(
+        &mut self,
+        msg: MeshMsg,
+    ) -> Option<(Vec<u8>, SocketAddr, felix_quic::server::Sock)> {
         // A peer may act on a newer catalog than ours (a slot we have not seen yet): catch up
         // first. The cell only moves forward, so after this we know every slot it knows.
         self.refresh_catalog();
@@ -255,11 +263,15 @@ impl CoreState {
             Err(msg) => msg,
         };
         match msg {
-            MeshMsg::Packet { mut buf, from } => {
+            MeshMsg::Packet {
+                mut buf,
+                from,
+                sock,
+            } => {
                 CoreCounters::inc(&self.s.counters.packets_forwarded_in);
-                match self.ep.on_datagram(&mut buf, from, true) {
+                match self.ep.on_datagram(&mut buf, from, sock, true) {
                     Route::Conn { key, new } => self.after_recv(key, new),
-                    Route::Reply(r) => return Some((r, from)),
+                    Route::Reply(r) => return Some((r, from, sock)),
                     _ => {}
                 }
             }

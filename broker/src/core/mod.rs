@@ -34,10 +34,10 @@ use crate::metrics::CoreCounters;
 use felix_quic::conn::ConnEvent;
 use felix_quic::glommio_driver::{wake_pair, DatagramIo, GlommioUdp, Wake, WakeRx};
 use felix_quic::idmap::IdMap;
-use felix_quic::server::{ConnKey, Endpoint, Route, TxBatch};
+use felix_quic::server::{ConnKey, Endpoint, PeerSide, Route, Sock, TxBatch, SOCKS};
 use felix_quic::wire::{
-    admit, answer_stream, features, streams, ErrorCode, Frame, Limits, QueuePolicy, Records,
-    ShardSelector, StartAt, Verdict,
+    admit, admit_peer, answer_stream, features, streams, ErrorCode, Frame, Limits, PeerFrame,
+    QueuePolicy, Records, ShardSelector, StartAt, Verdict,
 };
 use felix_quic::wire::{FrameError, FRAME_OVERHEAD_BYTES};
 use felix_storage::{FsyncMode, Log, LogConfig, LogError, RecordIn};
@@ -58,6 +58,7 @@ mod durable;
 mod groups;
 mod mesh;
 mod owner;
+mod peer;
 pub(crate) mod shard;
 pub use shard::Refusal;
 #[cfg(test)]
@@ -66,7 +67,7 @@ mod timers;
 pub use caches::{CacheOrigin, Ev, Opened, WatchReq};
 pub(crate) use conn::shard_range;
 use driver::reenter;
-pub use driver::run_core;
+pub use driver::{run_core, PeerSockets};
 use durable::{commit_bytes_max, open_durable_shards, remove_deleted_shard, slot_shard_dir};
 pub use durable::{log_config, shard_dir, stream_dir};
 pub use groups::GroupOrigin;
@@ -143,6 +144,12 @@ struct Session {
     watches: Vec<u64>,
     /// Cache requests routed to an owner and not answered yet.
     cache_inflight: u32,
+    /// Came in on the peer listener: another broker, which speaks the peer link's frames.
+    peer_link: bool,
+    /// The node id its `PeerHello` named (checked against its certificate).
+    peer_node: Option<u64>,
+    /// While a forwarded request is handled: what the forwarder routed it by.
+    forwarded: Option<felix_quic::wire::ForwardHead>,
 }
 
 impl Session {
@@ -250,6 +257,9 @@ struct CoreState {
     /// Connections closing after their Error frame, with the moment the close is forced even
     /// if the frame could not leave (FIFO: one grace period).
     closes_due: VecDeque<(Instant, ConnKey)>,
+    /// This core's links to other brokers and the forwards on them (`None` without a peer
+    /// listener: requests for shards owned elsewhere are answered `not_leader`).
+    links: Option<peer::Links>,
 }
 
 impl CoreState {
@@ -271,6 +281,7 @@ impl CoreState {
             && self.caches.values().all(|c| !c.has_pending())
             && self.cache_opening.is_empty()
             && self.cache_closing.is_empty()
+            && self.links.as_ref().is_none_or(|l| l.in_flight() == 0)
     }
 
     /// `c` with this core's fsync latency histogram as its sync observer.
@@ -381,9 +392,9 @@ impl CoreState {
         }
     }
 
-    fn on_datagram(&mut self, buf: &mut [u8], from: SocketAddr) -> Option<Vec<u8>> {
+    fn on_datagram(&mut self, buf: &mut [u8], from: SocketAddr, sock: Sock) -> Option<Vec<u8>> {
         self.refresh_catalog();
-        match self.ep.on_datagram(buf, from, false) {
+        match self.ep.on_datagram(buf, from, sock, false) {
             Route::Conn { key, new } => self.after_recv(key, new),
             Route::Forward(core) => {
                 CoreCounters::inc(&self.s.counters.packets_forwarded_out);
@@ -392,6 +403,7 @@ impl CoreState {
                     MeshMsg::Packet {
                         buf: buf.to_vec(),
                         from,
+                        sock,
                     },
                 );
             }

@@ -51,6 +51,8 @@ fn broker(c: &mut Catalog, id: u64) -> Outcome {
             node_id: id,
             quic_addr: format!("127.0.0.1:{}", 7000 + id),
             cores: 2,
+            peer_addr: None,
+            capabilities: vec![],
         },
     })
 }
@@ -248,6 +250,8 @@ fn re_registration_bumps_incarnation() {
             node_id: 6,
             quic_addr: "nohost".into(),
             cores: 1,
+            peer_addr: None,
+            capabilities: vec![],
         },
     });
     assert_eq!(code(bad), ErrorCode::InvalidRequest);
@@ -379,7 +383,9 @@ fn arb_cmd() -> impl Strategy<Value = Command> {
             req: RegisterBroker {
                 node_id: id,
                 quic_addr: "h:1".into(),
-                cores: 1
+                cores: 1,
+                peer_addr: None,
+                capabilities: vec![],
             }
         }),
         (0u64..4, any::<bool>())

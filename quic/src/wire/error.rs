@@ -85,6 +85,7 @@ registry! {
     WatchLagged = 25, "watch_lagged", Retryable, "A cache watch fell behind its queue bound and was ended; watch again from the offset it names.";
     ConditionFailed = 26, "condition_failed", Fatal, "A conditional cache write found another version (or a value where none was required); nothing was written.";
     CacheFull = 27, "cache_full", Retryable, "A cache shard is at its entry or byte cap; the write was refused, nothing was evicted.";
+    OutcomeUnknown = 28, "outcome_unknown", Retryable, "The request reached another broker, and its answer was lost (link broken, owner killed or frozen, timeout): it may or may not have been applied; retry only what is idempotent.";
 }
 
 impl fmt::Display for ErrorCode {

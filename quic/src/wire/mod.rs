@@ -15,15 +15,17 @@ pub mod cache;
 pub mod error;
 pub mod group;
 pub mod hash;
+pub mod peer;
 pub mod streams;
 
 pub use cache::{CacheFrame, EventKind, WatchFilter, WatchStart, WriteCond};
 pub use error::{ErrorCode, Retry};
+pub use peer::{ForwardHead, PeerFrame};
 pub use group::{
     AnswerOp, ClaimId, ClaimIdError, ClaimRef, DeadLetterAction, DeadLetterRef, GroupFrame,
     GroupInfo, GroupRef,
 };
-pub use streams::{admit, answer_stream, kind_name, StreamClass, Verdict};
+pub use streams::{admit, admit_peer, answer_stream, kind_name, StreamClass, Verdict};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use std::fmt;
@@ -454,8 +456,10 @@ pub enum Frame {
     },
     /// Consumer-group requests and answers (kinds 15..=28, see [`group`]).
     Group(GroupFrame),
-    /// Cache, watch and counter frames (kinds 29..=43, see [`cache`]).
+    /// Cache, watch and counter frames (kinds 29..=44, see [`cache`]).
     Cache(CacheFrame),
+    /// Frames of the peer link between brokers (kinds 45..=47, see [`peer`]).
+    Peer(PeerFrame),
     /// A kind this build does not know (from a newer peer); skipped by receivers.
     Unknown {
         kind: u8,
@@ -533,6 +537,7 @@ impl Frame {
             Frame::StreamInfo { .. } => kind::STREAM_INFO,
             Frame::Group(g) => g.kind(),
             Frame::Cache(c) => c.kind(),
+            Frame::Peer(p) => p.kind(),
             Frame::Unknown { kind, .. } => *kind,
         }
     }
@@ -550,6 +555,8 @@ impl Frame {
             | Frame::StreamInfo { request_id, .. } => Some(*request_id),
             Frame::Group(g) => Some(g.request_id()),
             Frame::Cache(c) => has_request_id(c.kind()).then(|| c.request_id()),
+            // A forward is answered under its inner request's id.
+            Frame::Peer(PeerFrame::Forward { inner, .. }) => inner.request_id(),
             _ => None,
         }
     }
@@ -759,6 +766,7 @@ impl Frame {
             }
             Frame::Group(g) => g.encode_body(&mut body),
             Frame::Cache(c) => c.encode_body(&mut body),
+            Frame::Peer(p) => p.encode_body(&mut body),
             Frame::Unknown {
                 flags: f, body: b, ..
             } => {
@@ -1008,6 +1016,7 @@ pub fn decode_body(kind_: u8, flags: u16, body: Bytes) -> Result<Frame, WireErro
         },
         k @ group::kind::FIRST..=group::kind::LAST => Frame::Group(GroupFrame::decode(k, &mut r)?),
         k @ cache::kind::FIRST..=cache::kind::LAST => Frame::Cache(CacheFrame::decode(k, &mut r)?),
+        k @ peer::kind::FIRST..=peer::kind::LAST => Frame::Peer(PeerFrame::decode(k, &mut r)?),
         k => Frame::Unknown {
             kind: k,
             flags,
@@ -1064,6 +1073,17 @@ pub fn has_request_id(kind: u8) -> bool {
         ),
         _ => false,
     }
+}
+
+/// Rewrite the request id of an encoded frame whose kind starts its body with one
+/// ([`has_request_id`]): a broker that forwards a request renames it on the link and gives
+/// the answer back its client's id. False (and nothing written) for other kinds.
+pub fn patch_request_id(frame: &mut [u8], id: u64) -> bool {
+    if frame.len() < HEADER_LEN + 8 || !has_request_id(frame[3]) {
+        return false;
+    }
+    frame[HEADER_LEN..HEADER_LEN + 8].copy_from_slice(&id.to_le_bytes());
+    true
 }
 
 /// A frame that could not be taken off a stream, with what was learnt of it first.

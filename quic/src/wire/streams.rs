@@ -5,7 +5,7 @@
 //! verdict. The table here is the one the doc states; `docs_conformance_table_matches_code`
 //! compares them row by row, and the broker's raw-frame suite has a case for every row.
 
-use super::{cache, group, kind, ErrorCode};
+use super::{cache, group, kind, peer, ErrorCode};
 
 /// The kinds of client-initiated stream a broker reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +42,9 @@ pub enum Placement {
     PublishLanes,
     /// Frames only a broker sends.
     BrokerOnly,
+    /// Frames of the peer link between brokers (`PeerHello`, `Forward`): a client connection
+    /// that sends one is refused; a peer connection is admitted by its own rules.
+    PeerLink,
 }
 
 impl Placement {
@@ -52,6 +55,7 @@ impl Placement {
             Placement::Control => "control",
             Placement::PublishLanes => "publisher; one-way if ack=0",
             Placement::BrokerOnly => "broker only",
+            Placement::PeerLink => "peer link only",
         }
     }
 }
@@ -162,6 +166,9 @@ pub const KINDS: &[(u8, &str, Placement)] = &[
     ),
     (cache::kind::CACHE_INFO, "CacheInfo", Placement::BrokerOnly),
     (cache::kind::CACHE_MUX, "CacheMux", Placement::BrokerOnly),
+    (peer::kind::PEER_HELLO, "PeerHello", Placement::PeerLink),
+    (peer::kind::PEER_HELLO_OK, "PeerHelloOk", Placement::PeerLink),
+    (peer::kind::FORWARD, "Forward", Placement::PeerLink),
 ];
 
 /// The row of `k`, if it is a v1 kind.
@@ -211,7 +218,7 @@ pub fn admit(k: u8, stream: u64, ack: bool, hello_done: bool) -> Verdict {
         code: ErrorCode::InvalidRequest,
         message,
     };
-    if !hello_done {
+    if !hello_done && placement != Placement::PeerLink {
         return if placement == Placement::Handshake && class == StreamClass::Control {
             Verdict::Serve
         } else {
@@ -224,6 +231,9 @@ pub fn admit(k: u8, stream: u64, ack: bool, hello_done: bool) -> Verdict {
         (Placement::Handshake, _) => refuse("Hello sent twice".into()),
         (Placement::BrokerOnly, _) => refuse(format!(
             "{name} (kind {k}) is sent by the broker only"
+        )),
+        (Placement::PeerLink, _) => refuse(format!(
+            "{name} (kind {k}) travels only between brokers, on the peer listener"
         )),
         (Placement::Control, StreamClass::Control) => Verdict::Serve,
         (Placement::Control, _) => refuse(format!(
@@ -239,6 +249,33 @@ pub fn admit(k: u8, stream: u64, ack: bool, hello_done: bool) -> Verdict {
             "Publish goes on a publisher stream (a client bidirectional stream other than 0) or, with ack=0, a unidirectional one; nothing was appended"
                 .into(),
         ),
+    }
+}
+
+/// The verdict for a frame of kind `k` on `stream` of a peer link's listening side (a
+/// connection that came in on the peer listener). Before `PeerHello` only `PeerHello` on the
+/// control stream is taken; after it, only `Forward`, whose inner request then passes
+/// [`admit`] as if a client had sent it on the same stream.
+pub fn admit_peer(k: u8, stream: u64, hello_done: bool) -> Verdict {
+    let refuse = |message: String| Verdict::Refuse {
+        answer_on: answer_stream(stream),
+        code: ErrorCode::InvalidRequest,
+        message,
+    };
+    let name = kind_name(k);
+    match (k, hello_done) {
+        (peer::kind::PEER_HELLO, false) if StreamClass::of(stream) == StreamClass::Control => {
+            Verdict::Serve
+        }
+        (_, false) => refuse(format!(
+            "{name} before PeerHello: a peer link starts with PeerHello on its control stream"
+        )),
+        (peer::kind::PEER_HELLO, true) => refuse("PeerHello sent twice".into()),
+        (peer::kind::FORWARD, true) => Verdict::Serve,
+        _ if kind_info(k).is_none() => Verdict::Skip,
+        _ => refuse(format!(
+            "{name} on a peer link: requests travel inside Forward"
+        )),
     }
 }
 
@@ -270,7 +307,7 @@ mod tests {
 
     #[test]
     fn every_kind_in_range_has_a_row_and_rows_are_unique() {
-        for k in 1..=cache::kind::LAST {
+        for k in 1..=peer::kind::LAST {
             assert!(kind_info(k).is_some(), "kind {k} has no row");
         }
         let mut kinds = std::collections::HashSet::new();
@@ -279,7 +316,7 @@ mod tests {
             assert!(kinds.insert(*k), "kind {k} twice");
             assert!(names.insert(*n), "name {n} twice");
         }
-        assert_eq!(KINDS.len(), cache::kind::LAST as usize);
+        assert_eq!(KINDS.len(), peer::kind::LAST as usize);
         assert_eq!(
             admit(200, 0, false, false),
             Verdict::Skip,
@@ -315,5 +352,16 @@ mod tests {
         assert!(refused(admit(kind::PUBLISH, 2, true, true), 0));
         assert!(refused(admit(kind::PUBLISH_ACK, 4, false, true), 4));
         assert!(refused(admit(kind::DELIVERY, 6, false, true), 0));
+        // Peer frames on a client connection, before or after Hello.
+        assert!(refused(admit(peer::kind::FORWARD, 0, false, true), 0));
+        assert!(refused(admit(peer::kind::PEER_HELLO, 0, false, false), 0));
+        // A peer link's listening side.
+        assert_eq!(admit_peer(peer::kind::PEER_HELLO, 0, false), Serve);
+        assert!(refused(admit_peer(peer::kind::PEER_HELLO, 4, false), 4));
+        assert!(refused(admit_peer(peer::kind::FORWARD, 0, false), 0));
+        assert!(refused(admit_peer(peer::kind::PEER_HELLO, 0, true), 0));
+        assert_eq!(admit_peer(peer::kind::FORWARD, 4, true), Serve);
+        assert!(refused(admit_peer(kind::PUBLISH, 4, true), 4));
+        assert_eq!(admit_peer(200, 0, true), Skip);
     }
 }

@@ -92,7 +92,76 @@ fn vector_frames() -> Vec<(&'static str, Frame)> {
                 queue_bytes_max: 0,
             }),
         ),
+        (
+            "forward_cache_get",
+            Frame::Peer(PeerFrame::Forward {
+                head: ForwardHead {
+                    incarnation: 12,
+                    generation: 3,
+                    origin_node: 2,
+                    principal: String::new(),
+                },
+                inner: Box::new(Frame::Cache(CacheFrame::CacheGet {
+                    request_id: 5,
+                    cache: StreamName::new("a", "b", "c"),
+                    key: Bytes::from_static(b"k"),
+                })),
+            }),
+        ),
     ]
+}
+
+#[test]
+fn peer_frames_round_trip_and_a_forward_never_nests() {
+    let hello = Frame::Peer(PeerFrame::PeerHello {
+        node_id: 7,
+        cluster_id: "c-1".into(),
+        capabilities: peer::capabilities::ALL,
+        max_frame_bytes: 1 << 20,
+    });
+    assert_eq!(decode_frame(&hello.encode(), MAX).unwrap(), hello);
+    let ok = Frame::Peer(PeerFrame::PeerHelloOk {
+        node_id: 8,
+        cluster_id: "c-1".into(),
+        capabilities: 0,
+        max_frame_bytes: 1 << 20,
+    });
+    assert_eq!(decode_frame(&ok.encode(), MAX).unwrap(), ok);
+    let publish = Frame::Publish {
+        request_id: 9,
+        stream: StreamName::new("t", "n", "s"),
+        shard: ShardSelector::Shard(1),
+        ack: true,
+        records: Records::encode([&b"x"[..], &b"yz"[..]]),
+    };
+    let head = ForwardHead {
+        incarnation: 1,
+        generation: 2,
+        origin_node: 3,
+        principal: "p".into(),
+    };
+    let fwd = Frame::Peer(PeerFrame::Forward {
+        head: head.clone(),
+        inner: Box::new(publish),
+    });
+    let back = decode_frame(&fwd.encode(), MAX).unwrap();
+    assert_eq!(back, fwd);
+    if let Frame::Peer(PeerFrame::Forward { head, inner }) = &fwd {
+        assert_eq!(peer::encode_forward(head, &inner.encode()), fwd.encode());
+    }
+    assert_eq!(back.request_id(), Some(9), "answered under the inner id");
+    // A forward inside a forward is refused by the decoder.
+    let nested = Frame::Peer(PeerFrame::Forward {
+        head,
+        inner: Box::new(fwd),
+    });
+    assert!(matches!(
+        decode_frame(&nested.encode(), MAX),
+        Err(WireError::InvalidValue {
+            field: "inner_kind",
+            ..
+        })
+    ));
 }
 
 fn hex(b: &[u8]) -> String {
@@ -1050,6 +1119,9 @@ fn request_id_is_known_for_exactly_the_kinds_that_start_with_one() {
                 | cache::kind::CACHE_STATE_DONE
                 | cache::kind::CACHE_WATCH_END
                 | cache::kind::CACHE_MUX
+        ) && !matches!(
+            *k,
+            peer::kind::PEER_HELLO | peer::kind::PEER_HELLO_OK | peer::kind::FORWARD
         );
         assert_eq!(has, known, "{name}");
     }
@@ -1228,4 +1300,16 @@ fn appended_fields_are_optional_on_decode() {
         Frame::HelloOk { limits, .. } => assert_eq!(limits.max_key_bytes, 65_535),
         other => panic!("{other:?}"),
     }
+}
+
+#[test]
+fn request_ids_are_patched_in_place_for_kinds_that_carry_one() {
+    let f = Frame::error(5, ErrorCode::NotFound, "x");
+    let mut b = f.encode().to_vec();
+    assert!(patch_request_id(&mut b, 77));
+    assert_eq!(decode_frame(&b, MAX).unwrap(), Frame::error(77, ErrorCode::NotFound, "x"));
+    let mut lag = Frame::Lag { from_offset: 1, lost: 2 }.encode().to_vec();
+    let before = lag.clone();
+    assert!(!patch_request_id(&mut lag, 9));
+    assert_eq!(lag, before);
 }

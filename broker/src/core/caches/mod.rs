@@ -350,7 +350,12 @@ impl CoreState {
             ));
         }
         let shard = cache_shard(&frame, def, self.s.cfg.cache_key_bytes_max as usize)?;
-        catalog.cache_serve_check(idx, shard)?;
+        let route = self.admit_shard(key, true, idx, shard)?;
+        if matches!(frame, CacheFrame::CacheWatch { .. }) {
+            // Watches are not relayed: a watch for a shard owned elsewhere is `not_leader`
+            // naming the owner, whose address the client dials.
+            catalog.cache_serve_check(idx, shard)?;
+        }
         if let CacheFrame::CacheWatch {
             filter,
             start,
@@ -387,6 +392,25 @@ impl CoreState {
             sess.cache_inflight += 1; // until its answer comes back (drain waits for it)
         }
         CoreCounters::inc(&self.s.counters.cache_requests);
+        if let crate::core::conn::ShardAdmit::Forward(target) = route {
+            let client = crate::core::peer::FwdClient::Request {
+                conn: key,
+                stream: quic_stream,
+                request_id: rid,
+            };
+            let inner = Frame::Cache(frame);
+            let lane = crate::core::peer::Lane::Control;
+            if let Err(why) = self.forward(target, &inner, client, lane, Duration::ZERO) {
+                let origin = CacheOrigin {
+                    core: self.id,
+                    conn: key,
+                    quic_stream,
+                    request_id: rid,
+                };
+                self.on_cache_reply(origin, why.frame(rid));
+            }
+            return Ok(());
+        }
         let origin = CacheOrigin {
             core: self.id,
             conn: key,

@@ -5,6 +5,9 @@
 use super::*;
 
 mod deliver;
+mod peer_in;
+mod peer_out;
+pub(in crate::core) use peer_out::ShardAdmit;
 pub(in crate::core) mod subs;
 pub(in crate::core) mod watches;
 
@@ -54,9 +57,16 @@ impl CoreState {
     }
 
     pub(in crate::core) fn after_recv(&mut self, key: ConnKey, new: bool) {
+        if self.is_link(key) {
+            return self.after_link_recv(key);
+        }
         if new {
             CoreCounters::inc(&self.s.counters.connections_accepted);
-            self.sessions.insert(key, Session::default());
+            let session = Session {
+                peer_link: self.on_peer_listener(key),
+                ..Session::default()
+            };
+            self.sessions.insert(key, session);
             let wait_ms = self.hello_wait_ms();
             let deadline = Instant::now() + Duration::from_millis(wait_ms);
             self.hello_waits.push_back((deadline, key));
@@ -307,9 +317,20 @@ impl CoreState {
         if session.closing {
             return false; // answered and closing: nothing more is taken
         }
-        // Which stream carries what (docs/protocol.md, conformance table).
-        let ack = matches!(frame, Frame::Publish { ack: true, .. });
-        let verdict = admit(frame.kind(), stream, ack, session.hello_done);
+        // Which stream carries what (docs/protocol.md, conformance table); on the peer
+        // listener, the peer link's own rules, then the forwarded request's as a client's.
+        let verdict = if session.peer_link {
+            match (admit_peer(frame.kind(), stream, session.hello_done), frame) {
+                (Verdict::Serve, Frame::Peer(PeerFrame::Forward { inner, .. })) => {
+                    let ack = matches!(**inner, Frame::Publish { ack: true, .. });
+                    admit(inner.kind(), stream, ack, true)
+                }
+                (v, _) => v,
+            }
+        } else {
+            let ack = matches!(frame, Frame::Publish { ack: true, .. });
+            admit(frame.kind(), stream, ack, session.hello_done)
+        };
         match broken_for_tests(verdict, frame.kind(), stream) {
             Verdict::Serve => true,
             Verdict::Skip => false,
@@ -341,6 +362,22 @@ impl CoreState {
                 max_frame_bytes,
                 ..
             } => self.on_hello(key, stream, f, max_frame_bytes),
+            Frame::Peer(PeerFrame::PeerHello {
+                node_id,
+                cluster_id,
+                capabilities,
+                max_frame_bytes,
+            }) => self.on_peer_hello(
+                key,
+                stream,
+                node_id,
+                cluster_id,
+                capabilities,
+                max_frame_bytes,
+            ),
+            Frame::Peer(PeerFrame::Forward { head, inner }) => {
+                self.on_forward(key, stream, head, *inner)
+            }
             Frame::DescribeStream {
                 request_id,
                 stream: name,
@@ -519,7 +556,7 @@ impl CoreState {
                 *n % shards
             }
         };
-        catalog.serve_check(idx, shard)?;
+        let route = self.admit_shard(key, false, idx, shard)?;
         let bytes = records.region_len() as u64;
         let session = self
             .sessions
@@ -560,6 +597,22 @@ impl CoreState {
             bytes,
         };
         CoreCounters::inc(&self.s.counters.publishes_received);
+        if let ShardAdmit::Forward(target) = route {
+            // Acked on the link whatever the client asked, so a refusal reaches it too.
+            let frame = Frame::Publish {
+                request_id,
+                stream: name.clone(),
+                shard: ShardSelector::Shard(shard),
+                ack: true,
+                records,
+            };
+            let wait = Duration::from_millis(cfg.publish_timeout_ms);
+            let client = peer::FwdClient::Publish(origin);
+            if let Err(why) = self.forward(target, &frame, client, peer::Lane::Publish, wait) {
+                self.on_publish_result(origin, Err(why));
+            }
+            return Ok(());
+        }
         let owner = self.owner_core(idx, shard);
         if owner != self.id {
             CoreCounters::inc(&self.s.counters.publishes_forwarded);

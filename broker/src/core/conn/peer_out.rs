@@ -1,0 +1,264 @@
+//! The forwarding side of a peer link: the shard admission that turns a request for a shard
+//! another broker owns into a forward, and the driver of this core's links (`core::peer`,
+//! pure): it dials, writes what the links send, feeds them what arrives, and answers the
+//! clients whose forwards are done.
+
+use super::super::peer::{FwdAnswer, FwdClient, FwdTarget, Lane, LinkEffect, Links};
+use super::super::*;
+use felix_quic::server::Sock;
+use felix_quic::tls::node_name;
+use felix_quic::wire::ForwardHead;
+
+/// Urgency of the stream that carries forwarded publishes on a link: below quiche's default
+/// (127), where the control stream stays, so the link's own traffic (and replication's, which
+/// gets its own streams next) never waits behind a burst of forwarded publishes.
+const FORWARD_URGENCY: u8 = 200;
+/// The link stream forwarded publishes travel on (the first client bidi stream after 0).
+const PUBLISH_LANE_STREAM: u64 = 4;
+
+/// What the shard admission decided for a request.
+pub(in crate::core) enum ShardAdmit {
+    /// This broker owns the shard: serve it here.
+    Serve,
+    /// Another broker owns it: forward it there.
+    Forward(FwdTarget),
+}
+
+impl CoreState {
+    /// The shard admission of every request that names a shard (publish, cache operation).
+    ///
+    /// - A forwarded request (the session's `forwarded` head is set) is served only if this
+    ///   broker owns the shard at the generation and incarnation the forwarder routed by;
+    ///   it is never forwarded again (`not_leader`, `conflict`).
+    /// - A client's request for a shard placed on another live broker with a peer listener
+    ///   is forwarded there, when this broker has peer links.
+    /// - Otherwise the catalog's refusal stands (`not_leader` naming the owner, ...).
+    pub(in crate::core) fn admit_shard(
+        &self,
+        key: ConnKey,
+        cache: bool,
+        idx: u32,
+        shard: u32,
+    ) -> Result<ShardAdmit, (ErrorCode, String)> {
+        if let Some(head) = self.sessions.get(&key).and_then(|s| s.forwarded.as_ref()) {
+            self.catalog
+                .forward_check(cache, idx, shard, head.incarnation, head.generation)?;
+            return Ok(ShardAdmit::Serve);
+        }
+        let checked = if cache {
+            self.catalog.cache_serve_check(idx, shard)
+        } else {
+            self.catalog.serve_check(idx, shard)
+        };
+        match checked {
+            Ok(()) => Ok(ShardAdmit::Serve),
+            Err((ErrorCode::NotLeader, msg)) if self.links.is_some() => {
+                match self.catalog.forward_target(cache, idx, shard) {
+                    Some((node, addr, incarnation, generation)) => {
+                        Ok(ShardAdmit::Forward(FwdTarget {
+                            node,
+                            addr,
+                            head: ForwardHead {
+                                incarnation,
+                                generation,
+                                origin_node: self.s.cfg.node_id,
+                                principal: String::new(),
+                            },
+                        }))
+                    }
+                    None => Err((ErrorCode::NotLeader, msg)),
+                }
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Hand a request to the links; a refusal (link down, full) is returned for the caller
+    /// to answer (nothing was sent).
+    pub(in crate::core) fn forward(
+        &mut self,
+        target: FwdTarget,
+        inner: &Frame,
+        client: FwdClient,
+        lane: Lane,
+        wait: Duration,
+    ) -> Result<(), Refusal> {
+        let cluster = self.catalog.cluster_id.clone();
+        let links = self.links.as_mut().expect("admit_shard forwards only with links");
+        links.set_cluster_id(&cluster);
+        let r = links.forward(Instant::now(), target, inner, client, lane, wait);
+        if r.is_ok() {
+            CoreCounters::inc(&self.s.counters.forwards_sent);
+        }
+        self.link_effects();
+        r
+    }
+
+    /// Step the links with the time (their deadlines) and carry out what they decided.
+    pub(in crate::core) fn links_tick(&mut self, now: Instant) {
+        if let Some(links) = self.links.as_mut() {
+            links.tick(now);
+            self.link_effects();
+        }
+    }
+
+    pub(in crate::core) fn links_deadline(&self) -> Option<Instant> {
+        self.links.as_ref().and_then(Links::next_deadline)
+    }
+
+    pub(in crate::core) fn is_link(&self, key: ConnKey) -> bool {
+        self.links.as_ref().is_some_and(|l| l.is_link(key))
+    }
+
+    /// Packets arrived on a link this core dialed.
+    pub(in crate::core) fn after_link_recv(&mut self, key: ConnKey) {
+        let mut events = Vec::new();
+        let established = {
+            let Some(e) = self.ep.get(key) else { return };
+            e.conn.poll_readable(&mut events);
+            e.conn.is_established()
+        };
+        let now = Instant::now();
+        let links = self.links.as_mut().expect("is_link");
+        if established {
+            links.on_established(key);
+        }
+        for ev in events {
+            if let ConnEvent::Frame { frame, .. } = ev {
+                links.on_frame(now, key, frame);
+            }
+        }
+        self.link_effects();
+        self.ep.mark_dirty(key);
+    }
+
+    /// A link this core dialed closed.
+    pub(in crate::core) fn on_link_closed(&mut self, key: ConnKey, why: String) {
+        if let Some(links) = self.links.as_mut() {
+            links.on_closed(Instant::now(), key, why);
+            self.link_effects();
+        }
+    }
+
+    /// Carry out the links' effects (answers may make more: a loop until none are left).
+    fn link_effects(&mut self) {
+        loop {
+            let Some(links) = self.links.as_mut() else { return };
+            let effects = links.drain_effects();
+            if effects.is_empty() {
+                return;
+            }
+            for effect in effects {
+                self.link_effect(effect);
+            }
+        }
+    }
+
+    fn link_effect(&mut self, effect: LinkEffect) {
+        match effect {
+            LinkEffect::Dial { node, addr } => {
+                let r = self.ep.connect(&node_name(node), addr);
+                let links = self.links.as_mut().expect("links made the effect");
+                match r {
+                    Ok(key) => {
+                        CoreCounters::inc(&self.s.counters.peer_dials);
+                        links.on_dialed(node, key);
+                        if let Some(e) = self.ep.get(key) {
+                            e.conn.set_urgency(PUBLISH_LANE_STREAM, FORWARD_URGENCY);
+                        }
+                    }
+                    Err(why) => links.on_dial_failed(Instant::now(), node, why),
+                }
+            }
+            LinkEffect::Send { key, lane, bytes } => {
+                let stream = match lane {
+                    Lane::Control => 0,
+                    Lane::Publish => PUBLISH_LANE_STREAM,
+                };
+                if let Some(e) = self.ep.get(key) {
+                    e.conn.send_bytes(stream, bytes);
+                    self.ep.mark_dirty(key);
+                }
+            }
+            LinkEffect::Close { key } => {
+                if let Some(e) = self.ep.get(key) {
+                    e.conn.close(ErrorCode::Unavailable.number() as u64, "peer link timed out");
+                    self.ep.mark_dirty(key);
+                }
+            }
+            LinkEffect::Answer { client, answer } => self.answer_forward(client, *answer),
+        }
+    }
+
+    /// Answer the client of a finished forward.
+    fn answer_forward(&mut self, client: FwdClient, answer: FwdAnswer) {
+        match client {
+            FwdClient::Publish(origin) => {
+                let result = match answer {
+                    FwdAnswer::Frame(
+                        Frame::PublishAck {
+                            shard,
+                            first_offset,
+                            count,
+                            ..
+                        },
+                        _,
+                    ) => Ok((shard, first_offset, count)),
+                    FwdAnswer::Frame(Frame::Error { code, message, .. }, _) => Err(Refusal::new(
+                        ErrorCode::from_number(code).unwrap_or(ErrorCode::Internal),
+                        message,
+                    )),
+                    FwdAnswer::Frame(other, _) => Err(Refusal::new(
+                        ErrorCode::Internal,
+                        format!(
+                            "the owner answered a forwarded publish with {}",
+                            streams::kind_name(other.kind())
+                        ),
+                    )),
+                    FwdAnswer::Refused(r) => Err(r),
+                };
+                if result.is_err() {
+                    CoreCounters::inc(&self.s.counters.forwards_refused);
+                }
+                self.on_publish_result(origin, result);
+            }
+            FwdClient::Request {
+                conn,
+                stream,
+                request_id,
+            } => {
+                if let Some(sess) = self.sessions.get_mut(&conn) {
+                    sess.cache_inflight = sess.cache_inflight.saturating_sub(1);
+                }
+                let Some(e) = self.ep.get(conn) else { return };
+                match answer {
+                    FwdAnswer::Frame(_, bytes) if bytes.len() <= e.conn.peer_max_frame_bytes() => {
+                        e.conn.send_bytes(stream, bytes)
+                    }
+                    FwdAnswer::Frame(_, bytes) => e.conn.send_frame(
+                        stream,
+                        &Frame::error(
+                            request_id,
+                            ErrorCode::FrameTooLarge,
+                            format!(
+                                "the owner's answer is {} bytes, over this connection's max_frame_bytes {}",
+                                bytes.len(),
+                                e.conn.peer_max_frame_bytes()
+                            ),
+                        ),
+                    ),
+                    FwdAnswer::Refused(r) => {
+                        CoreCounters::inc(&self.s.counters.forwards_refused);
+                        e.conn.send_frame(stream, &r.frame(request_id))
+                    }
+                }
+                self.ep.mark_dirty(conn);
+            }
+        }
+    }
+
+    /// Whether a connection came in on the peer listener (another broker).
+    pub(in crate::core) fn on_peer_listener(&self, key: ConnKey) -> bool {
+        self.ep.peek(key).is_some_and(|e| e.sock == Sock::PeerListen)
+    }
+}
