@@ -314,15 +314,17 @@ impl Config {
             }
         }
         if self.peer_listen.is_some() && self.controlplane_url.is_none() {
-            return Err("peer_listen needs controlplane_url: the control plane says which broker owns what".into());
+            return Err(
+                "peer_listen needs controlplane_url: the control plane says which broker owns what"
+                    .into(),
+            );
         }
         if let Some(a) = &self.peer_advertise_addr {
             if self.peer_listen.is_none() {
                 return Err("peer_advertise_addr is only used with peer_listen".into());
             }
-            felix_control::catalog::check_addr(a).map_err(|_| {
-                format!("peer_advertise_addr must be HOST:PORT, got {a:?}")
-            })?;
+            felix_control::catalog::check_addr(a)
+                .map_err(|_| format!("peer_advertise_addr must be HOST:PORT, got {a:?}"))?;
         }
         for (name, v) in [
             ("forward_timeout_ms", self.forward_timeout_ms),

@@ -193,7 +193,11 @@ fn run(cfg: Config) -> Result<(), String> {
         let l = felix_quic::glommio_driver::bind_reuseport(addr, 8 << 20)
             .map_err(|e| format!("bind peer_listen {addr}: {e}"))?;
         if i == 0 {
-            peer_listen = l.local_addr().ok().and_then(|a| a.as_socket()).or(peer_listen);
+            peer_listen = l
+                .local_addr()
+                .ok()
+                .and_then(|a| a.as_socket())
+                .or(peer_listen);
         }
         let dial_addr = std::net::SocketAddr::new(addr.ip(), 0);
         let d = felix_quic::glommio_driver::bind_reuseport(dial_addr, 8 << 20)
@@ -320,7 +324,9 @@ fn run(cfg: Config) -> Result<(), String> {
         {
             announced = true;
             ops.ready.store(true, Ordering::Release);
-            let peer = peer_listen.map(|p| format!(" peer={p}")).unwrap_or_default();
+            let peer = peer_listen
+                .map(|p| format!(" peer={p}"))
+                .unwrap_or_default();
             println!(
                 "felix-broker ready quic={listen} metrics={metrics_addr} cores={}{peer}",
                 cfg.cores
@@ -384,4 +390,3 @@ fn run(cfg: Config) -> Result<(), String> {
         }
     }
 }
-

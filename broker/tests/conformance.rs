@@ -9,9 +9,9 @@
 use bytes::Bytes;
 use felix_quic::wire::streams::{doc_table, Placement, KINDS};
 use felix_quic::wire::{
-    features, AnswerOp, CacheFrame, ForwardHead, PeerFrame, ClaimRef, DeadLetterAction, DeadLetterRef, ErrorCode,
-    EventKind, Frame, GroupFrame, GroupInfo, GroupRef, Limits, QueuePolicy, Records, ShardSelector,
-    StartAt, StreamName, WatchFilter, WatchStart, WriteCond, HEADER_LEN,
+    features, AnswerOp, CacheFrame, ClaimRef, DeadLetterAction, DeadLetterRef, ErrorCode,
+    EventKind, ForwardHead, Frame, GroupFrame, GroupInfo, GroupRef, Limits, PeerFrame, QueuePolicy,
+    Records, ShardSelector, StartAt, StreamName, WatchFilter, WatchStart, WriteCond, HEADER_LEN,
 };
 use std::collections::BTreeSet;
 
@@ -606,9 +606,15 @@ async fn stream_rules(s: &mut Suite) {
     for f in &peer_frames {
         let rid = f.request_id().unwrap_or(0);
         c.send(0, f);
-        assert_eq!(error_of(c.next_on(0).await), (rid, ErrorCode::InvalidRequest));
+        assert_eq!(
+            error_of(c.next_on(0).await),
+            (rid, ErrorCode::InvalidRequest)
+        );
         c.send(4, f);
-        assert_eq!(error_of(c.next_on(4).await), (rid, ErrorCode::InvalidRequest));
+        assert_eq!(
+            error_of(c.next_on(4).await),
+            (rid, ErrorCode::InvalidRequest)
+        );
         let name = KINDS.iter().find(|k| k.0 == f.kind()).unwrap().1;
         s.cover(&[name]);
     }

@@ -4,77 +4,13 @@
 
 use felix_client::{Client, Error, Event, SubscribeOptions};
 use felix_quic::wire::{ErrorCode, ShardSelector, StartAt, StreamName};
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::Path;
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 mod common;
+use common::cp::{eventually, felixctl, start_control_plane, ControlPlane};
 use common::Broker;
-
-fn sibling(bin: &str) -> PathBuf {
-    let p = Path::new(env!("CARGO_BIN_EXE_felix-broker")).with_file_name(bin);
-    assert!(
-        p.exists(),
-        "{} not built: run `cargo build --workspace` first",
-        p.display()
-    );
-    p
-}
-
-struct ControlPlane {
-    child: Child,
-    url: String,
-}
-
-impl Drop for ControlPlane {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_control_plane(dead_after_ms: u64) -> ControlPlane {
-    let mut child = Command::new(sibling("felix-controlplane"))
-        .args(["--listen", "127.0.0.1:0"])
-        .env("FELIX_CONTROLPLANE_HEARTBEAT_INTERVAL_MS", "100")
-        .env(
-            "FELIX_CONTROLPLANE_DEAD_AFTER_MS",
-            dead_after_ms.to_string(),
-        )
-        .env("FELIX_CONTROLPLANE_SWEEP_INTERVAL_MS", "50")
-        .env("FELIX_CONTROLPLANE_DELETE_GRACE_MS", "200")
-        .env("FELIX_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start felix-controlplane");
-    let out = child.stdout.take().unwrap();
-    let mut line = String::new();
-    BufReader::new(out).read_line(&mut line).unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("listening ")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_string();
-    ControlPlane {
-        child,
-        url: format!("http://{addr}"),
-    }
-}
-
-fn felixctl(cp: &ControlPlane, cfg_dir: &Path, args: &[&str]) -> Output {
-    Command::new(sibling("felixctl"))
-        .args(["--controlplane", &cp.url])
-        .arg("--context-file")
-        .arg(cfg_dir.join("felixctl.json"))
-        .args(args)
-        .env_remove("FELIX_CONTROLPLANE_URL")
-        .env_remove("FELIX_CONTEXT")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run felixctl")
-}
 
 fn ok(o: Output) -> String {
     assert!(
@@ -98,22 +34,6 @@ fn start_broker(cp: &ControlPlane, durable: &Path) -> Broker {
             durable.to_str().unwrap(),
         ],
     )
-}
-
-/// Until `f` succeeds or 10 s pass (the broker applies catalog changes within a feed round).
-async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, String>>,
-{
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        match f().await {
-            Ok(v) => return v,
-            Err(e) if Instant::now() > deadline => panic!("{what}: still {e}"),
-            Err(_) => tokio::time::sleep(Duration::from_millis(25)).await,
-        }
-    }
 }
 
 /// An acked publish, retried while the answer is retryable (a durable log still opening).

@@ -247,12 +247,12 @@ impl Endpoint {
             (Sock::PeerListen, None) => return Route::Dropped,
             _ => &mut self.config,
         };
-        let q = match quiche::accept_with_buf_factory::<BytesFactory>(
-            &scid, None, local, from, config,
-        ) {
-            Ok(q) => q,
-            Err(_) => return Route::Dropped,
-        };
+        let q =
+            match quiche::accept_with_buf_factory::<BytesFactory>(&scid, None, local, from, config)
+            {
+                Ok(q) => q,
+                Err(_) => return Route::Dropped,
+            };
         let key = self.next_key;
         self.next_key += 1;
         let mut conn = FelixConn::new(q, true, self.max_frame_bytes);

@@ -193,7 +193,10 @@ fn issue_node_cert(
     b.append_extension(&bc)?;
     let ku = KeyUsage::new().digital_signature().build()?;
     b.append_extension(&ku)?;
-    let eku = ExtendedKeyUsage::new().server_auth().client_auth().build()?;
+    let eku = ExtendedKeyUsage::new()
+        .server_auth()
+        .client_auth()
+        .build()?;
     b.append_extension(&eku)?;
     let san = SubjectAlternativeName::new()
         .dns(name)
@@ -445,7 +448,10 @@ mod tests {
         let mut sc = peer_server_config(n2, &t).unwrap();
         let (c, s) = handshake(&mut plain, &mut sc, &node_name(2));
         assert!(!s.is_established() || !c.is_established() || s.peer_cert().is_none());
-        assert!(!s.is_established(), "a listener requires a client certificate");
+        assert!(
+            !s.is_established(),
+            "a listener requires a client certificate"
+        );
 
         // Another cluster's CA: neither side verifies.
         let other = tempfile::tempdir().unwrap();

@@ -209,12 +209,7 @@ fn spawn_mesh_pump(
 
 /// The receive loop of one socket: datagrams (GRO-coalesced reads cut into segments) into
 /// the endpoint.
-fn spawn_receive_loop(
-    state: Rc<RefCell<CoreState>>,
-    wake: Wake,
-    sock: Rc<GlommioUdp>,
-    kind: Sock,
-) {
+fn spawn_receive_loop(state: Rc<RefCell<CoreState>>, wake: Wake, sock: Rc<GlommioUdp>, kind: Sock) {
     glommio::spawn_local(async move {
         // Room for the largest GRO-coalesced read (64 KiB of datagrams).
         let mut buf = vec![0u8; 1 << 17];

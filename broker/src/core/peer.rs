@@ -117,12 +117,21 @@ struct Fwd {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
     /// Dial asked for, no connection yet.
-    Dialing { until: Instant },
+    Dialing {
+        until: Instant,
+    },
     /// Connection made, handshake (QUIC, TLS, PeerHello) under way.
-    Opening { key: ConnKey, until: Instant },
-    Ready { key: ConnKey },
+    Opening {
+        key: ConnKey,
+        until: Instant,
+    },
+    Ready {
+        key: ConnKey,
+    },
     /// Broken; dialed again on the first forward after `until`.
-    Backoff { until: Instant },
+    Backoff {
+        until: Instant,
+    },
 }
 
 struct Link {
@@ -348,8 +357,7 @@ impl Links {
         }) = &frame
         {
             let link = self.links.get_mut(&node).expect("by_key names live links");
-            if *node_id != node || (!self.cluster_id.is_empty() && *cluster_id != self.cluster_id)
-            {
+            if *node_id != node || (!self.cluster_id.is_empty() && *cluster_id != self.cluster_id) {
                 let why = format!(
                     "broker {node}'s listener answered as node {node_id} of cluster {cluster_id:?}"
                 );

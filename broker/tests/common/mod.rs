@@ -2,6 +2,7 @@
 //! loopback (random ports, temp data dir), killed when dropped.
 #![allow(dead_code)]
 
+pub mod cp;
 pub mod raw;
 
 use felix_client::{Client, ClientConfig};
@@ -16,6 +17,8 @@ pub struct Broker {
     child: Child,
     pub quic: SocketAddr,
     pub metrics: SocketAddr,
+    /// The peer listener, when started with `--peer-listen`.
+    pub peer: Option<SocketAddr>,
     pub dir: tempfile::TempDir,
 }
 
@@ -175,9 +178,14 @@ impl Broker {
                 .parse()
                 .unwrap()
         };
+        let peer = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("peer="))
+            .map(|p| p.parse().expect("peer address"));
         Ok(Broker {
             quic: field("quic="),
             metrics: field("metrics="),
+            peer,
             child,
             dir,
         })

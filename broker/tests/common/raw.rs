@@ -123,14 +123,25 @@ impl Raw {
         max_frame_bytes: usize,
         transport: &TransportConfig,
     ) -> Result<Raw, String> {
-        let mut cfg = client_config(&Verify::CaFile(ca.to_path_buf()), transport).unwrap();
+        let cfg = client_config(&Verify::CaFile(ca.to_path_buf()), transport).unwrap();
+        Raw::connect_config(addr, "localhost", cfg, max_frame_bytes).await
+    }
+
+    /// Connect with a ready quiche config, checking the server's certificate names
+    /// `server_name` (a peer link: `peer_client_config` and `node-<id>`).
+    pub async fn connect_config(
+        addr: std::net::SocketAddr,
+        server_name: &str,
+        mut cfg: quiche::Config,
+        max_frame_bytes: usize,
+    ) -> Result<Raw, String> {
         let (itx, irx) = mpsc::unbounded_channel();
         let (etx, erx) = tokio::sync::oneshot::channel();
         let h = H {
             inbox: itx,
             established: Some(etx),
         };
-        let tx = spawn_client(addr, Some("localhost"), &mut cfg, max_frame_bytes, h)
+        let tx = spawn_client(addr, Some(server_name), &mut cfg, max_frame_bytes, h)
             .await
             .unwrap();
         match tokio::time::timeout(Duration::from_secs(3), erx).await {

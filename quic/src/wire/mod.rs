@@ -20,11 +20,11 @@ pub mod streams;
 
 pub use cache::{CacheFrame, EventKind, WatchFilter, WatchStart, WriteCond};
 pub use error::{ErrorCode, Retry};
-pub use peer::{ForwardHead, PeerFrame};
 pub use group::{
     AnswerOp, ClaimId, ClaimIdError, ClaimRef, DeadLetterAction, DeadLetterRef, GroupFrame,
     GroupInfo, GroupRef,
 };
+pub use peer::{ForwardHead, PeerFrame};
 pub use streams::{admit, admit_peer, answer_stream, kind_name, StreamClass, Verdict};
 
 use bytes::{BufMut, Bytes, BytesMut};

@@ -167,7 +167,11 @@ pub const KINDS: &[(u8, &str, Placement)] = &[
     (cache::kind::CACHE_INFO, "CacheInfo", Placement::BrokerOnly),
     (cache::kind::CACHE_MUX, "CacheMux", Placement::BrokerOnly),
     (peer::kind::PEER_HELLO, "PeerHello", Placement::PeerLink),
-    (peer::kind::PEER_HELLO_OK, "PeerHelloOk", Placement::PeerLink),
+    (
+        peer::kind::PEER_HELLO_OK,
+        "PeerHelloOk",
+        Placement::PeerLink,
+    ),
     (peer::kind::FORWARD, "Forward", Placement::PeerLink),
 ];
 

@@ -1307,8 +1307,16 @@ fn request_ids_are_patched_in_place_for_kinds_that_carry_one() {
     let f = Frame::error(5, ErrorCode::NotFound, "x");
     let mut b = f.encode().to_vec();
     assert!(patch_request_id(&mut b, 77));
-    assert_eq!(decode_frame(&b, MAX).unwrap(), Frame::error(77, ErrorCode::NotFound, "x"));
-    let mut lag = Frame::Lag { from_offset: 1, lost: 2 }.encode().to_vec();
+    assert_eq!(
+        decode_frame(&b, MAX).unwrap(),
+        Frame::error(77, ErrorCode::NotFound, "x")
+    );
+    let mut lag = Frame::Lag {
+        from_offset: 1,
+        lost: 2,
+    }
+    .encode()
+    .to_vec();
     let before = lag.clone();
     assert!(!patch_request_id(&mut lag, 9));
     assert_eq!(lag, before);

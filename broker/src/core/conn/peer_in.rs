@@ -31,13 +31,17 @@ impl CoreState {
                 "PeerHello names node {node_id}, but the link's certificate names {names:?}: a broker speaks only for the node its certificate names"
             ))
         } else if node_id == cfg.node_id {
-            Some(format!("PeerHello from node {node_id}, which is this broker's own id"))
+            Some(format!(
+                "PeerHello from node {node_id}, which is this broker's own id"
+            ))
         } else if !self.catalog.cluster_id.is_empty() && cluster_id != self.catalog.cluster_id {
             Some(format!(
                 "PeerHello names cluster {cluster_id:?}, this broker is in {:?}",
                 self.catalog.cluster_id
             ))
-        } else if (peer_max_frame_bytes as usize) < cfg.max_payload_bytes as usize + FRAME_OVERHEAD_BYTES {
+        } else if (peer_max_frame_bytes as usize)
+            < cfg.max_payload_bytes as usize + FRAME_OVERHEAD_BYTES
+        {
             Some(format!(
                 "PeerHello.max_frame_bytes {peer_max_frame_bytes} cannot carry every record this broker accepts"
             ))
@@ -95,7 +99,13 @@ impl CoreState {
                 "{} is not forwarded between brokers (subscriptions and watches go to the owner; describes are answered by any broker)",
                 streams::kind_name(inner.kind())
             );
-            self.send_err(key, answer_stream(stream), rid, ErrorCode::InvalidRequest, msg);
+            self.send_err(
+                key,
+                answer_stream(stream),
+                rid,
+                ErrorCode::InvalidRequest,
+                msg,
+            );
             return;
         }
         CoreCounters::inc(&self.s.counters.forwards_served);

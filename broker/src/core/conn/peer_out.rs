@@ -84,7 +84,10 @@ impl CoreState {
         wait: Duration,
     ) -> Result<(), Refusal> {
         let cluster = self.catalog.cluster_id.clone();
-        let links = self.links.as_mut().expect("admit_shard forwards only with links");
+        let links = self
+            .links
+            .as_mut()
+            .expect("admit_shard forwards only with links");
         links.set_cluster_id(&cluster);
         let r = links.forward(Instant::now(), target, inner, client, lane, wait);
         if r.is_ok() {
@@ -143,7 +146,9 @@ impl CoreState {
     /// Carry out the links' effects (answers may make more: a loop until none are left).
     fn link_effects(&mut self) {
         loop {
-            let Some(links) = self.links.as_mut() else { return };
+            let Some(links) = self.links.as_mut() else {
+                return;
+            };
             let effects = links.drain_effects();
             if effects.is_empty() {
                 return;
@@ -182,7 +187,10 @@ impl CoreState {
             }
             LinkEffect::Close { key } => {
                 if let Some(e) = self.ep.get(key) {
-                    e.conn.close(ErrorCode::Unavailable.number() as u64, "peer link timed out");
+                    e.conn.close(
+                        ErrorCode::Unavailable.number() as u64,
+                        "peer link timed out",
+                    );
                     self.ep.mark_dirty(key);
                 }
             }
@@ -259,6 +267,8 @@ impl CoreState {
 
     /// Whether a connection came in on the peer listener (another broker).
     pub(in crate::core) fn on_peer_listener(&self, key: ConnKey) -> bool {
-        self.ep.peek(key).is_some_and(|e| e.sock == Sock::PeerListen)
+        self.ep
+            .peek(key)
+            .is_some_and(|e| e.sock == Sock::PeerListen)
     }
 }

@@ -1,0 +1,421 @@
+//! Several brokers as one service, all real processes on loopback: `felix-controlplane`, three
+//! `felix-broker`s with peer listeners (mutual TLS from one cluster CA), the Rust client and
+//! raw peer connections over QUIC. Brokers run `--cores 1 --spin-before-park-us 0`: three
+//! share this machine's two cores.
+
+use felix_client::{Client, Error, SubscribeOptions};
+use felix_quic::tls::{generate_cluster_certs, node_name, peer_client_config, TransportConfig};
+use felix_quic::wire::{
+    ErrorCode, ForwardHead, Frame, PeerFrame, Records, ShardSelector, StartAt, StreamName,
+};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+mod common;
+use common::cp::{eventually, felixctl, start_control_plane, ControlPlane};
+use common::raw::Raw;
+use common::{ok, Broker};
+
+/// A broker of the cluster: node `id`, peer listener on a random port.
+fn start_node(cp: &ControlPlane, certs: &Path, id: u64, extra: &[&str]) -> Broker {
+    let id_s = id.to_string();
+    let cert = certs.join(format!("node-{id}.pem"));
+    let key = certs.join(format!("node-{id}-key.pem"));
+    let ca = certs.join("ca.pem");
+    let mut args = vec![
+        "--spin-before-park-us",
+        "0",
+        "--controlplane-url",
+        &cp.url,
+        "--node-id",
+        &id_s,
+        "--peer-listen",
+        "127.0.0.1:0",
+        "--peer-cert",
+        cert.to_str().unwrap(),
+        "--peer-key",
+        key.to_str().unwrap(),
+        "--peer-ca",
+        ca.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    Broker::start(1, &args)
+}
+
+/// Tenant `acme`, namespace `prod`, and a stream and a cache over every broker.
+fn make_resources(cp: &ControlPlane, dir: &Path, shards: &str) {
+    let ctl = |args: &[&str]| ok(felixctl(cp, dir, args));
+    ctl(&["tenant", "create", "acme"]);
+    ctl(&["--tenant", "acme", "namespace", "create", "prod"]);
+    let ns = ["--tenant", "acme", "--namespace", "prod"];
+    ctl(&[&ns[..], &["stream", "create", "spread", "--shards", shards]].concat());
+    ctl(&[&ns[..], &["cache", "create", "kv", "--shards", shards]].concat());
+}
+
+/// `(owner node, generation)` of every shard of a stream or cache, from REST.
+async fn placement(cp: &ControlPlane, kind: &str, name: &str) -> (u64, Vec<(u64, u64)>) {
+    let v: serde_json::Value = reqwest::get(format!(
+        "{}/v1/tenants/acme/namespaces/prod/{kind}/{name}",
+        cp.url
+    ))
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    let places = v["placement"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["owner"].as_u64().unwrap_or(0),
+                p["generation"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    (v["created_revision"].as_u64().unwrap(), places)
+}
+
+/// Wait until every broker serves the stream (the catalog reached each).
+async fn visible(clients: &[Client], name: &StreamName) {
+    for c in clients {
+        eventually("stream visible", || async {
+            c.describe_stream(name).await.map_err(|e| e.to_string())
+        })
+        .await;
+    }
+}
+
+/// Publish through every broker to every shard, read each shard back on its owner, and do
+/// cache writes through one broker and reads through the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_broker_serves_every_shard_by_forwarding() {
+    let cp = start_control_plane(120_000);
+    let tmp = tempfile::tempdir().unwrap();
+    let certs = tmp.path().join("certs");
+    generate_cluster_certs(&certs, &[1, 2, 3]).unwrap();
+    let nodes: Vec<Broker> = (1..=3).map(|id| start_node(&cp, &certs, id, &[])).collect();
+    make_resources(&cp, tmp.path(), "6");
+    let (_, places) = placement(&cp, "streams", "spread").await;
+    let owners: Vec<u64> = places.iter().map(|p| p.0).collect();
+    for id in 1..=3 {
+        assert!(
+            owners.contains(&id),
+            "every broker owns a shard: {owners:?}"
+        );
+    }
+    let mut clients = Vec::new();
+    for b in &nodes {
+        clients.push(b.client().await);
+    }
+    let name = StreamName::new("acme", "prod", "spread");
+    visible(&clients, &name).await;
+
+    // Every broker, every shard: acked, at the next offset of the shard (one total order).
+    for (i, c) in clients.iter().enumerate() {
+        for shard in 0..6u32 {
+            let ack = c
+                .publish_batch(
+                    &name,
+                    ShardSelector::Shard(shard),
+                    vec![format!("{shard}-{i}")],
+                )
+                .await
+                .unwrap_or_else(|e| panic!("publish via broker {} to shard {shard}: {e}", i + 1));
+            assert_eq!((ack.shard, ack.first_offset), (shard, i as u64));
+        }
+    }
+    // Fire-and-forget through a non-owner arrives too.
+    let c1 = &clients[0];
+    let far = owners.iter().position(|&o| o != 1).unwrap() as u32;
+    c1.publish_fire(&name, ShardSelector::Shard(far), vec!["ff"])
+        .unwrap();
+    // Read back on the owners: each shard holds what every broker sent, in order.
+    for (shard, owner) in owners.iter().enumerate() {
+        let c = &clients[*owner as usize - 1];
+        let opts = SubscribeOptions {
+            start: StartAt::Earliest,
+            ..Default::default()
+        };
+        let mut sub = c.subscribe(&name, shard as u32, opts).await.unwrap();
+        let want: Vec<String> = (0..3)
+            .map(|i| format!("{shard}-{i}"))
+            .chain((shard as u32 == far).then(|| "ff".to_string()))
+            .collect();
+        let mut got = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while got.len() < want.len() && Instant::now() < deadline {
+            if let Ok(Some(felix_client::Event::Records { records, .. })) =
+                tokio::time::timeout(Duration::from_secs(5), sub.next()).await
+            {
+                got.extend(
+                    records
+                        .iter()
+                        .map(|r| String::from_utf8_lossy(&r).to_string()),
+                );
+            }
+        }
+        assert_eq!(got, want, "shard {shard} on its owner {owner}");
+        // A subscription is not relayed: a non-owner answers not_leader naming the owner.
+        let other = &clients[(*owner as usize) % 3];
+        match other
+            .subscribe(&name, shard as u32, SubscribeOptions::default())
+            .await
+        {
+            Err(Error::Broker { code, message }) => {
+                assert_eq!(code, ErrorCode::NotLeader);
+                assert!(message.contains(&format!("broker {owner}")), "{message}");
+            }
+            r => panic!("subscribe through a non-owner: {:?}", r.map(|_| ())),
+        }
+    }
+
+    // Caches: put through broker 1, read through 2 and 3, delete through 3.
+    let kv = StreamName::new("acme", "prod", "kv");
+    for c in &clients {
+        eventually("cache visible", || async {
+            c.describe_cache(&kv).await.map_err(|e| e.to_string())
+        })
+        .await;
+    }
+    for k in 0..12 {
+        clients[0]
+            .cache_put(&kv, format!("k{k}"), format!("v{k}"), None)
+            .await
+            .unwrap();
+    }
+    for c in &clients[1..] {
+        for k in 0..12 {
+            let e = c
+                .cache_get(&kv, format!("k{k}"))
+                .await
+                .unwrap()
+                .expect("present");
+            assert_eq!(e.value, format!("v{k}").as_bytes());
+        }
+    }
+    clients[2].cache_delete(&kv, "k0").await.unwrap();
+    assert!(clients[1].cache_get(&kv, "k0").await.unwrap().is_none());
+    assert_eq!(clients[0].counter_add(&kv, "n", 5).await.unwrap().sum, 5);
+    assert_eq!(clients[1].counter_add(&kv, "n", 2).await.unwrap().sum, 7);
+
+    let sent: u64 = nodes.iter().map(|b| b.total("forwards_sent")).sum();
+    let served: u64 = nodes.iter().map(|b| b.total("forwards_served")).sum();
+    assert!(sent >= 12 + 16, "forwards sent {sent}");
+    assert_eq!(sent, served, "every forward served once");
+}
+
+/// A raw peer: dial node `to`'s peer listener with node `as_node`'s certificate and say
+/// `PeerHello` naming `claims`.
+async fn raw_peer(
+    b: &Broker,
+    certs: &Path,
+    cluster: &str,
+    (to, as_node, claims): (u64, u64, u64),
+) -> (Raw, Frame) {
+    let peer = b.peer.expect("a peer listener");
+    let tls = felix_quic::tls::PeerTls {
+        cert: felix_quic::tls::CertPaths {
+            cert: certs.join(format!("node-{as_node}.pem")),
+            key: certs.join(format!("node-{as_node}-key.pem")),
+        },
+        ca: certs.join("ca.pem"),
+    };
+    let cfg = peer_client_config(&tls, &TransportConfig::default()).unwrap();
+    let mut raw = Raw::connect_config(peer, &node_name(to), cfg, 1 << 24)
+        .await
+        .unwrap();
+    raw.send(
+        0,
+        &Frame::Peer(PeerFrame::PeerHello {
+            node_id: claims,
+            cluster_id: cluster.to_string(),
+            capabilities: 1,
+            max_frame_bytes: 1 << 24,
+        }),
+    );
+    let answer = raw.next_on(0).await;
+    (raw, answer)
+}
+
+/// The cluster's identity, as the control plane names it to brokers.
+async fn cluster_id(cp: &ControlPlane) -> String {
+    let v: serde_json::Value = reqwest::get(format!("{}/v1/catalog", cp.url))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    v["catalog_id"].as_str().unwrap().to_string()
+}
+
+/// The owner's checks: a peer whose certificate names another node is refused; a forward
+/// with a stale incarnation or generation is refused; a forward for a shard this broker
+/// does not own is `not_leader`, never forwarded again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owners_check_who_forwards_and_what() {
+    let cp = start_control_plane(120_000);
+    let tmp = tempfile::tempdir().unwrap();
+    let certs = tmp.path().join("certs");
+    generate_cluster_certs(&certs, &[1, 2, 3]).unwrap();
+    let n1 = start_node(&cp, &certs, 1, &[]);
+    let n2 = start_node(&cp, &certs, 2, &[]);
+    make_resources(&cp, tmp.path(), "4");
+    let (incarnation, places) = placement(&cp, "streams", "spread").await;
+    let name = StreamName::new("acme", "prod", "spread");
+    visible(&[n1.client().await, n2.client().await], &name).await;
+
+    // Node 3's certificate, claiming to be node 2: closed.
+    let cluster = cluster_id(&cp).await;
+    let (mut raw, answer) = raw_peer(&n1, &certs, &cluster, (1, 3, 2)).await;
+    match answer {
+        Frame::Error { code, message, .. } => {
+            assert_eq!(
+                ErrorCode::from_number(code),
+                Some(ErrorCode::InvalidRequest)
+            );
+            assert!(message.contains("certificate names"), "{message}");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    raw.wait_closed().await;
+    assert_eq!(n1.total("peer_links_refused"), 1);
+
+    // Node 3 of another cluster: closed.
+    let (mut raw, answer) = raw_peer(&n1, &certs, "another", (1, 3, 3)).await;
+    assert!(matches!(answer, Frame::Error { .. }), "{answer:?}");
+    raw.wait_closed().await;
+    assert_eq!(n1.total("peer_links_refused"), 2);
+
+    // Node 3 as itself: accepted.
+    let (raw, answer) = raw_peer(&n1, &certs, &cluster, (1, 3, 3)).await;
+    assert!(
+        matches!(
+            answer,
+            Frame::Peer(PeerFrame::PeerHelloOk { node_id: 1, .. })
+        ),
+        "{answer:?}"
+    );
+    let mut raw = raw;
+    let mine = places.iter().position(|p| p.0 == 1).unwrap() as u32;
+    let theirs = places.iter().position(|p| p.0 == 2).unwrap() as u32;
+    let fwd = |rid: u64, shard: u32, incarnation: u64, generation: u64| {
+        Frame::Peer(PeerFrame::Forward {
+            head: ForwardHead {
+                incarnation,
+                generation,
+                origin_node: 3,
+                principal: String::new(),
+            },
+            inner: Box::new(Frame::Publish {
+                request_id: rid,
+                stream: name.clone(),
+                shard: ShardSelector::Shard(shard),
+                ack: true,
+                records: Records::encode([&b"x"[..]]),
+            }),
+        })
+    };
+    let code_of = |f: Frame| match f {
+        Frame::Error {
+            request_id, code, ..
+        } => (request_id, ErrorCode::from_number(code)),
+        other => panic!("expected an Error, got {other:?}"),
+    };
+    let generation = places[mine as usize].1;
+    raw.send(4, &fwd(1, mine, incarnation + 1, generation));
+    assert_eq!(
+        code_of(raw.next_on(4).await),
+        (1, Some(ErrorCode::Conflict))
+    );
+    raw.send(4, &fwd(2, mine, incarnation, generation + 1));
+    assert_eq!(
+        code_of(raw.next_on(4).await),
+        (2, Some(ErrorCode::Conflict))
+    );
+    raw.send(4, &fwd(3, theirs, incarnation, places[theirs as usize].1));
+    assert_eq!(
+        code_of(raw.next_on(4).await),
+        (3, Some(ErrorCode::NotLeader))
+    );
+    raw.send(4, &fwd(4, mine, incarnation, generation));
+    match raw.next_on(4).await {
+        Frame::PublishAck {
+            request_id: 4,
+            shard,
+            first_offset: 0,
+            count: 1,
+        } => assert_eq!(shard, mine),
+        other => panic!("expected the ack, got {other:?}"),
+    }
+    // Nothing of the refused ones was appended: the next publish takes offset 1.
+    let c = n1.client().await;
+    let ack = c
+        .publish_batch(&name, ShardSelector::Shard(mine), vec!["y".to_string()])
+        .await
+        .unwrap();
+    assert_eq!(ack.first_offset, 1);
+}
+
+/// A forward to a broker that is frozen (SIGSTOP) is answered `outcome_unknown` within the
+/// publish timeout plus the forward timeout; to a killed one, typed and fast.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwards_to_a_frozen_or_killed_owner_are_answered_typed() {
+    let cp = start_control_plane(120_000);
+    let tmp = tempfile::tempdir().unwrap();
+    let certs = tmp.path().join("certs");
+    generate_cluster_certs(&certs, &[1, 2]).unwrap();
+    let fast = [
+        "--forward-timeout-ms",
+        "500",
+        "--publish-timeout-ms",
+        "500",
+        "--peer-connect-timeout-ms",
+        "500",
+        "--idle-timeout-ms",
+        "2000",
+    ];
+    let n1 = start_node(&cp, &certs, 1, &fast);
+    let n2 = start_node(&cp, &certs, 2, &fast);
+    make_resources(&cp, tmp.path(), "4");
+    let (_, places) = placement(&cp, "streams", "spread").await;
+    let name = StreamName::new("acme", "prod", "spread");
+    let c = n1.client().await;
+    visible(&[n1.client().await, n2.client().await], &name).await;
+    let theirs = places.iter().position(|p| p.0 == 2).unwrap() as u32;
+    let send = || c.publish_batch(&name, ShardSelector::Shard(theirs), vec!["z".to_string()]);
+    send().await.expect("the link works");
+
+    n2.signal(libc::SIGSTOP);
+    let t = Instant::now();
+    match send().await {
+        Err(Error::Broker { code, message }) => {
+            assert_eq!(code, ErrorCode::OutcomeUnknown, "{message}")
+        }
+        r => panic!("a forward to a frozen owner: {r:?}"),
+    }
+    let took = t.elapsed();
+    assert!(took >= Duration::from_millis(900), "waited {took:?}");
+    assert!(
+        took < Duration::from_secs(5),
+        "answered within the timeouts: {took:?}"
+    );
+    n2.signal(libc::SIGCONT);
+
+    let _ = n2.kill();
+    // Whatever the link was doing, the answer is typed and comes within the timeouts: the
+    // first sees the link break (outcome_unknown or unavailable), later ones are refused at
+    // once while the link backs off (unavailable: nothing was sent).
+    for _ in 0..3 {
+        let t = Instant::now();
+        match send().await {
+            Err(Error::Broker { code, .. }) => assert!(
+                matches!(code, ErrorCode::OutcomeUnknown | ErrorCode::Unavailable),
+                "{code:?}"
+            ),
+            r => panic!("a forward to a killed owner: {r:?}"),
+        }
+        assert!(t.elapsed() < Duration::from_secs(5));
+    }
+}
