@@ -752,21 +752,50 @@ pub async fn run(cmd: &AdminCmd, g: &Globals) -> Result<(), Fail> {
         }
         AdminCmd::Node { op: NodeOp::Ls } => {
             let v = api.get("/v1/brokers").await?;
+            let bs: Vec<Broker> = from(v)?;
+            // Shards each broker owns, over every stream and cache of the catalog.
+            let cat: CatalogSnapshot = from(api.get("/v1/catalog").await?)?;
+            let mut owned: BTreeMap<u64, u64> = BTreeMap::new();
+            let places = cat
+                .streams
+                .iter()
+                .flat_map(|s| s.placement.iter())
+                .chain(cat.caches.iter().flat_map(|c| c.placement.iter()));
+            for p in places {
+                if let Some(o) = p.owner {
+                    *owned.entry(o).or_default() += 1;
+                }
+            }
+            let shards = |id: u64| owned.get(&id).copied().unwrap_or(0);
             if g.json {
-                json_lines(&v);
+                for b in &bs {
+                    let mut o = serde_json::to_value(b)
+                        .map_err(|e| Fail::refused("internal", e.to_string()))?;
+                    o["shards"] = serde_json::json!(shards(b.node_id));
+                    println!("{o}");
+                }
                 return Ok(());
             }
-            let bs: Vec<Broker> = from(v)?;
             print_table(
-                &["NODE", "QUIC_ADDR", "CORES", "LIVE", "INCARNATION"],
+                &[
+                    "NODE",
+                    "QUIC_ADDR",
+                    "PEER_ADDR",
+                    "CORES",
+                    "LIVE",
+                    "INCARNATION",
+                    "SHARDS",
+                ],
                 bs.iter()
                     .map(|b| {
                         vec![
                             b.node_id.to_string(),
                             b.quic_addr.clone(),
+                            b.peer_addr.clone().unwrap_or_else(|| "-".into()),
                             b.cores.to_string(),
                             b.live.to_string(),
                             b.incarnation.to_string(),
+                            shards(b.node_id).to_string(),
                         ]
                     })
                     .collect(),

@@ -136,7 +136,9 @@ fn admin_commands_over_rest() {
     assert!(out.contains("sessions") && out.contains("30"), "{out}");
 
     // Nodes and shards: register a broker over REST, as a broker would.
-    let body = r#"{"node_id": 7, "quic_addr": "127.0.0.1:7400", "cores": 2}"#;
+    // An unknown field is ignored (a newer broker talking to this control plane).
+    let body = r#"{"node_id": 7, "quic_addr": "127.0.0.1:7400", "cores": 2,
+        "peer_addr": "127.0.0.1:7402", "storage_id": "from-a-newer-broker"}"#;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -154,7 +156,19 @@ fn admin_commands_over_rest() {
     assert!(st.is_success());
     let out = ok(&ctl(u, &cfg, &["node", "ls"]));
     assert!(
-        out.contains("127.0.0.1:7400") && out.contains("true"),
+        out.contains("127.0.0.1:7400") && out.contains("127.0.0.1:7402") && out.contains("true"),
+        "{out}"
+    );
+    // Every shard of the catalog (the stream orders' and the cache sessions') is node 7's.
+    let row: Vec<&str> = out.lines().nth(1).unwrap().split_whitespace().collect();
+    let placed = ok(&run(&["shard", "ls", "orders"])).lines().count() - 1
+        + ok(&run(&["shard", "ls", "sessions", "--cache"]))
+            .lines()
+            .count()
+        - 1;
+    assert_eq!(
+        row.last().copied(),
+        Some(placed.to_string().as_str()),
         "{out}"
     );
     let out = ok(&run(&["shard", "ls", "orders"]));
