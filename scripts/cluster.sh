@@ -42,7 +42,10 @@ trap 'exit 143' TERM
 CP_LISTEN="${FELIX_CONTROLPLANE_LISTEN:-127.0.0.1:7409}"
 URL="http://$CP_LISTEN"
 mkdir -p "$DATA/control"
+# The brokers start together: shards are placed once they all registered (3 s settle window
+# here, FELIX_PLACEMENT_SETTLE_MS; the control plane's default is 10 s).
 "$BIN/felix-controlplane" --listen "$CP_LISTEN" --store raft --raft-data-dir "$DATA/control" \
+  --placement-settle-ms "${FELIX_PLACEMENT_SETTLE_MS:-3000}" \
   > "$DATA/controlplane.out" 2> >(sed -u 's/^/[controlplane] /' >&2) &
 PIDS+=($!)
 for _ in $(seq 1 100); do
@@ -83,6 +86,11 @@ ensure tenant create default
 ensure namespace create default
 ensure stream create events --shards $((2 * N))
 ensure cache create kv --shards $((2 * N))
+# Ready once the settle window closed and the shards are placed.
+for _ in $(seq 1 600); do
+  curl -fsS "$URL/v1/catalog" | grep -q '"placement_held":false' && break
+  sleep 0.1
+done
 "$BIN/felixctl" context set cluster --url "$URL" --broker 127.0.0.1:7420 \
   --ca "$DATA/certs/ca.pem" > /dev/null
 

@@ -32,7 +32,9 @@ fi
 
 CP_LISTEN="${FELIX_CONTROLPLANE_LISTEN:-127.0.0.1:7410}"
 mkdir -p "$DATA/control"
+# One broker: no placement settle window (FELIX_PLACEMENT_SETTLE_MS sets one).
 "$BIN/felix-controlplane" --listen "$CP_LISTEN" --store raft --raft-data-dir "$DATA/control" \
+  --placement-settle-ms "${FELIX_PLACEMENT_SETTLE_MS:-0}" \
   > "$DATA/controlplane.out" 2> >(sed -u 's/^/[controlplane] /' >&2) &
 CP_PID=$!
 trap 'kill "$CP_PID" 2>/dev/null || true; wait "$CP_PID" 2>/dev/null || true' EXIT

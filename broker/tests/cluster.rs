@@ -12,7 +12,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::cp::{eventually, felixctl, start_control_plane, ControlPlane};
+use common::cp::{
+    eventually, felixctl, start_control_plane, start_control_plane_settling, ControlPlane,
+};
 use common::raw::Raw;
 use common::{ok, Broker};
 
@@ -44,12 +46,69 @@ fn start_node(cp: &ControlPlane, certs: &Path, id: u64, extra: &[&str]) -> Broke
 
 /// Tenant `acme`, namespace `prod`, and a stream and a cache over every broker.
 fn make_resources(cp: &ControlPlane, dir: &Path, shards: &str) {
+    make_resources_with(cp, dir, shards, &[]);
+}
+
+/// As [`make_resources`], with extra `stream create` flags (`--durable`).
+fn make_resources_with(cp: &ControlPlane, dir: &Path, shards: &str, stream_flags: &[&str]) {
     let ctl = |args: &[&str]| ok(felixctl(cp, dir, args));
     ctl(&["tenant", "create", "acme"]);
     ctl(&["--tenant", "acme", "namespace", "create", "prod"]);
     let ns = ["--tenant", "acme", "--namespace", "prod"];
-    ctl(&[&ns[..], &["stream", "create", "spread", "--shards", shards]].concat());
+    let create = ["stream", "create", "spread", "--shards", shards];
+    ctl(&[&ns[..], &create[..], stream_flags].concat());
     ctl(&[&ns[..], &["cache", "create", "kv", "--shards", shards]].concat());
+}
+
+/// The settle window: a durable stream made before any broker registered (its shards never
+/// move once placed) is spread over the three brokers that start together, within one shard
+/// of each other, once the window closes; before it, nothing is placed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn brokers_started_together_share_the_shards() {
+    let cp = start_control_plane_settling(120_000, 1_500);
+    let tmp = tempfile::tempdir().unwrap();
+    let certs = tmp.path().join("certs");
+    generate_cluster_certs(&certs, &[1, 2, 3]).unwrap();
+    make_resources_with(&cp, tmp.path(), "8", &["--durable"]);
+    let mut nodes = Vec::new();
+    for id in 1..=3u64 {
+        let dir = tmp.path().join(format!("durable-{id}"));
+        let d = dir.to_str().unwrap().to_string();
+        nodes.push(start_node(&cp, &certs, id, &["--durable-storage-dir", &d]));
+        let (_, places) = placement(&cp, "streams", "spread").await;
+        assert!(
+            places.iter().all(|p| p.0 == 0),
+            "placed in the window: {places:?}"
+        );
+    }
+    let places = eventually("the window closes", || async {
+        let (_, places) = placement(&cp, "streams", "spread").await;
+        if places.iter().all(|p| p.0 != 0) {
+            Ok(places)
+        } else {
+            Err(format!("{places:?}"))
+        }
+    })
+    .await;
+    let mut n = std::collections::BTreeMap::<u64, usize>::new();
+    for p in &places {
+        *n.entry(p.0).or_default() += 1;
+    }
+    let (lo, hi) = (n.values().min().unwrap(), n.values().max().unwrap());
+    assert!(n.len() == 3 && hi - lo <= 1, "{n:?}");
+    // And they serve: a publish through broker 1 to every shard is acked.
+    let c = nodes[0].client().await;
+    let name = StreamName::new("acme", "prod", "spread");
+    visible(std::slice::from_ref(&c), &name).await;
+    for shard in 0..8 {
+        let r = eventually("durable shard open", || async {
+            c.publish_batch(&name, ShardSelector::Shard(shard), vec!["d"])
+                .await
+                .map_err(|e| e.to_string())
+        })
+        .await;
+        assert_eq!(r.shard, shard);
+    }
 }
 
 /// `(owner node, generation)` of every shard of a stream or cache, from REST.

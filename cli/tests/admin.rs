@@ -22,7 +22,7 @@ fn start_control_plane() -> String {
             let mut cfg = Config::defaults();
             cfg.sweep_interval_ms = 50;
             let cfg = Arc::new(cfg);
-            let st = AppState::new(Arc::new(MemoryStore::new(cfg.limits())), cfg);
+            let st = AppState::new(Arc::new(MemoryStore::new(cfg.limits(), false)), cfg);
             let (_stop_tx, stop) = tokio::sync::watch::channel(false);
             serve(l, st, axum::Router::new(), stop).await.unwrap();
         });

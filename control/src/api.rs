@@ -149,11 +149,19 @@ pub enum ShardState {
 #[cfg_attr(feature = "server", derive(ToSchema))]
 pub struct ShardPlacement {
     pub shard: u32,
-    /// Node id of the owner broker, if any.
+    /// Node id of the owner broker, if any: the leader of the replica set (kept beside
+    /// `leader` for readers of the single-copy shape).
     pub owner: Option<u64>,
     /// Bumped every time the owner changes; a broker fences on it.
     pub generation: u64,
     pub state: ShardState,
+    /// The brokers holding a copy of the shard, the leader first. One copy until
+    /// replication (`replication_factor` > 1) is built: `[owner]`, or empty when unplaced.
+    #[serde(default)]
+    pub replicas: Vec<u64>,
+    /// The replica that serves the shard in this `generation`.
+    #[serde(default)]
+    pub leader: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -444,6 +452,10 @@ pub struct CatalogSnapshot {
     pub streams: Vec<Stream>,
     pub caches: Vec<Cache>,
     pub brokers: Vec<Broker>,
+    /// In the placement settle window (`FELIX_PLACEMENT_SETTLE_MS`): shards wait unplaced
+    /// until the brokers starting together have registered.
+    #[serde(default)]
+    pub placement_held: bool,
 }
 
 /// One change; revisions are consecutive (every change bumps the revision by one).

@@ -42,10 +42,17 @@ impl Default for Limits {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Command {
-    /// Give a new catalog its identity (first one wins; later ones are no-ops).
+    /// Give a new catalog its identity (first one wins; later ones are no-ops). With
+    /// `hold_placement`, shards are not placed until [`Command::ReleasePlacement`]: the
+    /// settle window, so a cluster started all at once spreads its shards over the brokers
+    /// that registered in it instead of piling them onto the first.
     Init {
         catalog_id: String,
+        #[serde(default)]
+        hold_placement: bool,
     },
+    /// End the settle window: place every shard over the live brokers.
+    ReleasePlacement,
     CreateTenant {
         req: CreateTenant,
     },
@@ -154,6 +161,8 @@ pub struct Catalog {
     caches: BTreeMap<ObjKey, Cache>,
     brokers: BTreeMap<u64, Broker>,
     changes: VecDeque<Change>,
+    /// In the settle window: placement waits (see [`Command::Init`]).
+    placement_held: bool,
 }
 
 /// The serialized form of a catalog (Raft snapshots, persistence).
@@ -191,7 +200,13 @@ impl Catalog {
             caches: BTreeMap::new(),
             brokers: BTreeMap::new(),
             changes: VecDeque::new(),
+            placement_held: false,
         }
+    }
+
+    /// Whether placement waits for the settle window to end.
+    pub fn placement_held(&self) -> bool {
+        self.placement_held
     }
 
     pub fn limits(&self) -> &Limits {
@@ -312,6 +327,7 @@ impl Catalog {
             streams: self.streams.values().cloned().collect(),
             caches: self.caches.values().cloned().collect(),
             brokers: self.brokers.values().cloned().collect(),
+            placement_held: self.placement_held,
         }
     }
 
@@ -391,6 +407,7 @@ impl Catalog {
             .map(|x| (key(&x.tenant, &x.namespace, &x.name), x))
             .collect();
         c.brokers = s.brokers.into_iter().map(|b| (b.node_id, b)).collect();
+        c.placement_held = s.placement_held;
         c.changes = img.changes.into_iter().collect();
         c.trim();
         c
@@ -405,9 +422,20 @@ impl Catalog {
     /// Apply one command. A refusal changes nothing.
     pub fn apply(&mut self, cmd: &Command) -> Outcome {
         match cmd {
-            Command::Init { catalog_id } => {
+            Command::Init {
+                catalog_id,
+                hold_placement,
+            } => {
                 if self.catalog_id.is_empty() && !catalog_id.is_empty() {
                     self.catalog_id = catalog_id.clone();
+                    self.placement_held = *hold_placement;
+                }
+                Ok(Reply::Done)
+            }
+            Command::ReleasePlacement => {
+                if self.placement_held {
+                    self.placement_held = false;
+                    self.place_all();
                 }
                 Ok(Reply::Done)
             }
@@ -776,7 +804,9 @@ impl Catalog {
             revision: rev,
             placement: placement::unplaced(shards),
         };
-        placement::place(&mut s.placement, s.durable, &self.live());
+        if !self.placement_held {
+            placement::place(&mut s.placement, s.durable, &self.live());
+        }
         self.streams.insert(k, s.clone());
         self.emit(ChangeEvent::StreamPut { stream: s.clone() });
         Ok(Reply::Stream(s))
@@ -858,7 +888,9 @@ impl Catalog {
             revision: rev,
             placement: placement::unplaced(shards),
         };
-        placement::place(&mut c.placement, c.durable, &self.live());
+        if !self.placement_held {
+            placement::place(&mut c.placement, c.durable, &self.live());
+        }
         self.caches.insert(k, c.clone());
         self.emit(ChangeEvent::CachePut { cache: c.clone() });
         Ok(Reply::Cache(c))
@@ -946,6 +978,9 @@ impl Catalog {
     /// Re-run placement over every active stream and cache; emit one change per resource that
     /// moved.
     fn place_all(&mut self) {
+        if self.placement_held {
+            return; // the settle window: ReleasePlacement places everything at once
+        }
         let live = self.live();
         let mut moved_streams = Vec::new();
         for (k, s) in self.streams.iter_mut() {

@@ -94,6 +94,11 @@ pub struct Config {
         default_value_t = 10_000
     )]
     pub delete_grace_ms: u64,
+    /// The placement settle window, milliseconds: a new cluster places no shard until this
+    /// long after its first broker registered, so brokers started together share the shards
+    /// instead of the first taking them all. 0: place at once (one broker).
+    #[arg(long, env = "FELIX_PLACEMENT_SETTLE_MS", default_value_t = 10_000)]
+    pub placement_settle_ms: u64,
     /// Period of the leader's sweep (liveness, delete completion).
     #[arg(
         long,
@@ -195,6 +200,7 @@ file_layer! {
         heartbeat_interval_ms: u64,
         dead_after_ms: u64,
         delete_grace_ms: u64,
+        placement_settle_ms: u64,
         sweep_interval_ms: u64,
         max_wait_ms: u64,
         changes_page_max: usize,

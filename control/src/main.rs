@@ -47,7 +47,7 @@ async fn run(cfg: Arc<Config>) -> i32 {
     };
     let (store, extra): (Arc<dyn MetadataStore>, axum::Router) = match cfg.store_kind() {
         StoreKind::Memory => (
-            Arc::new(MemoryStore::new(cfg.limits())),
+            Arc::new(MemoryStore::new(cfg.limits(), cfg.placement_settle_ms > 0)),
             axum::Router::new(),
         ),
         StoreKind::Raft => match felix_control::raft::open(cfg.clone()).await {

@@ -24,6 +24,8 @@ pub fn unplaced(shards: u32) -> Vec<ShardPlacement> {
             owner: None,
             generation: 0,
             state: ShardState::Unassigned,
+            replicas: Vec::new(),
+            leader: None,
         })
         .collect()
 }
@@ -31,6 +33,21 @@ pub fn unplaced(shards: u32) -> Vec<ShardPlacement> {
 /// Re-place one resource's shards against the set of live brokers. Returns whether anything
 /// changed. Idempotent: a second call with the same inputs changes nothing.
 pub fn place(shards: &mut [ShardPlacement], durable: bool, live: &BTreeSet<u64>) -> bool {
+    let changed = place_owners(shards, durable, live);
+    // The replica set of one copy follows the owner (an image from before it had none).
+    let mut filled = false;
+    for p in shards.iter_mut() {
+        let replicas: Vec<u64> = p.owner.into_iter().collect();
+        if p.replicas != replicas || p.leader != p.owner {
+            p.replicas = replicas;
+            p.leader = p.owner;
+            filled = true;
+        }
+    }
+    changed || filled
+}
+
+fn place_owners(shards: &mut [ShardPlacement], durable: bool, live: &BTreeSet<u64>) -> bool {
     let mut changed = false;
     for p in shards.iter_mut() {
         match p.owner {
@@ -185,6 +202,9 @@ mod tests {
                 place(&mut s, durable, &l);
                 prop_assert!(!place(&mut s, durable, &l), "not a fixed point");
                 for (i, p) in s.iter().enumerate() {
+                    // The replica set (one copy) is the owner, which leads it.
+                    prop_assert_eq!(&p.replicas, &p.owner.into_iter().collect::<Vec<_>>());
+                    prop_assert_eq!(p.leader, p.owner);
                     prop_assert!(p.generation >= before[i].generation);
                     if p.owner != before[i].owner {
                         prop_assert!(p.generation > before[i].generation);

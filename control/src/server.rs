@@ -161,6 +161,8 @@ struct Soft {
     reported: HashMap<u64, u64>,
     /// (is_cache, tenant, namespace, name, revision) -> first seen deleting.
     deleting: HashMap<(bool, String, String, String, u64), Instant>,
+    /// In the settle window: when this leader first saw a registered broker.
+    first_broker: Option<Instant>,
 }
 
 impl AppState {
@@ -1038,7 +1040,7 @@ fn sweep_once(st: &AppState) -> Vec<Command> {
     let mut cmds = Vec::new();
     let dead_after = Duration::from_millis(st.cfg.dead_after_ms);
     let grace = Duration::from_millis(st.cfg.delete_grace_ms);
-    let (initialized, brokers, deleting) = st.read(|c| {
+    let (initialized, held, brokers, deleting) = st.read(|c| {
         let brokers: Vec<Broker> = c.brokers().cloned().collect();
         let mut del = Vec::new();
         for s in c
@@ -1065,7 +1067,7 @@ fn sweep_once(st: &AppState) -> Vec<Command> {
                 s.revision,
             ));
         }
-        (c.initialized(), brokers, del)
+        (c.initialized(), c.placement_held(), brokers, del)
     });
     if !initialized {
         cmds.push(Command::Init {
@@ -1074,8 +1076,19 @@ fn sweep_once(st: &AppState) -> Vec<Command> {
                 rand::random::<u64>(),
                 rand::random::<u64>()
             ),
+            hold_placement: st.cfg.placement_settle_ms > 0,
         });
         return cmds;
+    }
+    // The settle window runs from the first broker this leader sees registered (a cluster
+    // whose control plane starts long before its brokers still spreads them).
+    if held {
+        if !brokers.is_empty() {
+            let first = *soft.first_broker.get_or_insert(now);
+            if now.duration_since(first) >= Duration::from_millis(st.cfg.placement_settle_ms) {
+                cmds.push(Command::ReleasePlacement);
+            }
+        }
     }
     for b in brokers.iter().filter(|b| b.live) {
         let seen = soft

@@ -30,6 +30,8 @@ fn stream(name: &str, created: u64, owners: &[Option<u64>], state: ResourceState
                 } else {
                     ShardState::Unassigned
                 },
+                replicas: o.iter().copied().collect(),
+                leader: *o,
             })
             .collect(),
     }
@@ -49,6 +51,7 @@ fn broker(id: u64) -> api::Broker {
 
 fn snapshot(revision: u64) -> CatalogSnapshot {
     CatalogSnapshot {
+        placement_held: false,
         catalog_id: "c1".into(),
         revision,
         tenants: vec![Tenant {

@@ -29,6 +29,11 @@ impl Drop for ControlPlane {
 }
 
 pub fn start_control_plane(dead_after_ms: u64) -> ControlPlane {
+    start_control_plane_settling(dead_after_ms, 0)
+}
+
+/// With a placement settle window of `settle_ms` (0: shards are placed at once).
+pub fn start_control_plane_settling(dead_after_ms: u64, settle_ms: u64) -> ControlPlane {
     let mut child = Command::new(sibling("felix-controlplane"))
         .args(["--listen", "127.0.0.1:0"])
         .env("FELIX_CONTROLPLANE_HEARTBEAT_INTERVAL_MS", "100")
@@ -38,6 +43,7 @@ pub fn start_control_plane(dead_after_ms: u64) -> ControlPlane {
         )
         .env("FELIX_CONTROLPLANE_SWEEP_INTERVAL_MS", "50")
         .env("FELIX_CONTROLPLANE_DELETE_GRACE_MS", "200")
+        .env("FELIX_PLACEMENT_SETTLE_MS", settle_ms.to_string())
         .env("FELIX_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

@@ -5,6 +5,7 @@ fn cat() -> Catalog {
     let mut c = Catalog::new(Limits::default());
     c.apply(&Command::Init {
         catalog_id: "test".into(),
+        hold_placement: false,
     })
     .unwrap();
     c
@@ -234,6 +235,61 @@ fn placement_follows_brokers() {
     assert!(n.placement.iter().all(|p| p.owner == Some(2)));
 }
 
+/// The settle window: a catalog started holding placement leaves every shard unplaced while
+/// brokers register, then spreads them over all of them at once; a second release is a no-op.
+/// Without the hold, the first broker takes every durable shard (durable RF=1 shards stay put).
+#[test]
+fn the_settle_window_spreads_shards_over_brokers_starting_together() {
+    let held = |hold: bool| {
+        let mut c = Catalog::new(Limits::default());
+        c.apply(&Command::Init {
+            catalog_id: "w".into(),
+            hold_placement: hold,
+        })
+        .unwrap();
+        tenant(&mut c, "t").unwrap();
+        ns(&mut c, "t", "n").unwrap();
+        stream(&mut c, "s", 8, true).unwrap();
+        for id in 1..=3 {
+            broker(&mut c, id).unwrap();
+        }
+        c
+    };
+    let count = |c: &Catalog| {
+        let mut n = std::collections::BTreeMap::<u64, usize>::new();
+        for p in &c.stream("t", "n", "s").unwrap().placement {
+            if let Some(o) = p.owner {
+                *n.entry(o).or_default() += 1;
+            }
+        }
+        n
+    };
+    let mut c = held(true);
+    assert!(c.placement_held());
+    assert!(count(&c).is_empty(), "nothing placed in the window");
+    let rev = c.revision();
+    c.apply(&Command::ReleasePlacement).unwrap();
+    assert!(
+        !c.placement_held() && c.revision() > rev,
+        "the release is a change"
+    );
+    let n = count(&c);
+    assert_eq!(n.values().sum::<usize>(), 8);
+    let (lo, hi) = (n.values().min().unwrap(), n.values().max().unwrap());
+    assert!(n.len() == 3 && hi - lo <= 1, "{n:?}");
+    let rev = c.revision();
+    c.apply(&Command::ReleasePlacement).unwrap();
+    assert_eq!(c.revision(), rev);
+    // The snapshot carries the hold (a restart keeps it).
+    let img = CatalogImage {
+        snapshot: held(true).snapshot(),
+        changes: vec![],
+    };
+    assert!(Catalog::from_image(Limits::default(), img).placement_held());
+    // Without the window the first broker took them all.
+    assert_eq!(count(&held(false)).get(&1), Some(&8));
+}
+
 #[test]
 fn re_registration_bumps_incarnation() {
     let mut c = base();
@@ -456,6 +512,7 @@ fn replay(changes: &[Change]) -> CatalogSnapshot {
         streams: s.into_values().collect(),
         caches: ca.into_values().collect(),
         brokers: b.into_values().collect(),
+        placement_held: false,
     }
 }
 

@@ -11,10 +11,14 @@ pub struct MemoryStore {
 }
 
 impl MemoryStore {
-    pub fn new(limits: Limits) -> Self {
+    /// `hold_placement`: start in the placement settle window (the sweep ends it).
+    pub fn new(limits: Limits, hold_placement: bool) -> Self {
         let shared = Shared::new(Catalog::new(limits));
         let id = format!("mem-{:016x}", rand::random::<u64>());
-        let _ = shared.apply(&Command::Init { catalog_id: id });
+        let _ = shared.apply(&Command::Init {
+            catalog_id: id,
+            hold_placement,
+        });
         MemoryStore { shared }
     }
 }

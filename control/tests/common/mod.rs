@@ -31,6 +31,8 @@ pub fn base_args() -> Vec<String> {
         "200",
         "--write-timeout-ms",
         "4000",
+        "--placement-settle-ms",
+        "0",
     ]
     .iter()
     .map(|s| s.to_string())
