@@ -4,6 +4,10 @@
 run *ARGS:
     ./scripts/run.sh {{ARGS}}
 
+# A control plane and N brokers on loopback (scripts/cluster.sh).
+cluster N="3":
+    ./scripts/cluster.sh {{N}}
+
 # The whole test suite (what CI runs).
 test:
     ./scripts/test.sh
