@@ -1082,12 +1082,10 @@ fn sweep_once(st: &AppState) -> Vec<Command> {
     }
     // The settle window runs from the first broker this leader sees registered (a cluster
     // whose control plane starts long before its brokers still spreads them).
-    if held {
-        if !brokers.is_empty() {
-            let first = *soft.first_broker.get_or_insert(now);
-            if now.duration_since(first) >= Duration::from_millis(st.cfg.placement_settle_ms) {
-                cmds.push(Command::ReleasePlacement);
-            }
+    if held && !brokers.is_empty() {
+        let first = *soft.first_broker.get_or_insert(now);
+        if now.duration_since(first) >= Duration::from_millis(st.cfg.placement_settle_ms) {
+            cmds.push(Command::ReleasePlacement);
         }
     }
     for b in brokers.iter().filter(|b| b.live) {
