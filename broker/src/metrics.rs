@@ -111,6 +111,7 @@ counters! {
     forwards_sent: "requests this core forwarded to the broker that owns their shard",
     forwards_refused: "forwarded requests answered with a refusal (the owner's, or unavailable/outcome_unknown from the link)",
     forwards_served: "forwarded requests from other brokers served on this core",
+    forwards_cancelled: "forwarded long polls cancelled at their owner (by the client, or because its connection closed)",
     ;
     gauges {
         connections_open: "QUIC connections open on this core",

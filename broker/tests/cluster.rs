@@ -478,3 +478,117 @@ async fn forwards_to_a_frozen_or_killed_owner_are_answered_typed() {
         assert!(t.elapsed() < Duration::from_secs(5));
     }
 }
+
+/// Consumer groups across brokers: created, polled (at once and long), acked and cancelled
+/// through a broker that owns none of the shards; a forwarded long poll is answered by a
+/// publish that lands while it waits, and one whose client cancels it is released at the
+/// owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn groups_are_served_through_any_broker() {
+    use felix_client::{GroupOptions, GroupRecord};
+    let cp = start_control_plane(120_000);
+    let tmp = tempfile::tempdir().unwrap();
+    let certs = tmp.path().join("certs");
+    generate_cluster_certs(&certs, &[1, 2]).unwrap();
+    let nodes: Vec<Broker> = (1..=2u64)
+        .map(|id| {
+            let d = tmp.path().join(format!("durable-{id}"));
+            start_node(
+                &cp,
+                &certs,
+                id,
+                &["--durable-storage-dir", d.to_str().unwrap()],
+            )
+        })
+        .collect();
+    make_resources_with(&cp, tmp.path(), "2", &["--durable"]);
+    let (_, places) = placement(&cp, "streams", "spread").await;
+    let name = StreamName::new("acme", "prod", "spread");
+    let cs = [nodes[0].client().await, nodes[1].client().await];
+    visible(&cs, &name).await;
+    let [c1, c2] = cs;
+    // Through broker 2 for both shards: one is its own, one is forwarded to broker 1.
+    let mine_of_1 = places.iter().position(|p| p.0 == 1).unwrap() as u32;
+    eventually("group created", || async {
+        c2.group_create(&name, "g", None, GroupOptions::default())
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    for shard in 0..2u32 {
+        for i in 0..3 {
+            c1.publish_batch(
+                &name,
+                ShardSelector::Shard(shard),
+                vec![format!("{shard}-{i}")],
+            )
+            .await
+            .unwrap();
+        }
+    }
+    let recs = c2
+        .group_poll(&name, "g", mine_of_1, 10, None, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(recs.len(), 3, "claimed through the forwarding broker");
+    let ids: Vec<_> = recs.iter().map(GroupRecord::claim).collect();
+    let acked = c2.group_ack(&name, "g", &ids).await.unwrap();
+    assert!(acked.iter().all(|r| r.is_ok()), "{acked:?}");
+    let info = c2
+        .group_describe(&name, "g", Some(mine_of_1))
+        .await
+        .unwrap();
+    assert_eq!(info.len(), 1);
+
+    // A long poll through broker 2 waits at broker 1 and wakes for a publish.
+    let c2b = nodes[1].client().await;
+    let n2 = name.clone();
+    let waiting = tokio::spawn(async move {
+        c2b.group_poll(&n2, "g", mine_of_1, 10, None, Duration::from_secs(10))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    c1.publish_batch(&name, ShardSelector::Shard(mine_of_1), vec!["late"])
+        .await
+        .unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the long poll woke")
+        .unwrap()
+        .unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(&got[0].payload[..], b"late");
+
+    // A consumer over both shards: its long polls go to both owners; when one shard answers,
+    // the other's (forwarded) poll is cancelled and released at its owner.
+    let mut cons = c2.group_consumer(&name, "g").await.unwrap();
+    let got = cons.poll(100, None, Duration::ZERO).await.unwrap();
+    assert_eq!(got.len(), 3, "the other shard's three");
+    let ids: Vec<_> = got.iter().map(GroupRecord::claim).collect();
+    c2.group_ack(&name, "g", &ids).await.unwrap();
+    let c1b = nodes[0].client().await;
+    let n1 = name.clone();
+    let other = 1 - mine_of_1;
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        c1b.publish_batch(&n1, ShardSelector::Shard(other), vec!["wake"])
+            .await
+            .unwrap();
+    });
+    let got = tokio::time::timeout(
+        Duration::from_secs(8),
+        cons.poll(10, None, Duration::from_secs(5)),
+    )
+    .await
+    .expect("answered")
+    .unwrap();
+    assert_eq!(got.len(), 1);
+    drop(cons);
+    // The other shard's forwarded long poll was cancelled, and its cancel served at the
+    // owner: one more forward served than sent.
+    let sent: u64 = nodes.iter().map(|b| b.total("forwards_sent")).sum();
+    let cancelled: u64 = nodes.iter().map(|b| b.total("forwards_cancelled")).sum();
+    let served: u64 = nodes.iter().map(|b| b.total("forwards_served")).sum();
+    assert!(cancelled >= 1, "no cancel sent");
+    assert_eq!(sent + cancelled, served);
+}

@@ -58,6 +58,8 @@ pub(in crate::core) enum FwdClient {
         conn: ConnKey,
         stream: u64,
         request_id: u64,
+        /// A cache request (counted in the session's `cache_inflight` until answered).
+        cache: bool,
     },
 }
 
@@ -66,6 +68,13 @@ impl FwdClient {
         match self {
             FwdClient::Publish(o) => o.request_id,
             FwdClient::Request { request_id, .. } => *request_id,
+        }
+    }
+
+    fn conn(&self) -> ConnKey {
+        match self {
+            FwdClient::Publish(o) => o.conn,
+            FwdClient::Request { conn, .. } => *conn,
         }
     }
 }
@@ -112,6 +121,9 @@ struct Fwd {
     /// The encoded `Forward`, until it is handed to the link.
     unsent: Option<Bytes>,
     deadline: Instant,
+    /// A long poll's cancel, encoded under this forward's link id: sent when the client
+    /// cancels it or its connection closes, so the owner stops holding it.
+    cancel: Option<Bytes>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -209,6 +221,7 @@ impl Links {
     /// long the request itself may take at the owner (a publish's timeout, a long poll's
     /// wait); the answer may come `forward_timeout` after that. Refused at once, with
     /// nothing sent, when the link is down or full.
+    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &mut self,
         now: Instant,
@@ -217,6 +230,7 @@ impl Links {
         client: FwdClient,
         lane: Lane,
         wait: Duration,
+        cancel: Option<&Frame>,
     ) -> Result<(), Refusal> {
         let addr: SocketAddr = target.addr.parse().map_err(|_| {
             Refusal::new(
@@ -272,6 +286,7 @@ impl Links {
         let id = self.next_id;
         self.next_id += 1;
         let bytes = encode_forward(&target.head, inner, id);
+        let cancel = cancel.map(|c| encode_forward(&target.head, c, id));
         let deadline = now + wait + self.cfg.forward_timeout;
         link.fwds.insert(
             id,
@@ -280,6 +295,7 @@ impl Links {
                 lane,
                 unsent: Some(bytes),
                 deadline,
+                cancel,
             },
         );
         link.waiting.push_back(id);
@@ -303,6 +319,68 @@ impl Links {
                     bytes,
                 });
             }
+        }
+    }
+
+    /// The client on `conn` cancels its long poll `client_rid`: the cancel goes to the owner
+    /// under the poll's link id (the owner answers the poll, which answers the client). False
+    /// when no forward of that connection and id waits here.
+    pub fn cancel_poll(&mut self, conn: ConnKey, client_rid: u64) -> bool {
+        for link in self.links.values_mut() {
+            let key = match link.state {
+                State::Ready { key } => Some(key),
+                _ => None,
+            };
+            for f in link.fwds.values_mut() {
+                if f.client.conn() != conn || f.client.request_id() != client_rid {
+                    continue;
+                }
+                let Some(cancel) = f.cancel.take() else {
+                    return false; // not a long poll (or cancelled already)
+                };
+                Self::send_cancel(f, key, cancel, &mut self.effects);
+                return true;
+            }
+        }
+        false
+    }
+
+    /// A client connection closed: its long polls waiting at owners are cancelled there, so
+    /// the owners do not hold them (their answers then find no client and are dropped).
+    pub fn conn_closed(&mut self, conn: ConnKey) -> u64 {
+        let mut cancelled = 0;
+        for link in self.links.values_mut() {
+            let key = match link.state {
+                State::Ready { key } => Some(key),
+                _ => None,
+            };
+            for f in link.fwds.values_mut() {
+                if f.client.conn() == conn {
+                    if let Some(cancel) = f.cancel.take() {
+                        Self::send_cancel(f, key, cancel, &mut self.effects);
+                        cancelled += 1;
+                    }
+                }
+            }
+        }
+        cancelled
+    }
+
+    /// Send a cancel after its poll: at once if the poll left, else right behind it.
+    fn send_cancel(f: &mut Fwd, key: Option<ConnKey>, cancel: Bytes, out: &mut Vec<LinkEffect>) {
+        match (&mut f.unsent, key) {
+            (Some(poll), _) => {
+                let mut both = BytesMut::from(&poll[..]);
+                both.extend_from_slice(&cancel);
+                *poll = both.freeze();
+            }
+            (None, Some(key)) => out.push(LinkEffect::Send {
+                key,
+                lane: Lane::Control,
+                bytes: cancel,
+            }),
+            // Sent on a link that is gone: the forward is answered by the break.
+            (None, None) => {}
         }
     }
 
@@ -548,6 +626,7 @@ mod tests {
             conn: 5,
             stream: 0,
             request_id: rid,
+            cache: false,
         }
     }
 
@@ -560,6 +639,7 @@ mod tests {
             client(rid),
             Lane::Publish,
             Duration::ZERO,
+            None,
         )
     }
 
@@ -721,6 +801,7 @@ mod tests {
             client(9),
             Lane::Publish,
             Duration::from_millis(20),
+            None,
         )
         .unwrap();
         open(&mut l, t0);
@@ -792,9 +873,90 @@ mod tests {
                 client(1),
                 Lane::Control,
                 Duration::ZERO,
+                None,
             )
             .unwrap_err();
         assert_eq!(r.code, ErrorCode::Unavailable);
         assert!(l.drain_effects().is_empty());
+    }
+
+    /// A long poll's cancel goes under the poll's link id: right behind it while the link
+    /// opens, on its own once the poll left; a connection that closes cancels its polls; a
+    /// cancel of a poll that is not waiting here says so.
+    #[test]
+    fn long_polls_are_cancelled_under_their_link_id() {
+        use felix_quic::wire::{GroupFrame, GroupRef};
+        let t0 = Instant::now();
+        let mut l = links(8);
+        let gref = GroupRef {
+            stream: StreamName::new("t", "n", "s"),
+            group: "g".into(),
+            shard: 0,
+        };
+        let poll = |rid| {
+            Frame::Group(GroupFrame::GroupPoll {
+                request_id: rid,
+                target: gref.clone(),
+                max: 1,
+                visibility_timeout_ms: 0,
+                wait_ms: 1000,
+            })
+        };
+        let cancel = |rid| {
+            Frame::Group(GroupFrame::GroupPollCancel {
+                request_id: rid,
+                target: gref.clone(),
+            })
+        };
+        let wait = Duration::from_secs(1);
+        for rid in [1, 2] {
+            let c = client(rid);
+            l.forward(
+                t0,
+                target(),
+                &poll(rid),
+                c,
+                Lane::Control,
+                wait,
+                Some(&cancel(rid)),
+            )
+            .unwrap();
+        }
+        assert!(!l.cancel_poll(5, 99), "no such poll");
+        assert!(l.cancel_poll(5, 1), "poll 1 waits to be sent");
+        assert!(!l.cancel_poll(5, 1), "cancelled once");
+        let out = open(&mut l, t0);
+        // Decode every frame sent, in order: poll 1 and its cancel under one link id, poll 2.
+        let mut frames = Vec::new();
+        for e in &out {
+            if let LinkEffect::Send { bytes, .. } = e {
+                let mut r = felix_quic::wire::FrameReader::new(MAX);
+                r.push(bytes);
+                while let Some(f) = r.next_frame().unwrap() {
+                    frames.push(f);
+                }
+            }
+        }
+        let inner: Vec<(u8, u64)> = frames
+            .iter()
+            .map(|f| match f {
+                Frame::Peer(PeerFrame::Forward { inner, .. }) => {
+                    (inner.kind(), inner.request_id().unwrap())
+                }
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(inner.len(), 3, "{inner:?}");
+        assert_eq!(
+            inner[0].1, inner[1].1,
+            "the cancel names its poll's link id"
+        );
+        assert_ne!(inner[0].0, inner[1].0);
+        // The connection closes: poll 2's cancel leaves on its own.
+        assert_eq!(l.conn_closed(5), 1);
+        let out = l.drain_effects();
+        assert_eq!(sent(&out).len(), 1);
+        assert_eq!(sent(&out)[0].0, inner[2].1);
+        assert_eq!(l.conn_closed(5), 0, "once");
     }
 }

@@ -397,10 +397,11 @@ impl CoreState {
                 conn: key,
                 stream: quic_stream,
                 request_id: rid,
+                cache: true,
             };
             let inner = Frame::Cache(frame);
             let lane = crate::core::peer::Lane::Control;
-            if let Err(why) = self.forward(target, &inner, client, lane, Duration::ZERO) {
+            if let Err(why) = self.forward(target, &inner, client, lane, (Duration::ZERO, None)) {
                 let origin = CacheOrigin {
                     core: self.id,
                     conn: key,

@@ -47,6 +47,7 @@ pub(in crate::core) fn broken_for_tests(v: Verdict, _kind: u8, _stream: u64) -> 
 
 impl CoreState {
     pub(in crate::core) fn on_conn_closed(&mut self, key: ConnKey) {
+        self.links_conn_closed(key);
         if let Some(session) = self.sessions.remove(&key) {
             for sid in session.subs {
                 self.remove_sub(sid, None);
@@ -608,7 +609,8 @@ impl CoreState {
             };
             let wait = Duration::from_millis(cfg.publish_timeout_ms);
             let client = peer::FwdClient::Publish(origin);
-            if let Err(why) = self.forward(target, &frame, client, peer::Lane::Publish, wait) {
+            let lane = peer::Lane::Publish;
+            if let Err(why) = self.forward(target, &frame, client, lane, (wait, None)) {
                 self.on_publish_result(origin, Err(why));
             }
             return Ok(());

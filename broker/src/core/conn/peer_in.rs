@@ -85,6 +85,7 @@ impl CoreState {
         let forwardable = matches!(
             inner,
             Frame::Publish { .. }
+                | Frame::Group(_)
                 | Frame::Cache(
                     CacheFrame::CachePut { .. }
                         | CacheFrame::CacheGet { .. }

@@ -81,7 +81,7 @@ impl CoreState {
         inner: &Frame,
         client: FwdClient,
         lane: Lane,
-        wait: Duration,
+        (wait, cancel): (Duration, Option<&Frame>),
     ) -> Result<(), Refusal> {
         let cluster = self.catalog.cluster_id.clone();
         let links = self
@@ -89,7 +89,7 @@ impl CoreState {
             .as_mut()
             .expect("admit_shard forwards only with links");
         links.set_cluster_id(&cluster);
-        let r = links.forward(Instant::now(), target, inner, client, lane, wait);
+        let r = links.forward(Instant::now(), target, inner, client, lane, wait, cancel);
         if r.is_ok() {
             CoreCounters::inc(&self.s.counters.forwards_sent);
         }
@@ -133,6 +133,28 @@ impl CoreState {
         }
         self.link_effects();
         self.ep.mark_dirty(key);
+    }
+
+    /// A client's long poll forwarded to an owner is cancelled: false when none waits.
+    pub(in crate::core) fn cancel_forwarded_poll(&mut self, conn: ConnKey, rid: u64) -> bool {
+        let Some(links) = self.links.as_mut() else {
+            return false;
+        };
+        let found = links.cancel_poll(conn, rid);
+        if found {
+            CoreCounters::inc(&self.s.counters.forwards_cancelled);
+        }
+        self.link_effects();
+        found
+    }
+
+    /// A client connection closed: cancel its long polls at their owners.
+    pub(in crate::core) fn links_conn_closed(&mut self, conn: ConnKey) {
+        if let Some(links) = self.links.as_mut() {
+            let n = links.conn_closed(conn);
+            CoreCounters::add(&self.s.counters.forwards_cancelled, n);
+            self.link_effects();
+        }
     }
 
     /// A link this core dialed closed.
@@ -234,8 +256,9 @@ impl CoreState {
                 conn,
                 stream,
                 request_id,
+                cache,
             } => {
-                if let Some(sess) = self.sessions.get_mut(&conn) {
+                if let (true, Some(sess)) = (cache, self.sessions.get_mut(&conn)) {
                     sess.cache_inflight = sess.cache_inflight.saturating_sub(1);
                 }
                 let Some(e) = self.ep.get(conn) else { return };

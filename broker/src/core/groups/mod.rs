@@ -245,7 +245,11 @@ impl CoreState {
             ));
         }
         let idx = idx as u32;
-        self.catalog.serve_check(idx, target.shard)?;
+        if let crate::core::conn::ShardAdmit::Forward(to) =
+            self.admit_shard(key, false, idx, target.shard)?
+        {
+            return self.forward_group(key, quic_stream, frame, to);
+        }
         if matches!(frame, GroupFrame::GroupPoll { wait_ms, .. } if wait_ms > 0) {
             if let Some(s) = self.sessions.get_mut(&key) {
                 s.long_polls = true;
@@ -271,6 +275,54 @@ impl CoreState {
             }),
         );
         Ok(())
+    }
+
+    /// A group request for a shard another broker owns: forwarded there. A long poll may
+    /// wait its `wait_ms` there (the forward's deadline grows by it), and carries its cancel,
+    /// sent when the client cancels it or closes; a cancel finds the forwarded poll by the
+    /// client's id.
+    fn forward_group(
+        &mut self,
+        key: ConnKey,
+        quic_stream: u64,
+        frame: GroupFrame,
+        to: crate::core::peer::FwdTarget,
+    ) -> Result<(), (ErrorCode, String)> {
+        let rid = frame.request_id();
+        if let GroupFrame::GroupPollCancel { target, .. } = &frame {
+            if self.cancel_forwarded_poll(key, rid) {
+                return Ok(());
+            }
+            return Err((
+                ErrorCode::NotFound,
+                format!(
+                    "no poll {rid} of this connection is waiting on group {} shard {}",
+                    target.group, target.shard
+                ),
+            ));
+        }
+        let (wait, cancel) = match &frame {
+            GroupFrame::GroupPoll {
+                wait_ms, target, ..
+            } if *wait_ms > 0 => (
+                Duration::from_millis(*wait_ms),
+                Some(Frame::Group(GroupFrame::GroupPollCancel {
+                    request_id: rid,
+                    target: target.clone(),
+                })),
+            ),
+            _ => (Duration::ZERO, None),
+        };
+        let client = crate::core::peer::FwdClient::Request {
+            conn: key,
+            stream: quic_stream,
+            request_id: rid,
+            cache: false,
+        };
+        let lane = crate::core::peer::Lane::Control;
+        let inner = Frame::Group(frame);
+        self.forward(to, &inner, client, lane, (wait, cancel.as_ref()))
+            .map_err(|r| (r.code, r.message))
     }
 
     pub(in crate::core) fn on_group_reply(&mut self, origin: GroupOrigin, frame: Frame) {
