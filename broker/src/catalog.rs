@@ -172,6 +172,8 @@ pub struct Catalog {
     pub fenced: bool,
     /// The peer listener of every broker that has one (`node id → host:port`).
     pub peer_addrs: HashMap<u64, String>,
+    /// The client address of every registered broker (`node id → host:port`).
+    pub broker_addrs: HashMap<u64, String>,
     /// The cluster's identity (the control plane's catalog id; empty standalone).
     pub cluster_id: String,
 }
@@ -297,6 +299,7 @@ impl Catalog {
             revision: view.revision,
             fenced,
             peer_addrs: view.peer_addrs.clone(),
+            broker_addrs: view.broker_addrs.clone(),
             cluster_id: view.cluster_id.clone(),
         }
     }
@@ -379,6 +382,20 @@ impl Catalog {
             ));
         }
         self.place_check(&slot.def.name(), &slot.places, shard)
+    }
+
+    /// The owner broker of each shard of stream slot `idx` (`own` for this broker's; 0 when
+    /// none is placed): what `StreamInfo.owners` tells clients.
+    pub fn shard_owners(&self, idx: usize, own: u64) -> Vec<u64> {
+        self.slots[idx]
+            .places
+            .iter()
+            .map(|p| match p {
+                Place::Mine { .. } => own,
+                Place::Elsewhere { owner, .. } | Place::OwnerDown { owner } => *owner,
+                Place::Unassigned => 0,
+            })
+            .collect()
     }
 
     /// Where to forward a request for shard `shard` of stream (or, with `cache`, cache)

@@ -231,6 +231,12 @@ fn broker_frames() -> Vec<Frame> {
             request_id: 1,
             shards: 1,
             durable: false,
+            owners: vec![],
+        },
+        Frame::ClusterInfo {
+            request_id: 1,
+            node_id: 1,
+            brokers: vec![],
         },
         g(GroupFrame::GroupInfo {
             request_id: 1,
@@ -483,6 +489,17 @@ async fn handshake(s: &mut Suite) {
             ..
         }
     ));
+    // A standalone broker's cluster: itself only, with no registered brokers.
+    c.send(0, &Frame::DescribeCluster { request_id: 7 });
+    assert_eq!(
+        c.next_on(0).await,
+        Frame::ClusterInfo {
+            request_id: 7,
+            node_id: 1,
+            brokers: vec![],
+        }
+    );
+    s.cover(&["DescribeCluster", "ClusterInfo"]);
     s.cover(&[
         "Hello",
         "HelloOk",

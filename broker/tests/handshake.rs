@@ -49,7 +49,8 @@ async fn handshake_describe_and_typed_errors_over_verified_tls() {
         Frame::StreamInfo {
             request_id: 1,
             shards: 4,
-            durable: false
+            durable: false,
+            owners: vec![1; 4],
         }
     );
     c.send(0, &describe(2, "nope"));

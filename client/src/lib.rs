@@ -203,6 +203,9 @@ fn handshake_error(cfg: &ClientConfig, reason: &str) -> Error {
 pub struct StreamInfo {
     pub shards: u32,
     pub durable: bool,
+    /// The owner broker's node id of each shard, as the answering broker knows it (0: not
+    /// placed; empty from a broker without a cluster map).
+    pub owners: Vec<u64>,
 }
 
 /// The broker's answer to an acked publish.
@@ -378,6 +381,7 @@ const CANCELS_REMEMBERED: usize = 1024;
 fn request_id_of(f: &Frame) -> Option<u64> {
     match f {
         Frame::StreamInfo { request_id, .. }
+        | Frame::ClusterInfo { request_id, .. }
         | Frame::Error { request_id, .. }
         | Frame::PublishAck { request_id, .. }
         | Frame::SubscribeOk { request_id, .. } => Some(*request_id),
@@ -1048,8 +1052,29 @@ impl Client {
             .await?
         {
             Frame::StreamInfo {
-                shards, durable, ..
-            } => Ok(StreamInfo { shards, durable }),
+                shards,
+                durable,
+                owners,
+                ..
+            } => Ok(StreamInfo {
+                shards,
+                durable,
+                owners,
+            }),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// The brokers of the cluster as this broker knows them: its own node id, and every
+    /// registered broker's node id and client address (empty for a standalone broker).
+    pub async fn describe_cluster(&self) -> Result<(u64, Vec<(u64, String)>), Error> {
+        match self
+            .request(|request_id| Frame::DescribeCluster { request_id })
+            .await?
+        {
+            Frame::ClusterInfo {
+                node_id, brokers, ..
+            } => Ok((node_id, brokers)),
             other => Err(unexpected(other)),
         }
     }

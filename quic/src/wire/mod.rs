@@ -81,6 +81,10 @@ pub mod kind {
     pub const SUB_END: u8 = 12;
     pub const DESCRIBE_STREAM: u8 = 13;
     pub const STREAM_INFO: u8 = 14;
+    /// After the peer kinds (45..=47).
+    pub const DESCRIBE_CLUSTER: u8 = 48;
+    pub const CLUSTER_INFO: u8 = 49;
+    pub const LAST: u8 = CLUSTER_INFO;
 }
 
 /// A decode failure. Every malformed input maps to one of these; decoding never panics.
@@ -453,6 +457,21 @@ pub enum Frame {
         request_id: u64,
         shards: u32,
         durable: bool,
+        /// Node id of each shard's owner broker as this broker's catalog has it (0: none, or
+        /// standalone). Appended field: absent from older brokers (empty).
+        owners: Vec<u64>,
+    },
+    /// Which brokers make up the cluster, as this broker's catalog has them.
+    DescribeCluster {
+        request_id: u64,
+    },
+    ClusterInfo {
+        request_id: u64,
+        /// The answering broker's node id.
+        node_id: u64,
+        /// Every registered broker (the answering one included): node id and the address
+        /// clients dial.
+        brokers: Vec<(u64, String)>,
     },
     /// Consumer-group requests and answers (kinds 15..=28, see [`group`]).
     Group(GroupFrame),
@@ -535,6 +554,8 @@ impl Frame {
             Frame::SubEnd { .. } => kind::SUB_END,
             Frame::DescribeStream { .. } => kind::DESCRIBE_STREAM,
             Frame::StreamInfo { .. } => kind::STREAM_INFO,
+            Frame::DescribeCluster { .. } => kind::DESCRIBE_CLUSTER,
+            Frame::ClusterInfo { .. } => kind::CLUSTER_INFO,
             Frame::Group(g) => g.kind(),
             Frame::Cache(c) => c.kind(),
             Frame::Peer(p) => p.kind(),
@@ -552,7 +573,9 @@ impl Frame {
             | Frame::SubscribeOk { request_id, .. }
             | Frame::Unsubscribe { request_id, .. }
             | Frame::DescribeStream { request_id, .. }
-            | Frame::StreamInfo { request_id, .. } => Some(*request_id),
+            | Frame::StreamInfo { request_id, .. }
+            | Frame::DescribeCluster { request_id }
+            | Frame::ClusterInfo { request_id, .. } => Some(*request_id),
             Frame::Group(g) => Some(g.request_id()),
             Frame::Cache(c) => has_request_id(c.kind()).then(|| c.request_id()),
             // A forward is answered under its inner request's id.
@@ -759,10 +782,29 @@ impl Frame {
                 request_id,
                 shards,
                 durable,
+                owners,
             } => {
                 body.put_u64_le(*request_id);
                 body.put_u32_le(*shards);
                 body.put_u8(*durable as u8);
+                body.put_u32_le(owners.len() as u32);
+                for o in owners {
+                    body.put_u64_le(*o);
+                }
+            }
+            Frame::DescribeCluster { request_id } => body.put_u64_le(*request_id),
+            Frame::ClusterInfo {
+                request_id,
+                node_id,
+                brokers,
+            } => {
+                body.put_u64_le(*request_id);
+                body.put_u64_le(*node_id);
+                body.put_u32_le(brokers.len() as u32);
+                for (id, addr) in brokers {
+                    body.put_u64_le(*id);
+                    put_str(&mut body, addr);
+                }
             }
             Frame::Group(g) => g.encode_body(&mut body),
             Frame::Cache(c) => c.encode_body(&mut body),
@@ -838,6 +880,27 @@ impl Reader {
                 value: v as u64,
             }),
         }
+    }
+    /// `n` items read by `item`; a count larger than the bytes left could hold is refused
+    /// before anything is allocated for it (every item takes at least 8 bytes).
+    fn list<T>(
+        &mut self,
+        n: u32,
+        f: &'static str,
+        mut item: impl FnMut(&mut Self) -> Result<T, WireError>,
+    ) -> Result<Vec<T>, WireError> {
+        let left = self.buf.len() - self.pos;
+        if (n as usize).saturating_mul(8) > left {
+            return Err(WireError::InvalidValue {
+                field: f,
+                value: n as u64,
+            });
+        }
+        let mut out = Vec::with_capacity(n as usize);
+        for _ in 0..n {
+            out.push(item(self)?);
+        }
+        Ok(out)
     }
     fn string(&mut self, f: &'static str) -> Result<String, WireError> {
         let n = self.u16(f)? as usize;
@@ -1009,11 +1072,33 @@ pub fn decode_body(kind_: u8, flags: u16, body: Bytes) -> Result<Frame, WireErro
             request_id: r.u64("request_id")?,
             stream: r.stream()?,
         },
-        kind::STREAM_INFO => Frame::StreamInfo {
+        kind::STREAM_INFO => {
+            let (request_id, shards, durable) =
+                (r.u64("request_id")?, r.u32("shards")?, r.bool("durable")?);
+            let n = r.appended_u32("owners", 0)?;
+            let owners = r.list(n, "owners", |r| r.u64("owner"))?;
+            Frame::StreamInfo {
+                request_id,
+                shards,
+                durable,
+                owners,
+            }
+        }
+        kind::DESCRIBE_CLUSTER => Frame::DescribeCluster {
             request_id: r.u64("request_id")?,
-            shards: r.u32("shards")?,
-            durable: r.bool("durable")?,
         },
+        kind::CLUSTER_INFO => {
+            let (request_id, node_id) = (r.u64("request_id")?, r.u64("node_id")?);
+            let n = r.u32("brokers")?;
+            let brokers = r.list(n, "brokers", |r| {
+                Ok((r.u64("node_id")?, r.string("quic_addr")?))
+            })?;
+            Frame::ClusterInfo {
+                request_id,
+                node_id,
+                brokers,
+            }
+        }
         k @ group::kind::FIRST..=group::kind::LAST => Frame::Group(GroupFrame::decode(k, &mut r)?),
         k @ cache::kind::FIRST..=cache::kind::LAST => Frame::Cache(CacheFrame::decode(k, &mut r)?),
         k @ peer::kind::FIRST..=peer::kind::LAST => Frame::Peer(PeerFrame::decode(k, &mut r)?),
@@ -1062,7 +1147,9 @@ pub fn has_request_id(kind: u8) -> bool {
         | kind::SUBSCRIBE_OK
         | kind::UNSUBSCRIBE
         | kind::DESCRIBE_STREAM
-        | kind::STREAM_INFO => true,
+        | kind::STREAM_INFO
+        | kind::DESCRIBE_CLUSTER
+        | kind::CLUSTER_INFO => true,
         group::kind::FIRST..=group::kind::LAST => true,
         k @ cache::kind::FIRST..=cache::kind::LAST => !matches!(
             k,

@@ -173,6 +173,12 @@ pub const KINDS: &[(u8, &str, Placement)] = &[
         Placement::PeerLink,
     ),
     (peer::kind::FORWARD, "Forward", Placement::PeerLink),
+    (
+        kind::DESCRIBE_CLUSTER,
+        "DescribeCluster",
+        Placement::Control,
+    ),
+    (kind::CLUSTER_INFO, "ClusterInfo", Placement::BrokerOnly),
 ];
 
 /// The row of `k`, if it is a v1 kind.
@@ -311,7 +317,7 @@ mod tests {
 
     #[test]
     fn every_kind_in_range_has_a_row_and_rows_are_unique() {
-        for k in 1..=peer::kind::LAST {
+        for k in 1..=kind::LAST {
             assert!(kind_info(k).is_some(), "kind {k} has no row");
         }
         let mut kinds = std::collections::HashSet::new();
@@ -320,7 +326,7 @@ mod tests {
             assert!(kinds.insert(*k), "kind {k} twice");
             assert!(names.insert(*n), "name {n} twice");
         }
-        assert_eq!(KINDS.len(), peer::kind::LAST as usize);
+        assert_eq!(KINDS.len(), kind::LAST as usize);
         assert_eq!(
             admit(200, 0, false, false),
             Verdict::Skip,

@@ -443,13 +443,31 @@ fn arb_frame() -> impl Strategy<Value = Frame> {
         }),
         (any::<u64>(), arb_stream())
             .prop_map(|(request_id, stream)| Frame::DescribeStream { request_id, stream }),
-        (any::<u64>(), any::<u32>(), any::<bool>()).prop_map(|(request_id, shards, durable)| {
-            Frame::StreamInfo {
+        (
+            any::<u64>(),
+            any::<u32>(),
+            any::<bool>(),
+            proptest::collection::vec(any::<u64>(), 0..5)
+        )
+            .prop_map(|(request_id, shards, durable, owners)| {
+                Frame::StreamInfo {
+                    request_id,
+                    shards,
+                    durable,
+                    owners,
+                }
+            }),
+        any::<u64>().prop_map(|request_id| Frame::DescribeCluster { request_id }),
+        (
+            any::<u64>(),
+            any::<u64>(),
+            proptest::collection::vec((any::<u64>(), "[a-z0-9.:]{0,20}"), 0..4)
+        )
+            .prop_map(|(request_id, node_id, brokers)| Frame::ClusterInfo {
                 request_id,
-                shards,
-                durable,
-            }
-        }),
+                node_id,
+                brokers,
+            }),
         arb_group_frame().prop_map(Frame::Group),
         arb_cache_frame().prop_map(Frame::Cache),
         arb_cache_mux().prop_map(Frame::Cache),
@@ -1320,4 +1338,29 @@ fn request_ids_are_patched_in_place_for_kinds_that_carry_one() {
     let before = lag.clone();
     assert!(!patch_request_id(&mut lag, 9));
     assert_eq!(lag, before);
+}
+
+/// An older broker's StreamInfo (no owners appended) still decodes: owners empty.
+#[test]
+fn stream_info_without_owners_decodes() {
+    let mut b = Frame::StreamInfo {
+        request_id: 3,
+        shards: 2,
+        durable: true,
+        owners: vec![],
+    }
+    .encode()
+    .to_vec();
+    b.truncate(b.len() - 4);
+    let body_len = (b.len() - HEADER_LEN) as u32;
+    b[6..10].copy_from_slice(&body_len.to_le_bytes());
+    assert_eq!(
+        decode_frame(&b, MAX).unwrap(),
+        Frame::StreamInfo {
+            request_id: 3,
+            shards: 2,
+            durable: true,
+            owners: vec![],
+        }
+    );
 }

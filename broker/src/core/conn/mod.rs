@@ -384,12 +384,30 @@ impl CoreState {
                 stream: name,
             } => {
                 let reply = match self.catalog.lookup(&name) {
-                    Ok((_, def)) => Frame::StreamInfo {
+                    Ok((idx, def)) => Frame::StreamInfo {
                         request_id,
                         shards: def.shards,
                         durable: def.durable,
+                        owners: self.catalog.shard_owners(idx, self.s.cfg.node_id),
                     },
                     Err((code, msg)) => Frame::error(request_id, code, msg),
+                };
+                if let Some(e) = self.ep.get(key) {
+                    e.conn.send_frame(stream, &reply);
+                }
+            }
+            Frame::DescribeCluster { request_id } => {
+                let mut brokers: Vec<(u64, String)> = self
+                    .catalog
+                    .broker_addrs
+                    .iter()
+                    .map(|(id, a)| (*id, a.clone()))
+                    .collect();
+                brokers.sort();
+                let reply = Frame::ClusterInfo {
+                    request_id,
+                    node_id: self.s.cfg.node_id,
+                    brokers,
                 };
                 if let Some(e) = self.ep.get(key) {
                     e.conn.send_frame(stream, &reply);
