@@ -592,3 +592,154 @@ async fn groups_are_served_through_any_broker() {
     assert!(cancelled >= 1, "no cancel sent");
     assert_eq!(sent + cancelled, served);
 }
+
+/// The ClusterClient: one live seed among dead ones finds every broker; publishes go straight
+/// to the owners (nothing forwarded); a sharded subscription merges every shard from its
+/// owner; when a broker is killed, publishes to the shards of the others carry on at once,
+/// those to the dead broker's durable shards fail typed and bounded, and nothing acknowledged
+/// on the surviving shards is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_client_finds_the_owners_and_survives_a_broker_dying() {
+    use felix_client::{ClusterClient, ClusterConfig, Event};
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::sync::Arc;
+    let cp = start_control_plane(1_000);
+    let tmp = tempfile::tempdir().unwrap();
+    let certs = tmp.path().join("certs");
+    generate_cluster_certs(&certs, &[1, 2, 3]).unwrap();
+    // Client listeners signed by the cluster CA too: one CA verifies every broker.
+    let nodes: Vec<Broker> = (1..=3u64)
+        .map(|id| {
+            let d = tmp.path().join(format!("durable-{id}"));
+            let cert = certs.join(format!("node-{id}.pem"));
+            let key = certs.join(format!("node-{id}-key.pem"));
+            start_node(
+                &cp,
+                &certs,
+                id,
+                &[
+                    "--durable-storage-dir",
+                    d.to_str().unwrap(),
+                    "--tls-cert",
+                    cert.to_str().unwrap(),
+                    "--tls-key",
+                    key.to_str().unwrap(),
+                ],
+            )
+        })
+        .collect();
+    make_resources_with(&cp, tmp.path(), "6", &["--durable"]);
+    let (_, places) = placement(&cp, "streams", "spread").await;
+    let name = StreamName::new("acme", "prod", "spread");
+
+    let seeds = format!("127.0.0.1:1,{}", nodes[1].quic);
+    let mut cfg = ClusterConfig::new(&seeds, Some(certs.join("ca.pem"))).unwrap();
+    cfg.connect_timeout = Duration::from_millis(500);
+    cfg.resend_for = Duration::from_secs(2);
+    cfg.request_timeout = Duration::from_secs(2);
+    let cc = Arc::new(ClusterClient::connect(cfg).await.unwrap());
+    let found: Vec<u64> = cc.brokers().keys().copied().collect();
+    assert_eq!(found, vec![1, 2, 3], "found from one seed");
+
+    // Durable shards open lazily: wait until every shard takes a publish.
+    for shard in 0..6u32 {
+        eventually("shard open", || async {
+            cc.publish_batch(
+                &name,
+                ShardSelector::Shard(shard),
+                vec![format!("w{shard}")],
+            )
+            .await
+            .map_err(|e| e.to_string())
+        })
+        .await;
+    }
+    let forwarded_before: u64 = nodes.iter().map(|b| b.total("forwards_sent")).sum();
+    let mut acked: BTreeMap<u32, BTreeSet<u64>> = BTreeMap::new();
+    for i in 0..60u32 {
+        let a = cc
+            .publish_batch(&name, ShardSelector::RoundRobin, vec![format!("r{i}")])
+            .await
+            .unwrap();
+        acked.entry(a.shard).or_default().insert(a.first_offset);
+    }
+    assert_eq!(acked.len(), 6, "round robin over every shard");
+    let forwarded: u64 = nodes.iter().map(|b| b.total("forwards_sent")).sum();
+    assert_eq!(
+        forwarded, forwarded_before,
+        "sent to the owners, never relayed"
+    );
+
+    let opts = SubscribeOptions {
+        start: StartAt::Earliest,
+        ..Default::default()
+    };
+    let mut sub = cc.subscribe_sharded(&name, opts).await.unwrap();
+    let mut seen: BTreeMap<u32, BTreeSet<u64>> = BTreeMap::new();
+    let want = 66;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while seen.values().map(BTreeSet::len).sum::<usize>() < want && Instant::now() < deadline {
+        if let Ok(Some(Event::Records {
+            shard,
+            first_offset,
+            records,
+        })) = tokio::time::timeout(Duration::from_secs(5), sub.next()).await
+        {
+            for i in 0..records.count() as u64 {
+                seen.entry(shard).or_default().insert(first_offset + i);
+            }
+        }
+    }
+    assert_eq!(seen.values().map(BTreeSet::len).sum::<usize>(), want);
+
+    // Broker 3 dies.
+    let dead = 3u64;
+    let mut nodes = nodes;
+    let _ = nodes.remove(2).kill();
+    let theirs: Vec<u32> = (0..6).filter(|&s| places[s as usize].0 == dead).collect();
+    let ours: Vec<u32> = (0..6).filter(|&s| places[s as usize].0 != dead).collect();
+    assert!(!theirs.is_empty() && !ours.is_empty());
+    for &shard in &ours {
+        let t = Instant::now();
+        let a = cc
+            .publish_batch(&name, ShardSelector::Shard(shard), vec!["after"])
+            .await
+            .unwrap_or_else(|e| panic!("shard {shard} on a live broker: {e}"));
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+        acked.entry(a.shard).or_default().insert(a.first_offset);
+    }
+    for &shard in &theirs {
+        let t = Instant::now();
+        let r = cc
+            .publish_batch(&name, ShardSelector::Shard(shard), vec!["lost"])
+            .await;
+        assert!(r.is_err(), "a durable shard of a dead broker is not moved");
+        // At most one request timeout on the dead connection, then a typed refusal.
+        assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
+    }
+    // Every acked record of the surviving shards reaches the merged subscription.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let complete = |seen: &BTreeMap<u32, BTreeSet<u64>>| {
+        ours.iter().all(|s| {
+            acked
+                .get(s)
+                .is_none_or(|a| a.iter().all(|o| seen.get(s).is_some_and(|v| v.contains(o))))
+        })
+    };
+    while !complete(&seen) && Instant::now() < deadline {
+        if let Ok(Some(Event::Records {
+            shard,
+            first_offset,
+            records,
+        })) = tokio::time::timeout(Duration::from_secs(5), sub.next()).await
+        {
+            for i in 0..records.count() as u64 {
+                seen.entry(shard).or_default().insert(first_offset + i);
+            }
+        }
+    }
+    assert!(
+        complete(&seen),
+        "acked on surviving shards, not delivered: {acked:?} vs {seen:?}"
+    );
+}

@@ -29,11 +29,13 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 mod cache;
+mod cluster;
 mod group;
 mod mux;
 pub use cache::{
     CacheEntry, CacheInfo, CacheWatch, CounterValue, Deleted, WatchItem, WatchOptions, Written,
 };
+pub use cluster::{ClusterClient, ClusterConfig, ShardedSubscription};
 use felix_quic::wire::CacheFrame;
 pub use felix_quic::wire::{
     AnswerOp, ClaimId, DeadLetterAction, DeadLetterRef, EventKind, GroupInfo, WatchFilter,
