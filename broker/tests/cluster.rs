@@ -263,6 +263,34 @@ async fn every_broker_serves_every_shard_by_forwarding() {
     let served: u64 = nodes.iter().map(|b| b.total("forwards_served")).sum();
     assert!(sent >= 12 + 16, "forwards sent {sent}");
     assert_eq!(sent, served, "every forward served once");
+
+    // felixctl --brokers: a dead broker first, then broker 2, which forwards to the owner.
+    let exe = std::path::Path::new(env!("CARGO_BIN_EXE_felix-broker")).with_file_name("felixctl");
+    let far_of_2 = owners.iter().position(|&o| o != 2).unwrap();
+    let o = std::process::Command::new(exe)
+        .args(["--brokers", &format!("127.0.0.1:1,{}", nodes[1].quic)])
+        .arg("--ca")
+        .arg(nodes[1].ca())
+        .args([
+            "--timeout-ms",
+            "1000",
+            "--tenant",
+            "acme",
+            "--namespace",
+            "prod",
+        ])
+        .args([
+            "publish",
+            "spread",
+            "via-ctl",
+            "--shard",
+            &far_of_2.to_string(),
+        ])
+        .env_remove("FELIX_BROKER")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
 
 /// A raw peer: dial node `to`'s peer listener with node `as_node`'s certificate and say

@@ -45,6 +45,11 @@ struct Cli {
     /// broker, else 127.0.0.1:7400].
     #[arg(long, env = "FELIX_BROKER", global = true, help_heading = GLOBAL)]
     broker: Option<String>,
+    /// Brokers of a cluster, HOST:PORT,HOST:PORT,...: the first that answers serves the
+    /// command (a dead one is skipped; any broker forwards what it does not own). Every
+    /// broker's certificate must be signed by the one CA given.
+    #[arg(long, env = "FELIX_BROKERS", global = true, conflicts_with = "broker", help_heading = GLOBAL)]
+    brokers: Option<String>,
     /// CA certificate (PEM) that signs the broker's certificate [default: the context's CA,
     /// else $FELIX_CA, else felix-data/tls/dev-cert.pem under $FELIX_DATA_DIR or the current
     /// directory, else the system trust store].
@@ -184,6 +189,18 @@ async fn run(cli: Cli) -> Result<(), Fail> {
         return interruptible(admin::run(a, &g)).await;
     }
     let cfg = client_config(&cli)?;
+    if let Some(list) = &cli.brokers {
+        let ca = match &cfg.verify {
+            Verify::CaFile(p) => Some(p.clone()),
+            _ => None,
+        };
+        let mut ccfg = felix_client::ClusterConfig::new(list, ca)?;
+        ccfg.connect_timeout = cfg.connect_timeout;
+        ccfg.request_timeout = cfg.request_timeout;
+        let cc = felix_client::ClusterClient::connect(ccfg).await?;
+        let client = cc.client().await?;
+        return interruptible(data_command(&cli, &client)).await;
+    }
     let client = Client::connect(cfg).await?;
     let r = interruptible(data_command(&cli, &client)).await;
     // A clean close either way (bounded by the client's close timeout).

@@ -59,6 +59,8 @@ mod groups;
 mod mesh;
 mod owner;
 mod peer;
+#[cfg(test)]
+mod peer_check;
 pub(crate) mod shard;
 pub use shard::Refusal;
 #[cfg(test)]

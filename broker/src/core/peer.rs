@@ -497,7 +497,15 @@ impl Links {
         for (id, f) in fwds {
             self.owner_of.remove(&id);
             self.deadlines.remove(&(f.deadline, id));
-            let refusal = if f.unsent.is_some() {
+            #[cfg(test)]
+            if breaks::on(&breaks::FORGET_ON_BREAK) {
+                continue; // the twin: a forward of a broken link is never answered
+            }
+            #[cfg(test)]
+            let unsent = f.unsent.is_some() || breaks::on(&breaks::SENT_AS_UNSENT);
+            #[cfg(not(test))]
+            let unsent = f.unsent.is_some();
+            let refusal = if unsent {
                 Refusal::new(
                     ErrorCode::Unavailable,
                     format!("broker {node} is unreachable ({why}); nothing was sent"),
@@ -567,6 +575,22 @@ impl Links {
                 answer: Box::new(FwdAnswer::Refused(refusal)),
             });
         }
+    }
+}
+
+/// Test-build switches that break one rule each, for the seeded check's negative twins
+/// (`core::peer_check`).
+#[cfg(test)]
+pub(crate) mod breaks {
+    use std::sync::atomic::AtomicBool;
+    /// A broken link answers its forwards already sent `unavailable` ("nothing was done"),
+    /// which could make a client write twice.
+    pub(crate) static SENT_AS_UNSENT: AtomicBool = AtomicBool::new(false);
+    /// A broken link drops its forwards without answering them.
+    pub(crate) static FORGET_ON_BREAK: AtomicBool = AtomicBool::new(false);
+
+    pub(crate) fn on(b: &AtomicBool) -> bool {
+        b.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
