@@ -536,7 +536,7 @@ mod tests {
     fn the_global_options_have_their_own_heading() {
         let c = Cli::command();
         let globals: Vec<_> = c.get_arguments().filter(|a| a.is_global_set()).collect();
-        assert_eq!(globals.len(), 12, "the twelve global options");
+        assert_eq!(globals.len(), 13, "the thirteen global options");
         assert!(globals.iter().all(|a| a.get_help_heading() == Some(GLOBAL)));
         c.debug_assert();
     }
