@@ -223,6 +223,11 @@ struct Args {
     /// `--watch-mux false` gives one stream per watch, for before/after runs.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     watch_mux: bool,
+    /// Brokers of a cluster, HOST:PORT,... (ingest): publishes go through the ClusterClient,
+    /// round robin over every shard, each to its shard's owner; --broker and --shard are not
+    /// used. Every broker's certificate must be signed by --ca. Env FELIX_BROKERS.
+    #[arg(long, env = "FELIX_BROKERS")]
+    brokers: Option<String>,
     /// The client settings, resolved once from --broker (not a flag).
     #[arg(skip)]
     client: Option<ClientConfig>,
@@ -1029,7 +1034,21 @@ async fn ingest(a: &Args) -> Result<(), felix_client::Error> {
     let warmup = plan.warmup(20, 2000);
     let total = plan.count.saturating_add(warmup);
     let load = load1();
-    let c = Client::connect(cfg(a)).await?;
+    // With --brokers: the ClusterClient, every shard to its owner.
+    let cluster = match &a.brokers {
+        Some(list) => {
+            let mut cc = felix_client::ClusterConfig::new(list, Some(a.ca.clone()))?;
+            cc.connect_timeout = cfg(a).connect_timeout;
+            Some(std::sync::Arc::new(
+                felix_client::ClusterClient::connect(cc).await?,
+            ))
+        }
+        None => None,
+    };
+    let c = match &cluster {
+        Some(cc) => cc.client().await?,
+        None => std::sync::Arc::new(Client::connect(cfg(a)).await?),
+    };
     let info = c.describe_stream(&name(a)).await?;
     let p = c.publisher();
     let payload = Bytes::from(vec![b'x'; a.payload]);
@@ -1077,14 +1096,17 @@ async fn ingest(a: &Args) -> Result<(), felix_client::Error> {
         }
         let (p, n, pl) = (p.clone(), name(a), payload.clone());
         let sel = ShardSelector::Shard(a.shard);
+        let cc = cluster.clone();
         inflight.spawn(async move {
             let t0 = Instant::now();
-            (
-                measured,
-                p.publish_batch(&n, sel, vec![pl])
-                    .await
-                    .map(|_| t0.elapsed()),
-            )
+            let r = match cc {
+                Some(cc) => {
+                    cc.publish_batch(&n, ShardSelector::RoundRobin, vec![pl])
+                        .await
+                }
+                None => p.publish_batch(&n, sel, vec![pl]).await,
+            };
+            (measured, r.map(|_| t0.elapsed()))
         });
         sent += 1;
     };
@@ -1100,12 +1122,16 @@ async fn ingest(a: &Args) -> Result<(), felix_client::Error> {
         "load1": load, "truncated": truncated, "duration_s": begin.elapsed().as_secs_f64(),
         "acks_per_s": rate, "mb_per_s": rate * a.payload as f64 / 1e6,
         "unit": "us", "ack": stats::pct(&hist),
+        "brokers": cluster.as_ref().map(|cc| cc.brokers().len()),
     });
     let o = v.as_object_mut().unwrap();
     plan.fields(a, o);
     refused.fields(o);
     emit(a, v);
-    let _ = c.close().await;
+    drop(cluster);
+    if let Ok(c) = std::sync::Arc::try_unwrap(c) {
+        let _ = c.close().await;
+    }
     Ok(())
 }
 
