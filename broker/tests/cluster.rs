@@ -771,3 +771,121 @@ async fn the_cluster_client_finds_the_owners_and_survives_a_broker_dying() {
         "acked on surviving shards, not delivered: {acked:?} vs {seen:?}"
     );
 }
+
+/// Ephemeral shards move: one that is rebalanced onto a new broker ends its subscriptions
+/// with `not_leader` naming the new owner; one whose broker dies moves to a live broker and
+/// starts there with an empty ring at offset 0, so a subscriber resuming at the old next
+/// offset is refused (`invalid_request`, beyond the end) and one starting from the earliest
+/// sees only what was published after the move.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ephemeral_shards_move_and_restart_empty() {
+    let cp = start_control_plane(1_000);
+    let tmp = tempfile::tempdir().unwrap();
+    let certs = tmp.path().join("certs");
+    generate_cluster_certs(&certs, &[1, 2, 3]).unwrap();
+    let mut nodes: Vec<Broker> = (1..=2u64)
+        .map(|id| start_node(&cp, &certs, id, &[]))
+        .collect();
+    make_resources(&cp, tmp.path(), "4");
+    let name = StreamName::new("acme", "prod", "spread");
+    let (_, before) = placement(&cp, "streams", "spread").await;
+    let cs = [nodes[0].client().await, nodes[1].client().await];
+    visible(&cs, &name).await;
+    let [c1, c2] = cs;
+    // Subscriptions on node 1 to each shard it owns.
+    let mut subs = Vec::new();
+    for (shard, p) in before.iter().enumerate() {
+        if p.0 == 1 {
+            let s = c1
+                .subscribe(&name, shard as u32, SubscribeOptions::default())
+                .await
+                .unwrap();
+            subs.push((shard, s));
+        }
+    }
+    // Node 3 joins: an ephemeral shard of node 1 is rebalanced onto it.
+    nodes.push(start_node(&cp, &certs, 3, &[]));
+    let after = eventually("a shard moved to node 3", || async {
+        let (_, p) = placement(&cp, "streams", "spread").await;
+        if p.iter().any(|x| x.0 == 3) {
+            Ok(p)
+        } else {
+            Err(format!("{p:?}"))
+        }
+    })
+    .await;
+    let moved: Vec<usize> = (0..4)
+        .filter(|&s| before[s].0 == 1 && after[s].0 == 3)
+        .collect();
+    assert!(!moved.is_empty(), "{before:?} -> {after:?}");
+    for (shard, mut sub) in subs {
+        if !moved.contains(&shard) {
+            continue;
+        }
+        let end = loop {
+            match tokio::time::timeout(Duration::from_secs(10), sub.next()).await {
+                Ok(Some(felix_client::Event::End { code, message, .. })) => break (code, message),
+                Ok(Some(_)) => continue,
+                other => panic!("shard {shard}: no end ({other:?})"),
+            }
+        };
+        assert_eq!(
+            ErrorCode::from_number(end.0),
+            Some(ErrorCode::NotLeader),
+            "{}",
+            end.1
+        );
+        assert!(end.1.contains("broker 3"), "names the new owner: {}", end.1);
+    }
+
+    // Node 2 dies with records in a shard it owns; the shard moves and starts empty.
+    let (_, now) = placement(&cp, "streams", "spread").await;
+    let on2 = now.iter().position(|p| p.0 == 2).unwrap() as u32;
+    for i in 0..5 {
+        let a = c2
+            .publish_batch(&name, ShardSelector::Shard(on2), vec![format!("old{i}")])
+            .await
+            .unwrap();
+        assert_eq!(a.first_offset, i);
+    }
+    drop(c2);
+    let _ = nodes.remove(1).kill();
+    let new_owner = eventually("the shard moved off the dead broker", || async {
+        let (_, p) = placement(&cp, "streams", "spread").await;
+        match p[on2 as usize].0 {
+            2 => Err("still on node 2".to_string()),
+            o => Ok(o),
+        }
+    })
+    .await;
+    // nodes is now [node 1, node 3].
+    let owner_client = nodes[if new_owner == 1 { 0 } else { 1 }].client().await;
+    let a = eventually("publish to the moved shard", || async {
+        c1.publish_batch(&name, ShardSelector::Shard(on2), vec!["new0"])
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    assert_eq!(a.first_offset, 0, "offsets restart on the new owner");
+    let resume = SubscribeOptions {
+        start: StartAt::Offset(5),
+        ..Default::default()
+    };
+    match owner_client.subscribe(&name, on2, resume).await {
+        Err(Error::Broker { code, .. }) => assert_eq!(code, ErrorCode::InvalidRequest),
+        r => panic!("a resume beyond the new end: {:?}", r.map(|_| ())),
+    }
+    let earliest = SubscribeOptions {
+        start: StartAt::Earliest,
+        ..Default::default()
+    };
+    let mut sub = owner_client.subscribe(&name, on2, earliest).await.unwrap();
+    match tokio::time::timeout(Duration::from_secs(5), sub.next()).await {
+        Ok(Some(ev @ felix_client::Event::Records { .. })) => {
+            let recs = ev.records();
+            assert_eq!(recs[0].0, 0);
+            assert_eq!(&recs[0].1[..], b"new0");
+        }
+        other => panic!("{other:?}"),
+    }
+}
