@@ -470,9 +470,17 @@ impl Links {
 
     /// Link `key` closed (by either side, or its handshake failed).
     pub fn on_closed(&mut self, now: Instant, key: ConnKey, why: String) {
-        if let Some(node) = self.by_key.remove(&key) {
-            self.fail_link(now, node, why);
+        let Some(node) = self.by_key.remove(&key) else {
+            return;
+        };
+        let link = self.links.get_mut(&node).expect("by_key names live links");
+        if matches!(link.state, State::Ready { .. }) && link.fwds.is_empty() {
+            // A ready link with nothing on it closed (its idle timeout, the owner restarting):
+            // no failure, the next forward dials again at once.
+            link.state = State::Backoff { until: now };
+            return;
         }
+        self.fail_link(now, node, why);
     }
 
     /// Refuse what waits on the link and start its backoff. A forward already handed to the
@@ -854,6 +862,22 @@ mod tests {
             ErrorCode::InflightLimit
         );
         assert_eq!(l.in_flight(), 2);
+    }
+
+    /// An idle link that closes is no failure: the next forward dials again at once.
+    #[test]
+    fn an_idle_link_that_closes_is_dialed_again_at_once() {
+        let t0 = Instant::now();
+        let mut l = links(8);
+        fwd(&mut l, t0, 1).unwrap();
+        let out = open(&mut l, t0);
+        let id = sent(&out)[0].0;
+        l.on_frame(t0, 40, Frame::error(id, ErrorCode::NotFound, "x"));
+        assert_eq!(answers(l.drain_effects()), vec![(1, 0)]);
+        l.on_closed(t0, 40, "idle timeout".into());
+        assert!(l.drain_effects().is_empty());
+        fwd(&mut l, t0, 2).expect("not refused: the link is dialed again");
+        assert!(matches!(l.drain_effects()[..], [LinkEffect::Dial { .. }]));
     }
 
     /// A listener that answers as another node (or cluster) is dropped, and what waited on it
