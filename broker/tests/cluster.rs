@@ -183,6 +183,8 @@ async fn every_broker_serves_every_shard_by_forwarding() {
                 .await
                 .unwrap_or_else(|e| panic!("publish via broker {} to shard {shard}: {e}", i + 1));
             assert_eq!((ack.shard, ack.first_offset), (shard, i as u64));
+            // The ack names the owner, also when another broker relayed it.
+            assert_eq!(ack.owner, Some(owners[shard as usize]));
         }
     }
     // Fire-and-forget through a non-owner arrives too.
@@ -433,6 +435,7 @@ async fn owners_check_who_forwards_and_what() {
             shard,
             first_offset: 0,
             count: 1,
+            ..
         } => assert_eq!(shard, mine),
         other => panic!("expected the ack, got {other:?}"),
     }

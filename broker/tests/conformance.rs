@@ -202,6 +202,7 @@ fn broker_frames() -> Vec<Frame> {
             shard: 0,
             first_offset: 0,
             count: 1,
+            owner: 0,
         },
         Frame::error(1, ErrorCode::Internal, "x"),
         Frame::SubscribeOk {

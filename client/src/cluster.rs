@@ -258,7 +258,18 @@ impl ClusterClient {
             .publish_batch(stream, ShardSelector::Shard(shard), payloads)
             .await
         {
-            Ok(a) => Ok(a),
+            Ok(a) => {
+                // The ack names the owner: learn it (a relayed publish teaches the way).
+                if let Some(o) = a.owner.filter(|&o| o != owner) {
+                    let mut m = self.lock();
+                    if let Some((_, owners)) = m.streams.get_mut(stream) {
+                        if let Some(slot) = owners.get_mut(shard as usize) {
+                            *slot = o;
+                        }
+                    }
+                }
+                Ok(a)
+            }
             Err(e) => {
                 if connection_lost(&e) {
                     self.forget_conn(&c);

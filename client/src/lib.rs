@@ -216,6 +216,9 @@ pub struct Ack {
     pub shard: u32,
     pub first_offset: u64,
     pub count: u32,
+    /// The node id of the broker that owns the shard and wrote the records (`None` from a
+    /// broker that does not say: older, or standalone without a node id in the ack).
+    pub owner: Option<u64>,
 }
 
 /// How a subscription starts and is queued on the broker.
@@ -881,11 +884,13 @@ impl Publisher {
                 shard,
                 first_offset,
                 count,
+                owner,
                 ..
             } => Ok(Ack {
                 shard,
                 first_offset,
                 count,
+                owner: (owner != 0).then_some(owner),
             }),
             other => Err(unexpected(other)),
         }

@@ -276,7 +276,7 @@ impl CoreState {
                 }
             }
             MeshMsg::Conn(ToConn::PublishResult { origin, result }) => {
-                self.on_publish_result(origin, result)
+                self.on_publish_result(origin, result, 0)
             }
             MeshMsg::Conn(ToConn::Delivery {
                 stream,

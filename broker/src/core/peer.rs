@@ -108,10 +108,11 @@ pub(in crate::core) enum LinkEffect {
     },
     /// Close a link that timed out dialing.
     Close { key: ConnKey },
-    /// Answer a client.
+    /// Answer a client whose forward went to broker `node`.
     Answer {
         client: FwdClient,
         answer: Box<FwdAnswer>,
+        node: u64,
     },
 }
 
@@ -465,6 +466,7 @@ impl Links {
         self.effects.push(LinkEffect::Answer {
             client: fwd.client,
             answer: Box::new(FwdAnswer::Frame(frame, bytes.freeze())),
+            node,
         });
     }
 
@@ -527,6 +529,7 @@ impl Links {
             self.effects.push(LinkEffect::Answer {
                 client: f.client,
                 answer: Box::new(FwdAnswer::Refused(refusal)),
+                node,
             });
         }
     }
@@ -581,6 +584,7 @@ impl Links {
             self.effects.push(LinkEffect::Answer {
                 client: f.client,
                 answer: Box::new(FwdAnswer::Refused(refusal)),
+                node,
             });
         }
     }
@@ -696,7 +700,7 @@ mod tests {
         effects
             .into_iter()
             .filter_map(|e| match e {
-                LinkEffect::Answer { client, answer } => Some((
+                LinkEffect::Answer { client, answer, .. } => Some((
                     client.request_id(),
                     match *answer {
                         FwdAnswer::Frame(_, bytes) => {
@@ -768,6 +772,7 @@ mod tests {
                     shard,
                     first_offset: 0,
                     count: 1,
+                    owner: 2,
                 },
             );
         }

@@ -242,6 +242,7 @@ impl Run {
             shard: 0,
             first_offset: 0,
             count: 1,
+            owner: 0,
         };
         self.links.on_frame(self.now, key, ack);
     }
@@ -262,7 +263,7 @@ impl Run {
                             self.links.on_closed(self.now, key, "closed".into());
                         }
                     }
-                    LinkEffect::Answer { client, answer } => self.answered(client, *answer)?,
+                    LinkEffect::Answer { client, answer, .. } => self.answered(client, *answer)?,
                 }
             }
         }

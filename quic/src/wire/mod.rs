@@ -61,8 +61,11 @@ pub mod features {
     /// Every watch of a connection on one stream, each frame naming its watch ids
     /// (`CacheMux`); negotiated: a broker uses it only when the client's Hello asks for it.
     pub const WATCH_MUX: u64 = 1 << 2;
+    /// `PublishAck` names the broker that owns the shard and wrote the records (`owner`), so
+    /// a client of a cluster learns where to send that shard's publishes next.
+    pub const OWNER_IN_ACK: u64 = 1 << 3;
     /// Every feature this build implements.
-    pub const ALL: u64 = BATCH | LAG_NOTICE | WATCH_MUX;
+    pub const ALL: u64 = BATCH | LAG_NOTICE | WATCH_MUX | OWNER_IN_ACK;
 }
 
 /// Frame kinds. Numbers are stable.
@@ -394,6 +397,10 @@ pub enum Frame {
         shard: u32,
         first_offset: u64,
         count: u32,
+        /// Node id of the broker that owns the shard and wrote the records; 0 when not said
+        /// (`OWNER_IN_ACK` not negotiated, or an older broker). Appended field, sent only
+        /// when not 0.
+        owner: u64,
     },
     Error {
         request_id: u64,
@@ -689,11 +696,15 @@ impl Frame {
                 shard,
                 first_offset,
                 count,
+                owner,
             } => {
                 body.put_u64_le(*request_id);
                 body.put_u32_le(*shard);
                 body.put_u64_le(*first_offset);
                 body.put_u32_le(*count);
+                if *owner != 0 {
+                    body.put_u64_le(*owner);
+                }
             }
             Frame::Error {
                 request_id,
@@ -1006,6 +1017,7 @@ pub fn decode_body(kind_: u8, flags: u16, body: Bytes) -> Result<Frame, WireErro
             shard: r.u32("shard")?,
             first_offset: r.u64("first_offset")?,
             count: r.u32("count")?,
+            owner: r.appended_u64("owner", 0)?,
         },
         kind::ERROR => Frame::Error {
             request_id: r.u64("request_id")?,

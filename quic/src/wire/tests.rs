@@ -35,6 +35,7 @@ fn vector_frames() -> Vec<(&'static str, Frame)> {
                 shard: 0,
                 first_offset: 41,
                 count: 2,
+                owner: 0,
             },
         ),
         (
@@ -271,6 +272,7 @@ fn newer_peer_trailing_fields_and_kinds_are_tolerated() {
         shard: 2,
         first_offset: 3,
         count: 4,
+        owner: 0,
     };
     let mut bytes = f.encode().to_vec();
     bytes.extend_from_slice(&[0xAA, 0xBB]);
@@ -371,11 +373,12 @@ fn arb_frame() -> impl Strategy<Value = Frame> {
                 ack,
                 records
             }),
-        any::<(u64, u32, u64, u32)>().prop_map(|(a, b, c, d)| Frame::PublishAck {
+        any::<(u64, u32, u64, u32, u64)>().prop_map(|(a, b, c, d, e)| Frame::PublishAck {
             request_id: a,
             shard: b,
             first_offset: c,
-            count: d
+            count: d,
+            owner: e,
         }),
         (any::<u64>(), any::<u16>(), ".{0,20}").prop_map(|(request_id, code, message)| {
             Frame::Error {

@@ -8,9 +8,22 @@ use crate::core::owner::step_ctx;
 use crate::core::shard::Ctx;
 
 impl CoreState {
-    pub(in crate::core) fn on_publish_result(&mut self, origin: Origin, result: PubResult) {
+    /// Answer a publish. `owner`: the broker that owns the shard (0: this one), named in the
+    /// ack to clients that asked for it (`OWNER_IN_ACK`).
+    pub(in crate::core) fn on_publish_result(
+        &mut self,
+        origin: Origin,
+        result: PubResult,
+        owner: u64,
+    ) {
+        let node_id = self.s.cfg.node_id;
         let Some(session) = self.sessions.get_mut(&origin.conn) else {
             return;
+        };
+        let owner = match (session.features & features::OWNER_IN_ACK != 0, owner) {
+            (false, _) => 0,
+            (true, 0) => node_id,
+            (true, o) => o,
         };
         session.inflight_bytes -= origin.bytes;
         let Some(e) = self.ep.get(origin.conn) else {
@@ -26,6 +39,7 @@ impl CoreState {
                         shard,
                         first_offset,
                         count,
+                        owner,
                     }
                 }
                 Err(why) => why.frame(origin.request_id),

@@ -629,7 +629,7 @@ impl CoreState {
             let client = peer::FwdClient::Publish(origin);
             let lane = peer::Lane::Publish;
             if let Err(why) = self.forward(target, &frame, client, lane, (wait, None)) {
-                self.on_publish_result(origin, Err(why));
+                self.on_publish_result(origin, Err(why), 0);
             }
             return Ok(());
         }

@@ -216,12 +216,16 @@ impl CoreState {
                     self.ep.mark_dirty(key);
                 }
             }
-            LinkEffect::Answer { client, answer } => self.answer_forward(client, *answer),
+            LinkEffect::Answer {
+                client,
+                answer,
+                node,
+            } => self.answer_forward(client, *answer, node),
         }
     }
 
     /// Answer the client of a finished forward.
-    fn answer_forward(&mut self, client: FwdClient, answer: FwdAnswer) {
+    fn answer_forward(&mut self, client: FwdClient, answer: FwdAnswer, node: u64) {
         match client {
             FwdClient::Publish(origin) => {
                 let result = match answer {
@@ -250,7 +254,7 @@ impl CoreState {
                 if result.is_err() {
                     CoreCounters::inc(&self.s.counters.forwards_refused);
                 }
-                self.on_publish_result(origin, result);
+                self.on_publish_result(origin, result, node);
             }
             FwdClient::Request {
                 conn,
