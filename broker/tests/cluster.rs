@@ -396,6 +396,7 @@ async fn owners_check_who_forwards_and_what() {
                 generation,
                 origin_node: 3,
                 principal: String::new(),
+                frame_bytes_max: 0,
             },
             inner: Box::new(Frame::Publish {
                 request_id: rid,
@@ -622,6 +623,31 @@ async fn groups_are_served_through_any_broker() {
     let served: u64 = nodes.iter().map(|b| b.total("forwards_served")).sum();
     assert!(cancelled >= 1, "no cancel sent");
     assert_eq!(sent + cancelled, served);
+
+    // Broker 2 drains (SIGTERM) while a long poll it forwarded waits at broker 1: the poll is
+    // cancelled there and answered, and broker 2 exits cleanly (0, not a forced drain).
+    let c2c = nodes[1].client().await;
+    let n3 = name.clone();
+    let waiting = tokio::spawn(async move {
+        c2c.group_poll(&n3, "g", mine_of_1, 10, None, Duration::from_secs(20))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut nodes = nodes;
+    let n2 = nodes.remove(1);
+    n2.signal(libc::SIGTERM);
+    let t = Instant::now();
+    let (code, _) = n2.wait_exit(Duration::from_secs(15));
+    assert_eq!(code, Some(0), "a clean drain");
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    let answer = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the forwarded long poll was answered")
+        .unwrap();
+    assert!(
+        matches!(answer, Ok(ref r) if r.is_empty()) || answer.is_err(),
+        "{answer:?}"
+    );
 }
 
 /// The ClusterClient: one live seed among dead ones finds every broker; publishes go straight

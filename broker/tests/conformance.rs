@@ -617,6 +617,7 @@ async fn stream_rules(s: &mut Suite) {
                 generation: 0,
                 origin_node: 9,
                 principal: String::new(),
+                frame_bytes_max: 0,
             },
             inner: Box::new(publish(210, events(), 3, true, &[b"x"])),
         }),

@@ -316,6 +316,7 @@ async fn drain_phase(state: &Rc<RefCell<CoreState>>, mut drain: Drain) -> Drain 
         let mut st = state.borrow_mut();
         st.ep.set_accepting(false);
         st.draining = true;
+        st.links_drain();
         drain = Drain::Answering {
             since: Instant::now(),
         };

@@ -154,6 +154,8 @@ struct Link {
     /// Why it last failed (said in refusals during the backoff).
     last_error: String,
     hello_sent: bool,
+    /// The largest frame the owner takes (its `PeerHelloOk`; this broker's own until then).
+    peer_max_frame_bytes: usize,
     fwds: BTreeMap<u64, Fwd>,
     /// Forwards not yet handed to the link, in arrival order.
     waiting: VecDeque<u64>,
@@ -164,6 +166,9 @@ pub(in crate::core) struct Links {
     cluster_id: String,
     links: HashMap<u64, Link>,
     by_key: HashMap<ConnKey, u64>,
+    /// Links this table closed that the driver has not reaped yet: still links (their late
+    /// packets are not a client's), already failed.
+    closing: std::collections::HashSet<ConnKey>,
     /// Forward id → node, for answers and deadlines.
     owner_of: HashMap<u64, u64>,
     deadlines: BTreeMap<(Instant, u64), ()>,
@@ -178,6 +183,7 @@ impl Links {
             cluster_id: String::new(),
             links: HashMap::new(),
             by_key: HashMap::new(),
+            closing: Default::default(),
             owner_of: HashMap::new(),
             deadlines: BTreeMap::new(),
             next_id: 1,
@@ -193,7 +199,13 @@ impl Links {
     }
 
     pub fn is_link(&self, key: ConnKey) -> bool {
-        self.by_key.contains_key(&key)
+        self.by_key.contains_key(&key) || self.closing.contains(&key)
+    }
+
+    /// Close link `key` (the driver closes the connection; its reaping is not a failure again).
+    fn close(&mut self, key: ConnKey) {
+        self.closing.insert(key);
+        self.effects.push(LinkEffect::Close { key });
     }
 
     /// Forwards waiting or in flight (a draining core waits for them to be answered).
@@ -243,19 +255,32 @@ impl Links {
             )
         })?;
         let max = self.cfg.forwards_max;
+        let own_max = self.cfg.max_frame_bytes as usize;
         let link = self.links.entry(target.node).or_insert_with(|| Link {
             addr,
             state: State::Backoff { until: now },
             failures: 0,
             last_error: String::new(),
             hello_sent: false,
+            peer_max_frame_bytes: own_max,
             fwds: BTreeMap::new(),
             waiting: VecDeque::new(),
         });
         if link.addr != addr {
-            // Re-registered elsewhere: the next dial goes to the new address.
-            link.addr = addr;
+            // Re-registered elsewhere: a link to the old address is dropped (what it carries
+            // is answered), and the next dial goes to the new one.
+            let old = std::mem::replace(&mut link.addr, addr);
+            if let State::Opening { key, .. } | State::Ready { key } = link.state {
+                self.close(key);
+                let why = format!("broker {} moved from {old} to {addr}", target.node);
+                self.fail_link(now, target.node, why);
+                // Dialed again at once, not after a backoff: nothing failed at the new address.
+                let link = self.links.get_mut(&target.node).expect("present");
+                link.state = State::Backoff { until: now };
+                link.failures = 0;
+            }
         }
+        let link = self.links.get_mut(&target.node).expect("inserted above");
         if link.fwds.len() >= max {
             return Err(Refusal::new(
                 ErrorCode::InflightLimit,
@@ -285,8 +310,19 @@ impl Links {
             });
         }
         let id = self.next_id;
-        self.next_id += 1;
         let bytes = encode_forward(&target.head, inner, id);
+        if bytes.len() > link.peer_max_frame_bytes {
+            return Err(Refusal::new(
+                ErrorCode::FrameTooLarge,
+                format!(
+                    "forwarded, the request is {} bytes, over broker {}'s max_frame_bytes ({}); nothing was sent",
+                    bytes.len(),
+                    target.node,
+                    link.peer_max_frame_bytes
+                ),
+            ));
+        }
+        self.next_id += 1;
         let cancel = cancel.map(|c| encode_forward(&target.head, c, id));
         let deadline = now + wait + self.cfg.forward_timeout;
         link.fwds.insert(
@@ -432,6 +468,7 @@ impl Links {
         if let Frame::Peer(PeerFrame::PeerHelloOk {
             node_id,
             cluster_id,
+            max_frame_bytes,
             ..
         }) = &frame
         {
@@ -440,17 +477,22 @@ impl Links {
                 let why = format!(
                     "broker {node}'s listener answered as node {node_id} of cluster {cluster_id:?}"
                 );
-                self.effects.push(LinkEffect::Close { key });
+                self.close(key);
                 self.fail_link(now, node, why);
                 return;
             }
+            link.peer_max_frame_bytes = *max_frame_bytes as usize;
             link.state = State::Ready { key };
             link.failures = 0;
             Self::send_waiting(link, key, &mut self.effects);
             return;
         }
-        let Some(id) = frame.request_id() else {
-            return; // nothing else is sent to a dialer: ignored
+        // Only answers carry the request id back; anything else (a peer frame) is ignored.
+        let Some(id) = frame
+            .request_id()
+            .filter(|_| !matches!(frame, Frame::Peer(_)))
+        else {
+            return;
         };
         let Some(link) = self.links.get_mut(&node) else {
             return;
@@ -462,7 +504,10 @@ impl Links {
         self.deadlines.remove(&(fwd.deadline, id));
         let mut bytes = BytesMut::from(&frame.encode()[..]);
         let patched = patch_request_id(&mut bytes, fwd.client.request_id());
-        debug_assert!(patched, "answers carry a request id");
+        debug_assert!(
+            patched,
+            "request_id() is Some only for kinds that start with one"
+        );
         self.effects.push(LinkEffect::Answer {
             client: fwd.client,
             answer: Box::new(FwdAnswer::Frame(frame, bytes.freeze())),
@@ -470,8 +515,52 @@ impl Links {
         });
     }
 
+    /// An answer on link `key` that could not be decoded, naming request `id`: whatever the
+    /// owner did is unknown.
+    pub fn on_bad_answer(&mut self, key: ConnKey, id: u64, why: String) {
+        let Some(&node) = self.by_key.get(&key) else {
+            return;
+        };
+        let Some(fwd) = self.links.get_mut(&node).and_then(|l| l.fwds.remove(&id)) else {
+            return;
+        };
+        self.owner_of.remove(&id);
+        self.deadlines.remove(&(fwd.deadline, id));
+        let refusal = Refusal::new(
+            ErrorCode::OutcomeUnknown,
+            format!("broker {node}'s answer could not be read ({why}): the request may or may not have been applied"),
+        );
+        self.effects.push(LinkEffect::Answer {
+            client: fwd.client,
+            answer: Box::new(FwdAnswer::Refused(refusal)),
+            node,
+        });
+    }
+
+    /// Cancel every long poll forwarded from this core (a draining broker answers its long
+    /// polls at once; the owners hold these). Returns how many.
+    pub fn cancel_all_polls(&mut self) -> u64 {
+        let mut n = 0;
+        for link in self.links.values_mut() {
+            let key = match link.state {
+                State::Ready { key } => Some(key),
+                _ => None,
+            };
+            for f in link.fwds.values_mut() {
+                if let Some(cancel) = f.cancel.take() {
+                    Self::send_cancel(f, key, cancel, &mut self.effects);
+                    n += 1;
+                }
+            }
+        }
+        n
+    }
+
     /// Link `key` closed (by either side, or its handshake failed).
     pub fn on_closed(&mut self, now: Instant, key: ConnKey, why: String) {
+        if self.closing.remove(&key) {
+            return; // closed by this table, which already failed it
+        }
         let Some(node) = self.by_key.remove(&key) else {
             return;
         };
@@ -548,7 +637,7 @@ impl Links {
             .collect();
         for (node, key) in late_links {
             if let Some(key) = key {
-                self.effects.push(LinkEffect::Close { key });
+                self.close(key);
             }
             self.fail_link(
                 now,
@@ -643,6 +732,7 @@ mod tests {
                 generation: 3,
                 origin_node: 1,
                 principal: String::new(),
+                frame_bytes_max: 0,
             },
         }
     }
@@ -909,6 +999,9 @@ mod tests {
         let e = l.drain_effects();
         assert!(matches!(e[0], LinkEffect::Close { key: 40 }));
         assert_eq!(answers(e), vec![(1, ErrorCode::Unavailable.number())]);
+        // Still a link until the driver reaps it, then gone.
+        assert!(l.is_link(40));
+        l.on_closed(t0, 40, "closed".into());
         assert!(!l.is_link(40));
     }
 
@@ -1011,5 +1104,80 @@ mod tests {
         assert_eq!(sent(&out).len(), 1);
         assert_eq!(sent(&out)[0].0, inner[2].1);
         assert_eq!(l.conn_closed(5), 0, "once");
+    }
+
+    /// A forward over the owner's frame maximum is refused before anything is sent; an
+    /// answer that cannot be read is `outcome_unknown`; a broker that moved gets a new link.
+    #[test]
+    fn oversize_unreadable_and_moved() {
+        let t0 = Instant::now();
+        let mut l = links(8);
+        fwd(&mut l, t0, 1).unwrap();
+        l.drain_effects();
+        l.on_dialed(2, 40);
+        l.on_established(40);
+        l.drain_effects();
+        l.on_frame(
+            t0,
+            40,
+            Frame::Peer(PeerFrame::PeerHelloOk {
+                node_id: 2,
+                cluster_id: "c".into(),
+                capabilities: 1,
+                max_frame_bytes: 100,
+            }),
+        );
+        let out = l.drain_effects();
+        let id = sent(&out)[0].0;
+        let big = Frame::Publish {
+            request_id: 2,
+            stream: StreamName::new("t", "n", "s"),
+            shard: ShardSelector::Shard(0),
+            ack: true,
+            records: Records::encode([&[0u8; 200][..]]),
+        };
+        let r = l
+            .forward(
+                t0,
+                target(),
+                &big,
+                client(2),
+                Lane::Publish,
+                Duration::ZERO,
+                None,
+            )
+            .unwrap_err();
+        assert_eq!(r.code, ErrorCode::FrameTooLarge);
+        assert_eq!(l.in_flight(), 1);
+        l.on_bad_answer(40, id, "bad body".into());
+        assert_eq!(
+            answers(l.drain_effects()),
+            vec![(1, ErrorCode::OutcomeUnknown.number())]
+        );
+        // Broker 2 re-registered elsewhere: the old link is closed, the next one dialed at once.
+        let mut moved = target();
+        moved.addr = "127.0.0.1:10".into();
+        l.forward(
+            t0,
+            moved,
+            &publish(3),
+            client(3),
+            Lane::Publish,
+            Duration::ZERO,
+            None,
+        )
+        .unwrap();
+        let e = l.drain_effects();
+        assert!(matches!(e[0], LinkEffect::Close { key: 40 }), "{e:?}");
+        assert!(e
+            .iter()
+            .any(|x| matches!(x, LinkEffect::Dial { addr, .. } if addr.port() == 10)));
+        assert!(l.is_link(40), "closing, not a client's");
+        l.on_closed(t0, 40, "closed".into());
+        assert!(!l.is_link(40));
+        assert!(
+            l.drain_effects().is_empty(),
+            "the close was already handled"
+        );
     }
 }

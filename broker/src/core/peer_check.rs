@@ -81,6 +81,7 @@ fn target(node: u64) -> FwdTarget {
             generation: 1,
             origin_node: 1,
             principal: String::new(),
+            frame_bytes_max: 0,
         },
     }
 }

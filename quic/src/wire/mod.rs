@@ -1161,7 +1161,8 @@ pub fn has_request_id(kind: u8) -> bool {
         | kind::DESCRIBE_STREAM
         | kind::STREAM_INFO
         | kind::DESCRIBE_CLUSTER
-        | kind::CLUSTER_INFO => true,
+        | kind::CLUSTER_INFO
+        | peer::kind::FORWARD => true,
         group::kind::FIRST..=group::kind::LAST => true,
         k @ cache::kind::FIRST..=cache::kind::LAST => !matches!(
             k,

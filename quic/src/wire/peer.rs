@@ -7,8 +7,10 @@
 //!   maximum. The listener checks that the node id is the one its TLS certificate names.
 //! - `PeerHelloOk` answers it with the same fields of the listening broker.
 //! - `Forward` carries one client request that the dialing broker does not own a shard of.
-//!   It names the stream (or cache) incarnation and the placement generation the forwarder
-//!   routed by, the node it came from, and the caller's principal (empty until auth). The
+//!   It starts with the inner request's id (so a refusal of the forward itself names it), and
+//!   names the stream (or cache) incarnation and the placement generation the forwarder
+//!   routed by, the node it came from, the caller's principal (empty until auth) and the
+//!   largest frame the caller takes. The
 //!   owner refuses a mismatch and never forwards it again. The answer is the inner request's
 //!   own answer frame, on the stream the forward came on, under the inner request's id.
 
@@ -44,6 +46,9 @@ pub struct ForwardHead {
     pub origin_node: u64,
     /// The caller's principal (empty: no auth yet; the auth issue fills it).
     pub principal: String,
+    /// The largest frame the client takes (its Hello's `max_frame_bytes`): the owner sizes
+    /// answers to it (group polls, dead-letter pages). 0: the link's own maximum.
+    pub frame_bytes_max: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -123,15 +128,23 @@ impl PeerFrame {
                 }
             }
             kind::FORWARD => {
+                let id = r.u64("request_id")?;
                 let head = ForwardHead {
                     incarnation: r.u64("incarnation")?,
                     generation: r.u64("generation")?,
                     origin_node: r.u64("origin_node")?,
                     principal: r.string("principal")?,
+                    frame_bytes_max: r.u32("frame_bytes_max")?,
                 };
                 let n = r.u32("inner_bytes")? as usize;
                 let inner = r.take(n, "inner")?;
                 let inner = decode_inner(inner)?;
+                if inner.request_id() != Some(id) {
+                    return Err(WireError::InvalidValue {
+                        field: "request_id",
+                        value: id,
+                    });
+                }
                 PeerFrame::Forward {
                     head,
                     inner: Box::new(inner),
@@ -148,10 +161,24 @@ impl PeerFrame {
 }
 
 fn forward_body(b: &mut BytesMut, head: &ForwardHead, inner: &[u8]) {
+    // The inner request's id first, as in every request: an owner that cannot take the
+    // forward (too large, undecodable) refuses it under that id, so the forwarder can answer
+    // its client instead of waiting out the deadline.
+    let id = if inner.len() >= HEADER_LEN + 8 && super::has_request_id(inner[3]) {
+        u64::from_le_bytes(
+            inner[HEADER_LEN..HEADER_LEN + 8]
+                .try_into()
+                .expect("8 bytes"),
+        )
+    } else {
+        0
+    };
+    b.put_u64_le(id);
     b.put_u64_le(head.incarnation);
     b.put_u64_le(head.generation);
     b.put_u64_le(head.origin_node);
     put_str(b, &head.principal);
+    b.put_u32_le(head.frame_bytes_max);
     b.put_u32_le(inner.len() as u32);
     b.put_slice(inner);
 }

@@ -101,6 +101,7 @@ fn vector_frames() -> Vec<(&'static str, Frame)> {
                     generation: 3,
                     origin_node: 2,
                     principal: String::new(),
+                    frame_bytes_max: 0,
                 },
                 inner: Box::new(Frame::Cache(CacheFrame::CacheGet {
                     request_id: 5,
@@ -140,6 +141,7 @@ fn peer_frames_round_trip_and_a_forward_never_nests() {
         generation: 2,
         origin_node: 3,
         principal: "p".into(),
+        frame_bytes_max: 1 << 20,
     };
     let fwd = Frame::Peer(PeerFrame::Forward {
         head: head.clone(),
@@ -1140,10 +1142,7 @@ fn request_id_is_known_for_exactly_the_kinds_that_start_with_one() {
                 | cache::kind::CACHE_STATE_DONE
                 | cache::kind::CACHE_WATCH_END
                 | cache::kind::CACHE_MUX
-        ) && !matches!(
-            *k,
-            peer::kind::PEER_HELLO | peer::kind::PEER_HELLO_OK | peer::kind::FORWARD
-        );
+        ) && !matches!(*k, peer::kind::PEER_HELLO | peer::kind::PEER_HELLO_OK);
         assert_eq!(has, known, "{name}");
     }
 }

@@ -581,8 +581,12 @@ impl CoreState {
             .sessions
             .get_mut(&key)
             .expect("frames come from live sessions");
-        // Refuse before queueing anything, so a retry cannot write twice.
-        if session.inflight_bytes + bytes > cfg.conn_inflight_bytes_max
+        // Refuse before queueing anything, so a retry cannot write twice. A peer link carries
+        // the forwards of every client of a core of another broker: their own caps applied
+        // there, and the link is bounded by that broker's `peer_forwards_max`.
+        let capped = !session.peer_link;
+        if capped
+            && session.inflight_bytes + bytes > cfg.conn_inflight_bytes_max
             && session.inflight_bytes > 0
         {
             return Err((
@@ -593,7 +597,7 @@ impl CoreState {
                 ),
             ));
         }
-        if ack && session.unacked >= cfg.conn_unacked_max {
+        if capped && ack && session.unacked >= cfg.conn_unacked_max {
             return Err((
                 ErrorCode::InflightLimit,
                 format!(

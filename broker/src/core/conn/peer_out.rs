@@ -63,6 +63,10 @@ impl CoreState {
                                 generation,
                                 origin_node: self.s.cfg.node_id,
                                 principal: String::new(),
+                                frame_bytes_max: self
+                                    .ep
+                                    .peek(key)
+                                    .map_or(0, |e| e.conn.peer_max_frame_bytes() as u32),
                             },
                         }))
                     }
@@ -127,8 +131,14 @@ impl CoreState {
             links.on_established(key);
         }
         for ev in events {
-            if let ConnEvent::Frame { frame, .. } = ev {
-                links.on_frame(now, key, frame);
+            match ev {
+                ConnEvent::Frame { frame, .. } => links.on_frame(now, key, frame),
+                ConnEvent::BadFrame { error, .. } => {
+                    if let Some(id) = error.request_id {
+                        links.on_bad_answer(key, id, error.error.to_string());
+                    }
+                }
+                _ => {}
             }
         }
         self.link_effects();
@@ -146,6 +156,16 @@ impl CoreState {
         }
         self.link_effects();
         found
+    }
+
+    /// The broker starts draining: its own long polls are answered at once; those it
+    /// forwarded are cancelled at their owners, so their answers (and the drain) come now.
+    pub(in crate::core) fn links_drain(&mut self) {
+        if let Some(links) = self.links.as_mut() {
+            let n = links.cancel_all_polls();
+            CoreCounters::add(&self.s.counters.forwards_cancelled, n);
+            self.link_effects();
+        }
     }
 
     /// A client connection closed: cancel its long polls at their owners.
@@ -190,9 +210,6 @@ impl CoreState {
                     Ok(key) => {
                         CoreCounters::inc(&self.s.counters.peer_dials);
                         links.on_dialed(node, key);
-                        if let Some(e) = self.ep.get(key) {
-                            e.conn.set_urgency(PUBLISH_LANE_STREAM, FORWARD_URGENCY);
-                        }
                     }
                     Err(why) => links.on_dial_failed(Instant::now(), node, why),
                 }
@@ -203,6 +220,11 @@ impl CoreState {
                     Lane::Publish => PUBLISH_LANE_STREAM,
                 };
                 if let Some(e) = self.ep.get(key) {
+                    if lane == Lane::Publish {
+                        // Set on every send: quiche refuses it before the handshake gave the
+                        // stream room, and it costs a lookup once the stream exists.
+                        e.conn.set_urgency(stream, FORWARD_URGENCY);
+                    }
                     e.conn.send_bytes(stream, bytes);
                     self.ep.mark_dirty(key);
                 }

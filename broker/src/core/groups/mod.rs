@@ -245,6 +245,13 @@ impl CoreState {
             ));
         }
         let idx = idx as u32;
+        // A cancel finds a poll this broker forwarded whatever the placement says now (the
+        // shard may have moved since the poll left).
+        if matches!(frame, GroupFrame::GroupPollCancel { .. })
+            && self.cancel_forwarded_poll(key, frame.request_id())
+        {
+            return Ok(());
+        }
         if let crate::core::conn::ShardAdmit::Forward(to) =
             self.admit_shard(key, false, idx, target.shard)?
         {
@@ -255,9 +262,20 @@ impl CoreState {
                 s.long_polls = true;
             }
         }
-        let frame_bytes_max = self.ep.get(key).map_or(self.s.cfg.max_frame_bytes, |e| {
+        let mut frame_bytes_max = self.ep.get(key).map_or(self.s.cfg.max_frame_bytes, |e| {
             e.conn.peer_max_frame_bytes()
         }) as u32;
+        // A forwarded request is answered to its client through the link: the smaller of
+        // the link's and the client's maximum.
+        if let Some(m) = self
+            .sessions
+            .get(&key)
+            .and_then(|s| s.forwarded.as_ref())
+            .map(|h| h.frame_bytes_max)
+            .filter(|&m| m > 0)
+        {
+            frame_bytes_max = frame_bytes_max.min(m);
+        }
         let origin = GroupOrigin {
             core: self.id,
             conn: key,
@@ -290,9 +308,7 @@ impl CoreState {
     ) -> Result<(), (ErrorCode, String)> {
         let rid = frame.request_id();
         if let GroupFrame::GroupPollCancel { target, .. } = &frame {
-            if self.cancel_forwarded_poll(key, rid) {
-                return Ok(());
-            }
+            // Tried before the admission (on_group_request): no forwarded poll waits here.
             return Err((
                 ErrorCode::NotFound,
                 format!(
@@ -300,6 +316,17 @@ impl CoreState {
                     target.group, target.shard
                 ),
             ));
+        }
+        let mut frame = frame;
+        // A draining broker answers long polls at once: one it forwards does not wait either.
+        // The wait counted in the forward's deadline is the owner's bound, not the ask.
+        let wait_max_ms = if self.draining {
+            0
+        } else {
+            self.s.cfg.group_poll_wait_max_ms
+        };
+        if let GroupFrame::GroupPoll { wait_ms, .. } = &mut frame {
+            *wait_ms = (*wait_ms).min(wait_max_ms);
         }
         let (wait, cancel) = match &frame {
             GroupFrame::GroupPoll {
