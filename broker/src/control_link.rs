@@ -14,7 +14,7 @@ use felix_control::api::{
     self, CatalogSnapshot, ChangeEvent, ChangesPage, ErrorBody, FsyncMode, ResourceState,
     ShardState,
 };
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -249,14 +249,66 @@ struct LinkState {
     /// `(catalog_id, revision)` last published: a snapshot of the same catalog at a lower
     /// revision (a lagging Raft member) is never applied — it would read as deletions.
     published: Option<(String, u64)>,
+    /// Peer addresses registered as host names, resolved here (`name:port` → `ip:port`):
+    /// the cores dial IP addresses only, and never wait for a resolver.
+    resolved: HashMap<String, String>,
 }
 
 impl LinkState {
     fn republish(&mut self, cell: &CatalogCell, node_id: u64) {
         let Some(m) = &self.mirror else { return };
-        self.catalog = Catalog::from_view(&self.catalog, &m.view(), node_id, self.fenced);
+        let mut view = m.view();
+        for a in view.peer_addrs.values_mut() {
+            if let Some(ip) = self.resolved.get(a) {
+                *a = ip.clone();
+            }
+        }
+        self.catalog = Catalog::from_view(&self.catalog, &view, node_id, self.fenced);
         self.published = Some((m.catalog_id.clone(), m.revision));
         cell.publish(self.catalog.clone());
+    }
+
+    /// Peer addresses that are names not resolved yet.
+    fn unresolved(&self) -> Vec<String> {
+        let Some(m) = &self.mirror else {
+            return Vec::new();
+        };
+        m.view()
+            .peer_addrs
+            .into_values()
+            .filter(|a| {
+                a.parse::<std::net::SocketAddr>().is_err() && !self.resolved.contains_key(a)
+            })
+            .collect()
+    }
+}
+
+/// Resolve the peer addresses that are host names (each within 2 s; IPv4 first), then publish
+/// the catalog again if any resolved. A name that does not resolve stays as it is: forwards to
+/// that broker are refused `unavailable` naming it, and it is tried again after the next feed
+/// answer.
+async fn resolve_peers(state: &Mutex<LinkState>, cell: &CatalogCell, node_id: u64) {
+    let names = state.lock().unwrap_or_else(|p| p.into_inner()).unresolved();
+    let mut found = Vec::new();
+    for name in names {
+        let lookup = tokio::net::lookup_host(name.clone());
+        match tokio::time::timeout(std::time::Duration::from_secs(2), lookup).await {
+            Ok(Ok(addrs)) => {
+                let addrs: Vec<std::net::SocketAddr> = addrs.collect();
+                if let Some(a) = addrs.iter().find(|a| a.is_ipv4()).or(addrs.first()) {
+                    found.push((name, a.to_string()));
+                }
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(peer_addr = %name, error = %e, "peer address does not resolve")
+            }
+            Err(_) => tracing::warn!(peer_addr = %name, "peer address lookup timed out"),
+        }
+    }
+    if !found.is_empty() {
+        let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
+        st.resolved.extend(found);
+        st.republish(cell, node_id);
     }
 }
 
@@ -409,6 +461,7 @@ async fn run(
         catalog: Catalog::default(),
         fenced: false,
         published: None,
+        resolved: HashMap::new(),
     }));
     let incarnation = Arc::new(AtomicU64::new(0));
     let applied = Arc::new(AtomicU64::new(0));
@@ -535,7 +588,8 @@ async fn run(
         match result {
             Ok(()) => {
                 note_answer();
-                backoff_ms = 200
+                backoff_ms = 200;
+                resolve_peers(&state, &cell, cfg.node_id).await;
             }
             Err(CallError::Api(410, b)) => {
                 tracing::warn!(message = %b.message, "feed position too old; re-reading the snapshot");

@@ -31,8 +31,6 @@ fn start_node(cp: &ControlPlane, certs: &Path, id: u64, extra: &[&str]) -> Broke
         &cp.url,
         "--node-id",
         &id_s,
-        "--peer-listen",
-        "127.0.0.1:0",
         "--peer-cert",
         cert.to_str().unwrap(),
         "--peer-key",
@@ -40,6 +38,9 @@ fn start_node(cp: &ControlPlane, certs: &Path, id: u64, extra: &[&str]) -> Broke
         "--peer-ca",
         ca.to_str().unwrap(),
     ];
+    if !extra.contains(&"--peer-listen") {
+        args.extend_from_slice(&["--peer-listen", "127.0.0.1:0"]);
+    }
     args.extend_from_slice(extra);
     Broker::start(1, &args)
 }
@@ -349,11 +350,31 @@ async fn owners_check_who_forwards_and_what() {
     let certs = tmp.path().join("certs");
     generate_cluster_certs(&certs, &[1, 2, 3]).unwrap();
     let n1 = start_node(&cp, &certs, 1, &[]);
-    let n2 = start_node(&cp, &certs, 2, &[]);
+    // Node 2 advertises its peer listener by host name: node 1 resolves it off the data path.
+    let port = std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let (listen, named) = (format!("127.0.0.1:{port}"), format!("localhost:{port}"));
+    let n2 = start_node(
+        &cp,
+        &certs,
+        2,
+        &["--peer-listen", &listen, "--peer-advertise-addr", &named],
+    );
     make_resources(&cp, tmp.path(), "4");
     let (incarnation, places) = placement(&cp, "streams", "spread").await;
     let name = StreamName::new("acme", "prod", "spread");
     visible(&[n1.client().await, n2.client().await], &name).await;
+    let theirs = places.iter().position(|p| p.0 == 2).unwrap() as u32;
+    let c1 = n1.client().await;
+    eventually("forwarded to a broker registered by name", || async {
+        c1.publish_batch(&name, ShardSelector::Shard(theirs), vec!["by-name"])
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
 
     // Node 3's certificate, claiming to be node 2: closed.
     let cluster = cluster_id(&cp).await;
@@ -388,7 +409,6 @@ async fn owners_check_who_forwards_and_what() {
     );
     let mut raw = raw;
     let mine = places.iter().position(|p| p.0 == 1).unwrap() as u32;
-    let theirs = places.iter().position(|p| p.0 == 2).unwrap() as u32;
     let fwd = |rid: u64, shard: u32, incarnation: u64, generation: u64| {
         Frame::Peer(PeerFrame::Forward {
             head: ForwardHead {

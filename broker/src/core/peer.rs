@@ -249,7 +249,7 @@ impl Links {
             Refusal::new(
                 ErrorCode::Unavailable,
                 format!(
-                    "broker {} registered peer address {:?}, which is not IP:port (names are not resolved on the data path); nothing was sent",
+                    "broker {} registered peer address {:?}, which has not resolved to an address yet; nothing was sent",
                     target.node, target.addr
                 ),
             )
