@@ -387,17 +387,28 @@ impl Catalog {
     /// The owner broker of each shard of stream slot `idx` (`own` for this broker's; 0 when
     /// none is placed): what `StreamInfo.owners` tells clients.
     pub fn shard_owners(&self, idx: usize, own: u64) -> Vec<u64> {
-        self.slots[idx]
-            .places
-            .iter()
-            .map(|p| match p {
-                Place::Mine { .. } => own,
-                Place::Elsewhere { owner, .. } | Place::OwnerDown { owner } => *owner,
-                Place::Unassigned => 0,
-            })
-            .collect()
+        owners_of(&self.slots[idx].places, own)
     }
 
+    /// [`Catalog::shard_owners`] of cache slot `idx`.
+    pub fn cache_shard_owners(&self, idx: usize, own: u64) -> Vec<u64> {
+        owners_of(&self.cache_slots[idx].places, own)
+    }
+}
+
+/// The owner node of each place (`own` for this broker's; 0 when none is placed).
+fn owners_of(places: &[Place], own: u64) -> Vec<u64> {
+    places
+        .iter()
+        .map(|p| match p {
+            Place::Mine { .. } => own,
+            Place::Elsewhere { owner, .. } | Place::OwnerDown { owner } => *owner,
+            Place::Unassigned => 0,
+        })
+        .collect()
+}
+
+impl Catalog {
     /// Where to forward a request for shard `shard` of stream (or, with `cache`, cache)
     /// slot `idx` that this broker does not own: the owner's node id, its peer address and
     /// what the owner checks the forward against. `None` when the shard is not placed on

@@ -769,6 +769,40 @@ async fn the_cluster_client_finds_the_owners_and_survives_a_broker_dying() {
     }
     assert_eq!(seen.values().map(BTreeSet::len).sum::<usize>(), want);
 
+    // A cluster-wide prefix watch: each shard watched on its owner, merged; the puts go
+    // through whichever broker the client holds (it forwards them).
+    let kv = StreamName::new("acme", "prod", "kv");
+    let mut watch = cc
+        .cache_watch_prefix(
+            &kv,
+            "user/",
+            felix_quic::wire::WatchStart::Current,
+            felix_client::WatchOptions::default(),
+        )
+        .await
+        .unwrap();
+    let any = cc.client().await.unwrap();
+    for k in 0..12 {
+        any.cache_put(&kv, format!("user/{k}"), format!("v{k}"), None)
+            .await
+            .unwrap();
+    }
+    let mut keys = BTreeSet::new();
+    let mut states = 0;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while keys.len() < 12 && Instant::now() < deadline {
+        match tokio::time::timeout(Duration::from_secs(5), watch.next()).await {
+            Ok(Some(felix_client::WatchItem::Event { key, .. })) => {
+                keys.insert(key);
+            }
+            Ok(Some(felix_client::WatchItem::StateDone { .. })) => states += 1,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(keys.len(), 12, "every shard's changes, from every owner");
+    assert!(states >= 1);
+    drop(watch);
+
     // Broker 3 dies.
     let dead = 3u64;
     let mut nodes = nodes;

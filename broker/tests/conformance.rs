@@ -328,6 +328,7 @@ fn broker_frames() -> Vec<Frame> {
             shards: 1,
             durable: false,
             default_ttl_ms: 0,
+            owners: vec![],
         }),
     ]
 }

@@ -49,11 +49,14 @@ pub struct CounterValue {
 }
 
 /// Shape of a cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CacheInfo {
     pub shards: u32,
     pub durable: bool,
     pub default_ttl_ms: Option<u64>,
+    /// The owner broker's node id of each shard (0: not placed; empty from a broker without
+    /// a cluster map).
+    pub owners: Vec<u64>,
 }
 
 /// What a watch yields.
@@ -284,11 +287,13 @@ impl Client {
                 shards,
                 durable,
                 default_ttl_ms,
+                owners,
                 ..
             }) => Ok(CacheInfo {
                 shards,
                 durable,
                 default_ttl_ms: opt_ms(default_ttl_ms),
+                owners,
             }),
             other => Err(unexpected(other)),
         }
@@ -521,6 +526,33 @@ impl Client {
                         shard: *shard,
                     },
                     WatchStart::Offset(*off),
+                )
+            })
+            .collect();
+        self.watch_many(cache, specs, opts).await
+    }
+
+    /// Watch `prefix` on the named shards of the cache (each from `start`), merged: the part
+    /// of a cluster-wide prefix watch that one broker owns (see
+    /// [`crate::ClusterClient::cache_watch_prefix`]).
+    pub async fn cache_watch_prefix_shards(
+        &self,
+        cache: &StreamName,
+        prefix: impl Into<Bytes>,
+        shards: &[u32],
+        start: WatchStart,
+        opts: WatchOptions,
+    ) -> Result<CacheWatch, Error> {
+        let prefix = prefix.into();
+        let specs = shards
+            .iter()
+            .map(|&shard| {
+                (
+                    WatchFilter::Prefix {
+                        prefix: prefix.clone(),
+                        shard,
+                    },
+                    start,
                 )
             })
             .collect();

@@ -435,6 +435,80 @@ impl ClusterClient {
     }
 }
 
+impl ClusterClient {
+    /// Watch `prefix` on every shard of a cache, each shard on its owner (one watch per
+    /// owner broker, over the shards it owns), merged into one stream of items: order is per
+    /// shard only, and a shard's end arrives as its own `End` item (resume it with per-shard
+    /// offsets). It refuses to open rather than cover some shards.
+    pub async fn cache_watch_prefix(
+        &self,
+        cache: &StreamName,
+        prefix: impl Into<Bytes>,
+        start: crate::WatchStart,
+        opts: crate::WatchOptions,
+    ) -> Result<ClusterWatch, Error> {
+        if let crate::WatchStart::Offset(_) = start {
+            return Err(Error::InvalidArgument(
+                "offsets are per shard: a cluster-wide prefix watch starts at current, latest or earliest"
+                    .into(),
+            ));
+        }
+        let prefix = prefix.into();
+        let info = self.any().await?.describe_cache(cache).await?;
+        let mut by_owner: BTreeMap<u64, Vec<u32>> = BTreeMap::new();
+        for shard in 0..info.shards {
+            let owner = info.owners.get(shard as usize).copied().unwrap_or(0);
+            by_owner.entry(owner).or_default().push(shard);
+        }
+        let mut watches = Vec::new();
+        for (owner, shards) in by_owner {
+            let c = self.to_node(owner).await?;
+            let w = c
+                .cache_watch_prefix_shards(cache, prefix.clone(), &shards, start, opts)
+                .await?;
+            watches.push((c, w));
+        }
+        let (tx, rx) = mpsc::channel(1024);
+        let tasks = watches
+            .into_iter()
+            .map(|(c, mut w)| {
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    // The connection lives as long as its watch.
+                    let _c = c;
+                    while let Some(item) = w.next().await {
+                        if tx.send(item).await.is_err() {
+                            return;
+                        }
+                    }
+                })
+            })
+            .collect();
+        Ok(ClusterWatch { rx, tasks })
+    }
+}
+
+/// A cluster-wide prefix watch: every shard's items, merged (order per shard only).
+pub struct ClusterWatch {
+    rx: mpsc::Receiver<crate::WatchItem>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl ClusterWatch {
+    /// The next item of any shard; `None` once every shard's watch ended.
+    pub async fn next(&mut self) -> Option<crate::WatchItem> {
+        self.rx.recv().await
+    }
+}
+
+impl Drop for ClusterWatch {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
 /// Every shard's events of one stream, merged (order per shard only).
 pub struct ShardedSubscription {
     rx: mpsc::Receiver<Event>,

@@ -35,7 +35,7 @@ mod mux;
 pub use cache::{
     CacheEntry, CacheInfo, CacheWatch, CounterValue, Deleted, WatchItem, WatchOptions, Written,
 };
-pub use cluster::{ClusterClient, ClusterConfig, ShardedSubscription};
+pub use cluster::{ClusterClient, ClusterConfig, ClusterWatch, ShardedSubscription};
 use felix_quic::wire::CacheFrame;
 pub use felix_quic::wire::{
     AnswerOp, ClaimId, DeadLetterAction, DeadLetterRef, EventKind, GroupInfo, WatchFilter,

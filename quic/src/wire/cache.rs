@@ -236,6 +236,9 @@ pub enum CacheFrame {
         durable: bool,
         /// The cache's default TTL; 0 = none.
         default_ttl_ms: u64,
+        /// Node id of each shard's owner broker (0: none); appended, empty from an older
+        /// broker.
+        owners: Vec<u64>,
     },
 }
 
@@ -536,11 +539,16 @@ impl CacheFrame {
                 shards,
                 durable,
                 default_ttl_ms,
+                owners,
             } => {
                 b.put_u64_le(*request_id);
                 b.put_u32_le(*shards);
                 b.put_u8(*durable as u8);
                 b.put_u64_le(*default_ttl_ms);
+                b.put_u32_le(owners.len() as u32);
+                for o in owners {
+                    b.put_u64_le(*o);
+                }
             }
         }
     }
@@ -669,12 +677,22 @@ impl CacheFrame {
                 request_id: r.u64("request_id")?,
                 cache: r.stream()?,
             },
-            kind::CACHE_INFO => CacheInfo {
-                request_id: r.u64("request_id")?,
-                shards: r.u32("shards")?,
-                durable: r.bool("durable")?,
-                default_ttl_ms: r.u64("default_ttl_ms")?,
-            },
+            kind::CACHE_INFO => {
+                let (request_id, shards, durable, default_ttl_ms) = (
+                    r.u64("request_id")?,
+                    r.u32("shards")?,
+                    r.bool("durable")?,
+                    r.u64("default_ttl_ms")?,
+                );
+                let n = r.appended_u32("owners", 0)?;
+                CacheInfo {
+                    request_id,
+                    shards,
+                    durable,
+                    default_ttl_ms,
+                    owners: r.list(n, "owners", |r| r.u64("owner"))?,
+                }
+            }
             kind::CACHE_MUX => {
                 let count = r.u32("watch_count")? as usize;
                 if count == 0 {

@@ -901,14 +901,22 @@ fn arb_cache_frame() -> impl Strategy<Value = super::CacheFrame> {
             }
         ),
         (rid, arb_stream()).prop_map(|(request_id, cache)| DescribeCache { request_id, cache }),
-        (rid, any::<u32>(), any::<bool>(), any::<u64>()).prop_map(
-            |(request_id, shards, durable, default_ttl_ms)| CacheInfo {
-                request_id,
-                shards,
-                durable,
-                default_ttl_ms
-            }
-        ),
+        (
+            rid,
+            any::<u32>(),
+            any::<bool>(),
+            any::<u64>(),
+            proptest::collection::vec(any::<u64>(), 0..4)
+        )
+            .prop_map(
+                |(request_id, shards, durable, default_ttl_ms, owners)| CacheInfo {
+                    request_id,
+                    shards,
+                    durable,
+                    default_ttl_ms,
+                    owners,
+                }
+            ),
     ]
 }
 

@@ -337,6 +337,7 @@ impl CoreState {
                 shards: def.shards,
                 durable: def.durable,
                 default_ttl_ms: def.default_ttl_ms.unwrap_or(0),
+                owners: catalog.cache_shard_owners(idx as usize, self.s.cfg.node_id),
             });
             if let Some(e) = self.ep.get(key) {
                 e.conn.send_frame(quic_stream, &reply);
