@@ -27,3 +27,28 @@ felix_run() {
     || echo "FAILED $case" >&2
   kill "$PID"; wait "$PID" 2>/dev/null || true; rm -rf "$D"
 }
+
+# cluster_up N: scripts/cluster.sh N pinned to core 0 in a fresh temp dir $D (settle window
+# 500 ms), waiting until it is ready; cluster_down stops it. Sets D and CL.
+cluster_up() {
+  D=$(mktemp -d -p "${BENCH_TMP:-/var/tmp}")
+  FELIX_DATA_DIR="$D" FELIX_BIN_DIR="$T" FELIX_PLACEMENT_SETTLE_MS=500 \
+    taskset -c 0 ./scripts/cluster.sh "$1" > "$D/cluster.log" 2>&1 &
+  CL=$!
+  trap cluster_down EXIT
+  for _ in $(seq 300); do grep -q "Ctrl-C stops" "$D/cluster.log" && break; sleep 0.1; done
+  grep -q "Ctrl-C stops" "$D/cluster.log" || { cat "$D/cluster.log" >&2; exit 1; }
+}
+cluster_down() {
+  kill -TERM "$CL" 2>/dev/null; wait "$CL" 2>/dev/null; rm -rf "$D"
+}
+
+# cluster_run OUT CASE LOADGEN ARGS...: one felix-loadgen --json run on core 1 against the
+# cluster (its CA), its result appended to OUT with "case", "rev" and "date".
+cluster_run() {
+  local out=$1 case=$2 R; shift 2
+  R=$(timeout 200 taskset -c 1 "$T/felix-loadgen" --json --ca "$D/certs/ca.pem" "$@") \
+    && python3 -c 'import json,sys; d=json.loads(sys.argv[1]); d["case"]=sys.argv[2]; d["rev"]=sys.argv[3]; d["date"]=sys.argv[4]; print(json.dumps(d))' \
+       "$R" "$case" "$(git rev-parse --short HEAD)" "$(date -u +%FT%TZ)" >> "$out" \
+    || echo "FAILED $case" >&2
+}

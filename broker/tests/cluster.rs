@@ -677,7 +677,7 @@ async fn groups_are_served_through_any_broker() {
 /// on the surviving shards is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cluster_client_finds_the_owners_and_survives_a_broker_dying() {
-    use felix_client::{ClusterClient, ClusterConfig, Event};
+    use felix_client::{ClusterClient, ClusterConfig};
     use std::collections::{BTreeMap, BTreeSet};
     use std::sync::Arc;
     let cp = start_control_plane(1_000);
@@ -754,20 +754,10 @@ async fn the_cluster_client_finds_the_owners_and_survives_a_broker_dying() {
     let mut sub = cc.subscribe_sharded(&name, opts).await.unwrap();
     let mut seen: BTreeMap<u32, BTreeSet<u64>> = BTreeMap::new();
     let want = 66;
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while seen.values().map(BTreeSet::len).sum::<usize>() < want && Instant::now() < deadline {
-        if let Ok(Some(Event::Records {
-            shard,
-            first_offset,
-            records,
-        })) = tokio::time::timeout(Duration::from_secs(5), sub.next()).await
-        {
-            for i in 0..records.count() as u64 {
-                seen.entry(shard).or_default().insert(first_offset + i);
-            }
-        }
-    }
-    assert_eq!(seen.values().map(BTreeSet::len).sum::<usize>(), want);
+    let total =
+        |seen: &BTreeMap<u32, BTreeSet<u64>>| seen.values().map(BTreeSet::len).sum::<usize>();
+    read_until(&mut sub, &mut seen, |s| total(s) >= want).await;
+    assert_eq!(total(&seen), want);
 
     // A cluster-wide prefix watch: each shard watched on its owner, merged; the puts go
     // through whichever broker the client holds (it forwards them).
@@ -829,7 +819,6 @@ async fn the_cluster_client_finds_the_owners_and_survives_a_broker_dying() {
         assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
     }
     // Every acked record of the surviving shards reaches the merged subscription.
-    let deadline = Instant::now() + Duration::from_secs(15);
     let complete = |seen: &BTreeMap<u32, BTreeSet<u64>>| {
         ours.iter().all(|s| {
             acked
@@ -837,18 +826,7 @@ async fn the_cluster_client_finds_the_owners_and_survives_a_broker_dying() {
                 .is_none_or(|a| a.iter().all(|o| seen.get(s).is_some_and(|v| v.contains(o))))
         })
     };
-    while !complete(&seen) && Instant::now() < deadline {
-        if let Ok(Some(Event::Records {
-            shard,
-            first_offset,
-            records,
-        })) = tokio::time::timeout(Duration::from_secs(5), sub.next()).await
-        {
-            for i in 0..records.count() as u64 {
-                seen.entry(shard).or_default().insert(first_offset + i);
-            }
-        }
-    }
+    read_until(&mut sub, &mut seen, complete).await;
     assert!(
         complete(&seen),
         "acked on surviving shards, not delivered: {acked:?} vs {seen:?}"
@@ -970,5 +948,26 @@ async fn ephemeral_shards_move_and_restart_empty() {
             assert_eq!(&recs[0].1[..], b"new0");
         }
         other => panic!("{other:?}"),
+    }
+}
+
+/// Read a merged subscription into `seen` (shard → offsets) until `done` says so, or 15 s.
+async fn read_until(
+    sub: &mut felix_client::ShardedSubscription,
+    seen: &mut std::collections::BTreeMap<u32, std::collections::BTreeSet<u64>>,
+    done: impl Fn(&std::collections::BTreeMap<u32, std::collections::BTreeSet<u64>>) -> bool,
+) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !done(seen) && Instant::now() < deadline {
+        if let Ok(Some(felix_client::Event::Records {
+            shard,
+            first_offset,
+            records,
+        })) = tokio::time::timeout(Duration::from_secs(5), sub.next()).await
+        {
+            for i in 0..records.count() as u64 {
+                seen.entry(shard).or_default().insert(first_offset + i);
+            }
+        }
     }
 }

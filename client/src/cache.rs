@@ -482,19 +482,9 @@ impl Client {
             ));
         }
         let info = self.describe_cache(cache).await?;
-        let prefix = prefix.into();
-        let specs = (0..info.shards)
-            .map(|shard| {
-                (
-                    WatchFilter::Prefix {
-                        prefix: prefix.clone(),
-                        shard,
-                    },
-                    start,
-                )
-            })
-            .collect();
-        self.watch_many(cache, specs, opts).await
+        let shards: Vec<u32> = (0..info.shards).collect();
+        self.cache_watch_prefix_shards(cache, prefix, &shards, start, opts)
+            .await
     }
 
     /// Resume a multi-shard prefix watch from per-shard offsets (e.g.

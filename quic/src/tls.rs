@@ -79,24 +79,8 @@ fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
 
 /// Generate a self-signed certificate (PEM) and PKCS#8 key (PEM).
 pub fn generate_self_signed(dns: &[&str], ips: &[&str]) -> Result<(Vec<u8>, Vec<u8>), TlsError> {
-    let group = EcGroup::from_curve_name(Nid::X9_62_PRIME256V1)?;
-    let key = PKey::from_ec_key(EcKey::generate(&group)?)?;
-    let mut name = X509NameBuilder::new()?;
-    name.append_entry_by_nid(Nid::COMMONNAME, "felix-dev")?;
-    let name = name.build();
-    let mut b = X509::builder()?;
-    b.set_version(2)?;
-    let mut serial = BigNum::new()?;
-    serial.rand(127, MsbOption::MAYBE_ZERO, false)?;
-    let serial = serial.to_asn1_integer()?;
-    b.set_serial_number(&serial)?;
-    b.set_subject_name(&name)?;
+    let (key, name, mut b) = cert_builder("felix-dev")?;
     b.set_issuer_name(&name)?;
-    b.set_pubkey(&key)?;
-    let nb = Asn1Time::days_from_now(0)?;
-    b.set_not_before(&nb)?;
-    let na = Asn1Time::days_from_now(3650)?;
-    b.set_not_after(&na)?;
     let bc = BasicConstraints::new().critical().ca().build()?;
     b.append_extension(&bc)?;
     let mut san = SubjectAlternativeName::new();
@@ -166,16 +150,22 @@ pub fn generate_cluster_certs(dir: &Path, nodes: &[u64]) -> Result<Vec<PeerTls>,
     Ok(out)
 }
 
-/// A leaf certificate for `name` signed by the CA (PEM cert, PKCS#8 PEM key).
-fn issue_node_cert(
-    ca: &X509,
-    ca_key: &PKey<boring::pkey::Private>,
-    name: &str,
-) -> Result<(Vec<u8>, Vec<u8>), TlsError> {
+/// A fresh EC P-256 key, the subject `CN=common_name`, and a v3 certificate builder with a
+/// random serial, that subject and key, valid from now for ten years.
+fn cert_builder(
+    common_name: &str,
+) -> Result<
+    (
+        PKey<boring::pkey::Private>,
+        boring::x509::X509Name,
+        boring::x509::X509Builder,
+    ),
+    TlsError,
+> {
     let group = EcGroup::from_curve_name(Nid::X9_62_PRIME256V1)?;
     let key = PKey::from_ec_key(EcKey::generate(&group)?)?;
     let mut subject = X509NameBuilder::new()?;
-    subject.append_entry_by_nid(Nid::COMMONNAME, name)?;
+    subject.append_entry_by_nid(Nid::COMMONNAME, common_name)?;
     let subject = subject.build();
     let mut b = X509::builder()?;
     b.set_version(2)?;
@@ -184,11 +174,21 @@ fn issue_node_cert(
     let serial = serial.to_asn1_integer()?;
     b.set_serial_number(&serial)?;
     b.set_subject_name(&subject)?;
-    b.set_issuer_name(ca.subject_name())?;
     b.set_pubkey(&key)?;
     let (nb, na) = (Asn1Time::days_from_now(0)?, Asn1Time::days_from_now(3650)?);
     b.set_not_before(&nb)?;
     b.set_not_after(&na)?;
+    Ok((key, subject, b))
+}
+
+/// A leaf certificate for `name` signed by the CA (PEM cert, PKCS#8 PEM key).
+fn issue_node_cert(
+    ca: &X509,
+    ca_key: &PKey<boring::pkey::Private>,
+    name: &str,
+) -> Result<(Vec<u8>, Vec<u8>), TlsError> {
+    let (key, _, mut b) = cert_builder(name)?;
+    b.set_issuer_name(ca.subject_name())?;
     let bc = BasicConstraints::new().build()?;
     b.append_extension(&bc)?;
     let ku = KeyUsage::new().digital_signature().build()?;

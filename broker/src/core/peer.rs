@@ -747,6 +747,15 @@ mod tests {
         }
     }
 
+    fn hello_ok(node_id: u64, max_frame_bytes: u32) -> Frame {
+        Frame::Peer(PeerFrame::PeerHelloOk {
+            node_id,
+            cluster_id: "c".into(),
+            capabilities: 1,
+            max_frame_bytes,
+        })
+    }
+
     fn client(rid: u64) -> FwdClient {
         FwdClient::Request {
             conn: 5,
@@ -825,16 +834,7 @@ mod tests {
             )),
             other => panic!("{other:?}"),
         }
-        l.on_frame(
-            now,
-            40,
-            Frame::Peer(PeerFrame::PeerHelloOk {
-                node_id: 2,
-                cluster_id: "c".into(),
-                capabilities: 1,
-                max_frame_bytes: 1 << 20,
-            }),
-        );
+        l.on_frame(now, 40, hello_ok(2, 1 << 20));
         l.drain_effects()
     }
 
@@ -986,16 +986,7 @@ mod tests {
         l.on_dialed(2, 40);
         l.on_established(40);
         l.drain_effects();
-        l.on_frame(
-            t0,
-            40,
-            Frame::Peer(PeerFrame::PeerHelloOk {
-                node_id: 3,
-                cluster_id: "c".into(),
-                capabilities: 1,
-                max_frame_bytes: 1 << 20,
-            }),
-        );
+        l.on_frame(t0, 40, hello_ok(3, 1 << 20));
         let e = l.drain_effects();
         assert!(matches!(e[0], LinkEffect::Close { key: 40 }));
         assert_eq!(answers(e), vec![(1, ErrorCode::Unavailable.number())]);
@@ -1117,16 +1108,7 @@ mod tests {
         l.on_dialed(2, 40);
         l.on_established(40);
         l.drain_effects();
-        l.on_frame(
-            t0,
-            40,
-            Frame::Peer(PeerFrame::PeerHelloOk {
-                node_id: 2,
-                cluster_id: "c".into(),
-                capabilities: 1,
-                max_frame_bytes: 100,
-            }),
-        );
+        l.on_frame(t0, 40, hello_ok(2, 100));
         let out = l.drain_effects();
         let id = sent(&out)[0].0;
         let big = Frame::Publish {
