@@ -381,7 +381,10 @@ impl ClusterClient {
         mut opts: SubscribeOptions,
         tx: mpsc::Sender<Event>,
     ) {
-        let mut next: Option<u64> = None;
+        // Where a reopen starts: after the last record delivered, or, before any, where the
+        // broker said this subscription starts (a `latest` start must not skip what was
+        // published while the shard was being reopened).
+        let mut next: Option<u64> = sub.start_offsets.first().map(|&(_, o)| o);
         loop {
             let ended = loop {
                 match sub.next().await {
@@ -413,7 +416,12 @@ impl ClusterClient {
             let mut pause = Duration::from_millis(50);
             sub = loop {
                 match self.open_shard(&stream, shard, opts.clone()).await {
-                    Ok(s) => break s,
+                    Ok(s) => {
+                        if next.is_none() {
+                            next = s.start_offsets.first().map(|&(_, o)| o);
+                        }
+                        break s;
+                    }
                     Err(e) if Instant::now() + pause < deadline => {
                         tracing::debug!(shard, error = %e, "reopening a shard");
                         tokio::time::sleep(pause).await;
