@@ -7,7 +7,7 @@ use super::*;
 mod deliver;
 mod peer_in;
 mod peer_out;
-pub(in crate::core) use peer_out::ShardAdmit;
+pub(in crate::core) use super::admit::ShardAdmit;
 pub(in crate::core) mod subs;
 pub(in crate::core) mod watches;
 

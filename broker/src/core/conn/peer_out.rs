@@ -7,7 +7,7 @@ use super::super::peer::{FwdAnswer, FwdClient, FwdTarget, Lane, LinkEffect, Link
 use super::super::*;
 use felix_quic::server::Sock;
 use felix_quic::tls::node_name;
-use felix_quic::wire::ForwardHead;
+use super::super::admit::{shard_admit, Asker, ShardAdmit};
 
 /// Urgency of the stream that carries forwarded publishes on a link: below quiche's default
 /// (127), where the control stream stays, so the link's own traffic (and replication's, which
@@ -16,23 +16,9 @@ const FORWARD_URGENCY: u8 = 200;
 /// The link stream forwarded publishes travel on (the first client bidi stream after 0).
 const PUBLISH_LANE_STREAM: u64 = 4;
 
-/// What the shard admission decided for a request.
-pub(in crate::core) enum ShardAdmit {
-    /// This broker owns the shard: serve it here.
-    Serve,
-    /// Another broker owns it: forward it there.
-    Forward(FwdTarget),
-}
-
 impl CoreState {
-    /// The shard admission of every request that names a shard (publish, cache operation).
-    ///
-    /// - A forwarded request (the session's `forwarded` head is set) is served only if this
-    ///   broker owns the shard at the generation and incarnation the forwarder routed by;
-    ///   it is never forwarded again (`not_leader`, `conflict`).
-    /// - A client's request for a shard placed on another live broker with a peer listener
-    ///   is forwarded there, when this broker has peer links.
-    /// - Otherwise the catalog's refusal stands (`not_leader` naming the owner, ...).
+    /// The shard admission of every request that names a shard (publish, cache operation,
+    /// group operation): `admit::shard_admit` with this session's forward head, if any.
     pub(in crate::core) fn admit_shard(
         &self,
         key: ConnKey,
@@ -40,41 +26,16 @@ impl CoreState {
         idx: u32,
         shard: u32,
     ) -> Result<ShardAdmit, (ErrorCode, String)> {
-        if let Some(head) = self.sessions.get(&key).and_then(|s| s.forwarded.as_ref()) {
-            self.catalog
-                .forward_check(cache, idx, shard, head.incarnation, head.generation)?;
-            return Ok(ShardAdmit::Serve);
-        }
-        let checked = if cache {
-            self.catalog.cache_serve_check(idx, shard)
-        } else {
-            self.catalog.serve_check(idx, shard)
+        let asker = Asker {
+            node_id: self.s.cfg.node_id,
+            forwarded: self.sessions.get(&key).and_then(|s| s.forwarded.as_ref()),
+            links: self.links.is_some(),
+            frame_bytes_max: self
+                .ep
+                .peek(key)
+                .map_or(0, |e| e.conn.peer_max_frame_bytes() as u32),
         };
-        match checked {
-            Ok(()) => Ok(ShardAdmit::Serve),
-            Err((ErrorCode::NotLeader, msg)) if self.links.is_some() => {
-                match self.catalog.forward_target(cache, idx, shard) {
-                    Some((node, addr, incarnation, generation)) => {
-                        Ok(ShardAdmit::Forward(FwdTarget {
-                            node,
-                            addr,
-                            head: ForwardHead {
-                                incarnation,
-                                generation,
-                                origin_node: self.s.cfg.node_id,
-                                principal: String::new(),
-                                frame_bytes_max: self
-                                    .ep
-                                    .peek(key)
-                                    .map_or(0, |e| e.conn.peer_max_frame_bytes() as u32),
-                            },
-                        }))
-                    }
-                    None => Err((ErrorCode::NotLeader, msg)),
-                }
-            }
-            Err(e) => Err(e),
-        }
+        shard_admit(&self.catalog, &asker, cache, idx, shard)
     }
 
     /// Hand a request to the links; a refusal (link down, full) is returned for the caller

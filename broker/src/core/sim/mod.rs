@@ -17,6 +17,7 @@
 //! `FELIX_SIM_SEED=N cargo nextest run -p felix-broker sim` replays exactly that run.
 
 mod check;
+mod cluster;
 mod disk;
 mod scenarios;
 
@@ -218,6 +219,11 @@ impl World {
         self.next_id
     }
 
+    /// This broker's clock.
+    pub(crate) fn now(&self) -> Instant {
+        self.epoch + Duration::from_millis(self.now_ms)
+    }
+
     fn ctx(&self, me: u8) -> Ctx<'_> {
         Ctx {
             me,
@@ -397,8 +403,15 @@ impl World {
 
     /// A client on core `core` publishes `n` records to `key` (acked).
     pub(crate) fn publish(&mut self, core: u8, key: ShardKey, n: u32) -> u64 {
-        let id = self.id();
+        let id = self.next_id + 1;
         let payloads: Vec<Bytes> = (0..n).map(|i| Bytes::from(format!("p{id}.{i}"))).collect();
+        self.publish_payloads(core, key, payloads)
+    }
+
+    /// A client on core `core` publishes these records to `key` (acked); returns its id.
+    pub(crate) fn publish_payloads(&mut self, core: u8, key: ShardKey, payloads: Vec<Bytes>) -> u64 {
+        let id = self.id();
+        let n = payloads.len();
         self.note(format!("publish #{id} of {n} on core {core} to {key:?}"));
         let records = Records::encode(payloads.iter().map(|p| &p[..]));
         let deadline = self.epoch + Duration::from_millis(self.now_ms + PUBLISH_TIMEOUT_MS);
@@ -629,22 +642,7 @@ impl World {
     /// One random event. Returns false when nothing at all can happen.
     pub(crate) fn step(&mut self) -> bool {
         self.steps += 1;
-        let mut options: Vec<u8> = Vec::new();
-        if self.mesh.iter().any(|q| !q.is_empty()) {
-            options.extend([0, 0, 0]);
-        }
-        if self.readable().next().is_some() {
-            options.extend([1, 1]);
-        }
-        if self.disk.values().any(|s| {
-            let s = s.borrow();
-            s.failed.is_none() && (s.written < s.records.len() as u64 || s.synced < s.written)
-        }) {
-            options.extend([2, 2]);
-        }
-        if !self.io.is_empty() {
-            options.push(3);
-        }
+        let mut options = self.options();
         if options.is_empty() {
             return false;
         }
@@ -661,6 +659,32 @@ impl World {
             }
         }
         true
+    }
+
+    /// Something can happen without the clock moving (a message, a read, disk progress, I/O).
+    pub(crate) fn busy(&self) -> bool {
+        !self.options().is_empty()
+    }
+
+    /// The kinds of event that can happen now, weighted by repetition.
+    fn options(&self) -> Vec<u8> {
+        let mut options: Vec<u8> = Vec::new();
+        if self.mesh.iter().any(|q| !q.is_empty()) {
+            options.extend([0, 0, 0]);
+        }
+        if self.readable().next().is_some() {
+            options.extend([1, 1]);
+        }
+        if self.disk.values().any(|s| {
+            let s = s.borrow();
+            s.failed.is_none() && (s.written < s.records.len() as u64 || s.synced < s.written)
+        }) {
+            options.extend([2, 2]);
+        }
+        if !self.io.is_empty() {
+            options.push(3);
+        }
+        options
     }
 
     fn deliver_one(&mut self) {
