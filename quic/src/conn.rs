@@ -46,6 +46,9 @@ impl quiche::BufFactory for BytesFactory {
 /// The quiche connection type used by Felix.
 pub type QuicConn = quiche::Connection<BytesFactory>;
 
+/// quiche's urgency of a stream nobody prioritized.
+const DEFAULT_URGENCY: u8 = 127;
+
 /// What happened on the connection's streams.
 #[derive(Debug)]
 pub enum ConnEvent {
@@ -85,6 +88,12 @@ pub struct FelixConn {
     peer_max_frame_bytes: usize,
     /// Frames refused by [`FelixConn::send_frame`] for being over the peer's maximum.
     oversized_refused: u64,
+    /// Streams given an urgency other than quiche's default ([`FelixConn::set_urgency`]).
+    /// quiche takes a stream's bytes only up to the connection's send capacity, and orders
+    /// by urgency only what it has taken, so the flush hands urgent streams their bytes
+    /// first and the least urgent last; otherwise a full low-urgency stream would take the
+    /// capacity first on every flush.
+    urgency: IdMap<u64, u8>,
     /// A close to start once every queued frame has gone out in a packet (see
     /// [`FelixConn::close_after_flush`]).
     pending_close: Option<(u64, String)>,
@@ -109,6 +118,7 @@ impl FelixConn {
             max_frame_bytes,
             peer_max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
             oversized_refused: 0,
+            urgency: IdMap::default(),
             pending_close: None,
             scratch: vec![0; 64 * 1024],
         }
@@ -254,6 +264,45 @@ impl FelixConn {
     /// starve (the link's hello now, replication's leases next) never waits behind them.
     pub fn set_urgency(&mut self, stream: u64, urgency: u8) {
         let _ = self.q.stream_priority(stream, urgency, true);
+        if urgency == DEFAULT_URGENCY {
+            self.urgency.remove(&stream);
+        } else {
+            self.urgency.insert(stream, urgency);
+        }
+    }
+
+    /// The order in which a flush visits the streams with queued bytes: urgent ones first
+    /// (most urgent first), then the rest round robin from `flush_from`, then the ones
+    /// below the default urgency.
+    fn flush_order(&self) -> Vec<u64> {
+        let round_robin = self
+            .dirty
+            .range(self.flush_from..)
+            .chain(self.dirty.range(..self.flush_from))
+            .copied();
+        if self.urgency.is_empty() {
+            return round_robin.collect();
+        }
+        let mut ranked: Vec<(u8, u64)> = self
+            .urgency
+            .iter()
+            .filter(|(id, _)| self.dirty.contains(id))
+            .map(|(id, u)| (*u, *id))
+            .collect();
+        ranked.sort_unstable();
+        let mut ids: Vec<u64> = ranked
+            .iter()
+            .filter(|(u, _)| *u < DEFAULT_URGENCY)
+            .map(|(_, id)| *id)
+            .collect();
+        ids.extend(round_robin.filter(|id| !self.urgency.contains_key(id)));
+        ids.extend(
+            ranked
+                .iter()
+                .filter(|(u, _)| *u > DEFAULT_URGENCY)
+                .map(|(_, id)| *id),
+        );
+        ids
     }
 
     /// Queue a frame (already encoded) on `stream`.
@@ -352,12 +401,7 @@ impl FelixConn {
     /// time at 10,000 subscribers.
     pub fn flush_streams(&mut self) -> Vec<u64> {
         let mut drained = Vec::new();
-        let ids: Vec<u64> = self
-            .dirty
-            .range(self.flush_from..)
-            .chain(self.dirty.range(..self.flush_from))
-            .copied()
-            .collect();
+        let ids = self.flush_order();
         let mut conn_checked = false;
         for id in ids {
             let Some(o) = self.out.get_mut(&id) else {
@@ -406,7 +450,11 @@ impl FelixConn {
                 conn_checked = true;
                 // `writable()` is empty exactly when the connection has no send capacity.
                 if self.q.writable().next().is_none() {
-                    self.flush_from = id;
+                    // The round robin resumes at this stream (an urgent or least urgent
+                    // one keeps its place in the order by itself).
+                    if !self.urgency.contains_key(&id) {
+                        self.flush_from = id;
+                    }
                     break;
                 }
             }

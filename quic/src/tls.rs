@@ -27,6 +27,8 @@ pub enum TlsError {
     },
     #[error("quiche config: {0}")]
     Quiche(#[from] quiche::Error),
+    #[error("transport: {0}")]
+    Transport(String),
 }
 
 /// Paths of a certificate chain and its private key (PEM).
@@ -241,10 +243,25 @@ fn peer_builder(tls: &PeerTls) -> Result<SslContextBuilder, TlsError> {
     Ok(b)
 }
 
+/// A peer link's connection window holds every lane's stream window
+/// ([`crate::wire::peer::lanes::COUNT`]): otherwise an owner that stopped reading forwarded
+/// publishes could leave the replication lane without connection credit.
+pub fn peer_windows_check(t: &TransportConfig) -> Result<(), TlsError> {
+    let lanes = crate::wire::peer::lanes::COUNT;
+    if t.max_data_bytes < lanes * t.max_stream_data_bidi_bytes {
+        return Err(TlsError::Transport(format!(
+            "a peer link's connection window ({} bytes) must hold its {lanes} lanes' stream windows ({} bytes each), so a stalled lane cannot starve the others",
+            t.max_data_bytes, t.max_stream_data_bidi_bytes
+        )));
+    }
+    Ok(())
+}
+
 /// quiche config of a broker's peer listener: its node certificate, and a client certificate
 /// required from every dialer, verified against the cluster CA. Which node the certificate
 /// names is checked against the dialer's `PeerHello` ([`cert_dns_names`]).
 pub fn peer_server_config(tls: &PeerTls, t: &TransportConfig) -> Result<quiche::Config, TlsError> {
+    peer_windows_check(t)?;
     let mut b = peer_builder(tls)?;
     b.set_verify(SslVerifyMode::PEER | SslVerifyMode::FAIL_IF_NO_PEER_CERT);
     let mut c = quiche::Config::with_boring_ssl_ctx_builder(quiche::PROTOCOL_VERSION, b)?;
@@ -256,6 +273,7 @@ pub fn peer_server_config(tls: &PeerTls, t: &TransportConfig) -> Result<quiche::
 /// listener's against the cluster CA and the name `node-<id>` it dials
 /// (`quiche::connect(Some(&node_name(id)), ..)`).
 pub fn peer_client_config(tls: &PeerTls, t: &TransportConfig) -> Result<quiche::Config, TlsError> {
+    peer_windows_check(t)?;
     let b = peer_builder(tls)?;
     let mut c = quiche::Config::with_boring_ssl_ctx_builder(quiche::PROTOCOL_VERSION, b)?;
     c.verify_peer(true);

@@ -34,6 +34,27 @@ pub mod capabilities {
     pub const ALL: u64 = FORWARD;
 }
 
+/// The lanes of a peer link: one QUIC stream each, opened by the dialing broker, with a
+/// scheduling urgency (0 is sent first; quiche's default is 127). Replication traffic
+/// (leases, fences, log shipping) must never wait behind a burst of forwarded publishes: a
+/// starved lease is a false failover. Its lane is reserved here, at the top, before any of it
+/// exists, and the peer transport is checked to leave it connection credit (below).
+pub mod lanes {
+    /// `PeerHello` and forwarded requests other than publishes (cache, group), at the
+    /// default urgency.
+    pub const CONTROL_STREAM: u64 = 0;
+    /// Forwarded publishes.
+    pub const PUBLISH_STREAM: u64 = 4;
+    pub const PUBLISH_URGENCY: u8 = 200;
+    /// Replication (the replication issue's traffic): served before everything else.
+    pub const REPLICATION_STREAM: u64 = 8;
+    pub const REPLICATION_URGENCY: u8 = 0;
+    /// How many lanes a link has. A peer transport's connection window must hold every
+    /// lane's stream window, so that a lane whose receiver stopped reading (an owner behind
+    /// on forwarded publishes) can never take the credit another lane needs.
+    pub const COUNT: u64 = 3;
+}
+
 /// What a forward is checked against at the owner.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ForwardHead {

@@ -7,6 +7,7 @@
 use super::super::*;
 use felix_quic::tls::{cert_dns_names, node_name};
 use felix_quic::wire::cache::CacheFrame;
+use felix_quic::wire::peer::lanes;
 use felix_quic::wire::{peer, ForwardHead, PeerFrame};
 
 impl CoreState {
@@ -110,6 +111,13 @@ impl CoreState {
             return;
         }
         CoreCounters::inc(&self.s.counters.forwards_served);
+        if stream == lanes::PUBLISH_STREAM {
+            // The answers to forwarded publishes go back at their lane's urgency too, so that
+            // this broker's own replication traffic on the link is never queued behind them.
+            if let Some(e) = self.ep.get(key) {
+                e.conn.set_urgency(stream, lanes::PUBLISH_URGENCY);
+            }
+        }
         if let Some(s) = self.sessions.get_mut(&key) {
             s.forwarded = Some(head);
         }

@@ -3,18 +3,12 @@
 //! pure): it dials, writes what the links send, feeds them what arrives, and answers the
 //! clients whose forwards are done.
 
+use super::super::admit::{shard_admit, Asker, ShardAdmit};
 use super::super::peer::{FwdAnswer, FwdClient, FwdTarget, Lane, LinkEffect, Links};
 use super::super::*;
 use felix_quic::server::Sock;
 use felix_quic::tls::node_name;
-use super::super::admit::{shard_admit, Asker, ShardAdmit};
-
-/// Urgency of the stream that carries forwarded publishes on a link: below quiche's default
-/// (127), where the control stream stays, so the link's own traffic (and replication's, which
-/// gets its own streams next) never waits behind a burst of forwarded publishes.
-const FORWARD_URGENCY: u8 = 200;
-/// The link stream forwarded publishes travel on (the first client bidi stream after 0).
-const PUBLISH_LANE_STREAM: u64 = 4;
+use felix_quic::wire::peer::lanes;
 
 impl CoreState {
     /// The shard admission of every request that names a shard (publish, cache operation,
@@ -177,14 +171,14 @@ impl CoreState {
             }
             LinkEffect::Send { key, lane, bytes } => {
                 let stream = match lane {
-                    Lane::Control => 0,
-                    Lane::Publish => PUBLISH_LANE_STREAM,
+                    Lane::Control => lanes::CONTROL_STREAM,
+                    Lane::Publish => lanes::PUBLISH_STREAM,
                 };
                 if let Some(e) = self.ep.get(key) {
                     if lane == Lane::Publish {
                         // Set on every send: quiche refuses it before the handshake gave the
                         // stream room, and it costs a lookup once the stream exists.
-                        e.conn.set_urgency(stream, FORWARD_URGENCY);
+                        e.conn.set_urgency(stream, lanes::PUBLISH_URGENCY);
                     }
                     e.conn.send_bytes(stream, bytes);
                     self.ep.mark_dirty(key);

@@ -409,7 +409,12 @@ impl World {
     }
 
     /// A client on core `core` publishes these records to `key` (acked); returns its id.
-    pub(crate) fn publish_payloads(&mut self, core: u8, key: ShardKey, payloads: Vec<Bytes>) -> u64 {
+    pub(crate) fn publish_payloads(
+        &mut self,
+        core: u8,
+        key: ShardKey,
+        payloads: Vec<Bytes>,
+    ) -> u64 {
         let id = self.id();
         let n = payloads.len();
         self.note(format!("publish #{id} of {n} on core {core} to {key:?}"));

@@ -269,7 +269,9 @@ impl Cluster {
         let key = (self.rng.below(2) as u32, self.rng.below(2) as u32);
         let n = 1 + self.rng.below(3);
         let payloads: Vec<Bytes> = (0..n).map(|i| Bytes::from(format!("g{gid}.{i}"))).collect();
-        self.note(format!("client publish g{gid} of {n} to {key:?} via broker {node}"));
+        self.note(format!(
+            "client publish g{gid} of {n} to {key:?} via broker {node}"
+        ));
         self.reqs.insert(
             gid,
             Req {
@@ -306,7 +308,11 @@ impl Cluster {
         match shard_admit(&n.world.catalog, &asker, false, key.0, key.1) {
             Ok(ShardAdmit::Serve) => {
                 let wid = n.world.publish_payloads(core, key, payloads);
-                self.reqs.get_mut(&gid).expect("a request").handed.push((node, wid));
+                self.reqs
+                    .get_mut(&gid)
+                    .expect("a request")
+                    .handed
+                    .push((node, wid));
                 self.served.insert((node, wid), to);
             }
             Ok(ShardAdmit::Forward(target)) => {
@@ -394,7 +400,9 @@ impl Cluster {
 
     /// Publishes handed to a world that its shard host has answered since: pass the answer on.
     fn collect_answers(&mut self) {
-        let done: Vec<((u64, u64), Option<Result<(u64, u32), ErrorCode>>)> = self
+        // (node, publish id) → its answer, or None: lost in a crash.
+        type Done = ((u64, u64), Option<Result<(u64, u32), ErrorCode>>);
+        let done: Vec<Done> = self
             .served
             .keys()
             .filter_map(|&(node, wid)| {
@@ -437,8 +445,7 @@ impl Cluster {
                                 if let Frame::Publish { records, .. } = *inner {
                                     let p = records.iter().next().expect("records");
                                     let gid = gid_of(&p).expect("a simulated payload");
-                                    self.reqs.get_mut(&gid).expect("a request").forwards_sent +=
-                                        1;
+                                    self.reqs.get_mut(&gid).expect("a request").forwards_sent += 1;
                                     self.note(format!("broker {node} forwards g{gid} on {key}"));
                                 }
                             }
@@ -458,12 +465,15 @@ impl Cluster {
                             panic!("the cluster simulation forwards publishes only");
                         };
                         let r = match *answer {
-                            FwdAnswer::Frame(Frame::PublishAck {
-                                first_offset,
-                                count,
-                                owner,
-                                ..
-                            }, _) => Ok((first_offset, count, owner)),
+                            FwdAnswer::Frame(
+                                Frame::PublishAck {
+                                    first_offset,
+                                    count,
+                                    owner,
+                                    ..
+                                },
+                                _,
+                            ) => Ok((first_offset, count, owner)),
                             FwdAnswer::Frame(Frame::Error { code, .. }, _) => {
                                 Err(ErrorCode::from_number(code).expect("a registered code"))
                             }
@@ -624,7 +634,10 @@ impl Cluster {
         let view = n.feed.pop_front().expect("picked");
         let c = Catalog::from_view(&n.world.catalog, &view, node, false);
         n.world.set_catalog(c);
-        self.note(format!("broker {node} applies catalog revision {}", view.revision));
+        self.note(format!(
+            "broker {node} applies catalog revision {}",
+            view.revision
+        ));
     }
 
     /// Broker `node`'s process dies and starts again: its links break at both ends.

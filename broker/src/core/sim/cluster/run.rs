@@ -264,7 +264,10 @@ fn run(seed: u64) -> Result<Covered, String> {
         Ok(()) => Ok(c.covered),
         Err(e) => {
             let trace: Vec<String> = c.trace.iter().cloned().collect();
-            Err(format!("seed {seed}: {e}\nlast events:\n  {}", trace.join("\n  ")))
+            Err(format!(
+                "seed {seed}: {e}\nlast events:\n  {}",
+                trace.join("\n  ")
+            ))
         }
     }
 }
@@ -285,7 +288,9 @@ fn brokers_forward_once_and_answer_truthfully_across_moves_cuts_and_crashes() {
     let mut total = Covered::default();
     for seed in seeds() {
         let c = run(seed).unwrap_or_else(|e| {
-            panic!("{e}\nreplay: FELIX_CLUSTER_SEED={seed} cargo nextest run -p felix-broker cluster")
+            panic!(
+                "{e}\nreplay: FELIX_CLUSTER_SEED={seed} cargo nextest run -p felix-broker cluster"
+            )
         });
         total.acked_local += c.acked_local;
         total.acked_forwarded += c.acked_forwarded;
