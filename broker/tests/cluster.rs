@@ -714,6 +714,7 @@ async fn the_cluster_client_finds_the_owners_and_survives_a_broker_dying() {
     cfg.connect_timeout = Duration::from_millis(500);
     cfg.resend_for = Duration::from_secs(2);
     cfg.request_timeout = Duration::from_secs(2);
+    cfg.idle_timeout = Duration::from_millis(1_500);
     let cc = Arc::new(ClusterClient::connect(cfg).await.unwrap());
     let found: Vec<u64> = cc.brokers().keys().copied().collect();
     assert_eq!(found, vec![1, 2, 3], "found from one seed");
@@ -791,9 +792,34 @@ async fn the_cluster_client_finds_the_owners_and_survives_a_broker_dying() {
     }
     assert_eq!(keys.len(), 12, "every shard's changes, from every owner");
     assert!(states >= 1);
-    drop(watch);
+
+    // The cluster's group consumer: each shard polled and acked at its owner, nothing relayed.
+    any.group_create(&name, "cg", None, felix_client::GroupOptions::default())
+        .await
+        .unwrap();
+    let mut cons = cc.group_consumer(&name, "cg").await.unwrap();
+    let forwarded_before: u64 = nodes.iter().map(|b| b.total("forwards_sent")).sum();
+    let mut claimed = 0;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while claimed < want && Instant::now() < deadline {
+        let recs = cons
+            .poll(25, None, Duration::from_millis(200))
+            .await
+            .unwrap();
+        let ids: Vec<_> = recs.iter().map(felix_client::GroupRecord::claim).collect();
+        let acks = cons.ack(&ids).await.unwrap();
+        assert!(acks.iter().all(Result::is_ok), "{acks:?}");
+        claimed += recs.len();
+    }
+    assert_eq!(claimed, want, "every record of every shard, once");
+    let forwarded: u64 = nodes.iter().map(|b| b.total("forwards_sent")).sum();
+    assert_eq!(
+        forwarded, forwarded_before,
+        "polled and acked at the owners"
+    );
 
     // Broker 3 dies.
+    let (_, kv_places) = placement(&cp, "caches", "kv").await;
     let dead = 3u64;
     let mut nodes = nodes;
     let _ = nodes.remove(2).kill();
@@ -818,6 +844,52 @@ async fn the_cluster_client_finds_the_owners_and_survives_a_broker_dying() {
         // At most one request timeout on the dead connection, then a typed refusal.
         assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
     }
+    // The prefix watch outlives broker 3: its shards of the (ephemeral) cache move to live
+    // brokers and are watched again there, with no end in the merged stream; every key
+    // written again after the move is seen.
+    assert!(
+        kv_places.iter().any(|p| p.0 == dead),
+        "broker 3 owned a cache shard"
+    );
+    for k in 0..12 {
+        eventually("put after the move", || async {
+            let c = cc.client().await.map_err(|e| e.to_string())?;
+            c.cache_put(&kv, format!("user/{k}"), format!("after{k}"), None)
+                .await
+                .map_err(|e| e.to_string())
+        })
+        .await;
+    }
+    let mut again = BTreeSet::new();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while again.len() < 12 && Instant::now() < deadline {
+        match tokio::time::timeout(Duration::from_secs(5), watch.next()).await {
+            Ok(Some(felix_client::WatchItem::Event { key, value, .. })) => {
+                if value.starts_with(b"after") {
+                    again.insert(key);
+                }
+            }
+            Ok(Some(felix_client::WatchItem::StateDone { .. })) => {}
+            other => panic!("the watch should carry on: {other:?}"),
+        }
+    }
+    assert_eq!(again.len(), 12, "every shard watched again: {again:?}");
+    drop(watch);
+
+    // The group consumer carries on over the surviving shards: their new records are
+    // claimed (a poll may first report the dead broker; the next one polls the owners again).
+    let mut after = 0;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while after < ours.len() && Instant::now() < deadline {
+        if let Ok(recs) = cons.poll(10, None, Duration::from_millis(300)).await {
+            assert!(recs.iter().all(|r| &r.payload[..] == b"after"), "{recs:?}");
+            let ids: Vec<_> = recs.iter().map(felix_client::GroupRecord::claim).collect();
+            let _ = cons.ack(&ids).await;
+            after += recs.len();
+        }
+    }
+    assert_eq!(after, ours.len(), "the surviving shards' records, claimed");
+
     // Every acked record of the surviving shards reaches the merged subscription.
     let complete = |seen: &BTreeMap<u32, BTreeSet<u64>>| {
         ours.iter().all(|s| {

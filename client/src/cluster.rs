@@ -37,6 +37,11 @@ pub struct ClusterConfig {
     pub resend_for: Duration,
     /// How long one request waits for its answer before its connection is counted lost.
     pub request_timeout: Duration,
+    /// A connection that hears nothing from its broker for this long is lost
+    /// (`FELIX_IDLE_TIMEOUT_MS`, default 5 s). Each connection pings its broker at a third of
+    /// it, so an idle connection to a live broker stays open, and a subscription or watch on
+    /// a broker that died or froze is reopened elsewhere within about this bound.
+    pub idle_timeout: Duration,
 }
 
 impl ClusterConfig {
@@ -51,21 +56,28 @@ impl ClusterConfig {
         if seeds.is_empty() {
             return Err(Error::InvalidArgument("no broker address given".into()));
         }
-        let connect_ms = match std::env::var("FELIX_CONNECT_TIMEOUT_MS") {
-            Ok(v) => v.parse::<u64>().ok().filter(|&ms| ms > 0).ok_or_else(|| {
-                Error::InvalidArgument(format!(
-                    "FELIX_CONNECT_TIMEOUT_MS must be a positive number of milliseconds, got {v:?}"
-                ))
-            })?,
-            Err(_) => 5_000,
-        };
+        let connect_ms = env_ms("FELIX_CONNECT_TIMEOUT_MS", 5_000)?;
+        let idle_ms = env_ms("FELIX_IDLE_TIMEOUT_MS", 5_000)?;
         Ok(ClusterConfig {
             seeds,
             ca,
             connect_timeout: Duration::from_millis(connect_ms),
             resend_for: Duration::from_secs(30),
             request_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_millis(idle_ms),
         })
+    }
+}
+
+/// A positive number of milliseconds from the environment, or `default`.
+fn env_ms(name: &str, default: u64) -> Result<u64, Error> {
+    match std::env::var(name) {
+        Ok(v) => v.parse::<u64>().ok().filter(|&ms| ms > 0).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "{name} must be a positive number of milliseconds, got {v:?}"
+            ))
+        }),
+        Err(_) => Ok(default),
     }
 }
 
@@ -88,7 +100,7 @@ pub struct ClusterClient {
 }
 
 /// Errors after which a connection is not trusted any more.
-fn connection_lost(e: &Error) -> bool {
+pub(crate) fn connection_lost(e: &Error) -> bool {
     matches!(
         e,
         Error::Closed(_) | Error::Timeout(_) | Error::Unreachable { .. } | Error::Connect(..)
@@ -111,6 +123,12 @@ impl ClusterClient {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// How long a request is resent, and a lost watch or subscription reopened, before the
+    /// failure is reported.
+    pub(crate) fn resend_for(&self) -> Duration {
+        self.cfg.resend_for
+    }
+
     /// The brokers known, node id → address.
     pub fn brokers(&self) -> BTreeMap<u64, String> {
         self.lock().brokers.clone()
@@ -124,6 +142,8 @@ impl ClusterClient {
         let mut cfg = ClientConfig::for_broker(addr, self.cfg.ca.clone())?;
         cfg.connect_timeout = self.cfg.connect_timeout;
         cfg.request_timeout = self.cfg.request_timeout;
+        cfg.transport.idle_timeout_ms = self.cfg.idle_timeout.as_millis() as u64;
+        cfg.keepalive = Some(self.cfg.idle_timeout / 3);
         let c = Arc::new(Client::connect(cfg).await?);
         // Learn the cluster from every broker reached (a newer map replaces the old one).
         if let Ok((node, brokers)) = c.describe_cluster().await {
@@ -140,7 +160,9 @@ impl ClusterClient {
 
     /// A connection to any broker: one already open, else the known brokers and the seeds in
     /// turn (each within the connect timeout). The error names every address tried.
-    async fn any(&self) -> Result<Arc<Client>, Error> {
+    pub(crate) async fn any(&self) -> Result<Arc<Client>, Error> {
+        // A connection whose task ended is dropped here rather than handed out.
+        self.lock().conns.retain(|_, c| !c.is_closed());
         let open = self.lock().conns.values().next().cloned();
         if let Some(c) = open {
             return Ok(c);
@@ -164,7 +186,7 @@ impl ClusterClient {
     }
 
     /// A connection to broker `node`, or to any broker if it is unknown or unreachable.
-    async fn to_node(&self, node: u64) -> Result<Arc<Client>, Error> {
+    pub(crate) async fn to_node(&self, node: u64) -> Result<Arc<Client>, Error> {
         let addr = self.lock().brokers.get(&node).cloned();
         if let Some(addr) = addr {
             match self.dial(&addr).await {
@@ -182,7 +204,12 @@ impl ClusterClient {
         m.streams.clear();
     }
 
-    fn forget_conn(&self, c: &Arc<Client>) {
+    /// Forget what is known of a stream's owners (asked again on next use).
+    pub(crate) fn forget_layout(&self, stream: &StreamName) {
+        self.lock().streams.remove(stream);
+    }
+
+    pub(crate) fn forget_conn(&self, c: &Arc<Client>) {
         let addr = {
             let m = self.lock();
             m.conns
@@ -196,7 +223,7 @@ impl ClusterClient {
     }
 
     /// Shards and owners of a stream (asked once, then again after a failure).
-    async fn layout(&self, stream: &StreamName) -> Result<(u32, Vec<u64>), Error> {
+    pub(crate) async fn layout(&self, stream: &StreamName) -> Result<(u32, Vec<u64>), Error> {
         let known = self.lock().streams.get(stream).cloned();
         if let Some(l) = known {
             return Ok(l);
@@ -439,80 +466,6 @@ impl ClusterClient {
                     }
                 }
             };
-        }
-    }
-}
-
-impl ClusterClient {
-    /// Watch `prefix` on every shard of a cache, each shard on its owner (one watch per
-    /// owner broker, over the shards it owns), merged into one stream of items: order is per
-    /// shard only, and a shard's end arrives as its own `End` item (resume it with per-shard
-    /// offsets). It refuses to open rather than cover some shards.
-    pub async fn cache_watch_prefix(
-        &self,
-        cache: &StreamName,
-        prefix: impl Into<Bytes>,
-        start: crate::WatchStart,
-        opts: crate::WatchOptions,
-    ) -> Result<ClusterWatch, Error> {
-        if let crate::WatchStart::Offset(_) = start {
-            return Err(Error::InvalidArgument(
-                "offsets are per shard: a cluster-wide prefix watch starts at current, latest or earliest"
-                    .into(),
-            ));
-        }
-        let prefix = prefix.into();
-        let info = self.any().await?.describe_cache(cache).await?;
-        let mut by_owner: BTreeMap<u64, Vec<u32>> = BTreeMap::new();
-        for shard in 0..info.shards {
-            let owner = info.owners.get(shard as usize).copied().unwrap_or(0);
-            by_owner.entry(owner).or_default().push(shard);
-        }
-        let mut watches = Vec::new();
-        for (owner, shards) in by_owner {
-            let c = self.to_node(owner).await?;
-            let w = c
-                .cache_watch_prefix_shards(cache, prefix.clone(), &shards, start, opts)
-                .await?;
-            watches.push((c, w));
-        }
-        let (tx, rx) = mpsc::channel(1024);
-        let tasks = watches
-            .into_iter()
-            .map(|(c, mut w)| {
-                let tx = tx.clone();
-                tokio::spawn(async move {
-                    // The connection lives as long as its watch.
-                    let _c = c;
-                    while let Some(item) = w.next().await {
-                        if tx.send(item).await.is_err() {
-                            return;
-                        }
-                    }
-                })
-            })
-            .collect();
-        Ok(ClusterWatch { rx, tasks })
-    }
-}
-
-/// A cluster-wide prefix watch: every shard's items, merged (order per shard only).
-pub struct ClusterWatch {
-    rx: mpsc::Receiver<crate::WatchItem>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-}
-
-impl ClusterWatch {
-    /// The next item of any shard; `None` once every shard's watch ended.
-    pub async fn next(&mut self) -> Option<crate::WatchItem> {
-        self.rx.recv().await
-    }
-}
-
-impl Drop for ClusterWatch {
-    fn drop(&mut self) {
-        for t in &self.tasks {
-            t.abort();
         }
     }
 }

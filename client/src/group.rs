@@ -439,24 +439,18 @@ impl Client {
         &self,
         stream: &StreamName,
         group: &str,
-    ) -> Result<GroupConsumer<'_>, Error> {
+    ) -> Result<GroupConsumer<&Client>, Error> {
         let shards = self.describe_stream(stream).await?.shards;
-        let (answers_tx, answers) = mpsc::unbounded_channel();
-        Ok(GroupConsumer {
-            client: self,
-            stream: stream.clone(),
-            group: group.to_string(),
-            shards,
-            next: 0,
-            buffered: VecDeque::new(),
-            answers_tx,
-            answers,
-            outstanding: std::collections::HashMap::new(),
-        })
+        Ok(GroupConsumer::over(
+            (0..shards).map(|_| self).collect(),
+            stream,
+            group,
+        ))
     }
 }
 
-type Answer = (u64, Instant, Result<Frame, Error>);
+/// A poll's answer: (shard, request id, when it was sent, the answer).
+type Answer = (u32, u64, Instant, Result<Frame, Error>);
 
 /// Polls one group across every shard of a stream from one call.
 ///
@@ -468,8 +462,13 @@ type Answer = (u64, Instant, Result<Frame, Error>);
 /// was dropped before it finished — are kept and returned first by the next call (dropped
 /// once their claim has lapsed: the broker delivers them again). Long polls still waiting
 /// when a new call starts, or when the consumer is dropped, are cancelled.
-pub struct GroupConsumer<'a> {
-    client: &'a Client,
+///
+/// `H` is how it holds a connection: `&Client` from [`Client::group_consumer`] (every shard
+/// on that connection), `Arc<Client>` from the ClusterClient's consumer (each shard on its
+/// owner's connection).
+pub struct GroupConsumer<H: std::ops::Deref<Target = Client>> {
+    /// The connection each shard's polls go to.
+    clients: Vec<H>,
     stream: StreamName,
     group: String,
     shards: u32,
@@ -479,17 +478,56 @@ pub struct GroupConsumer<'a> {
     /// dropped future.
     answers_tx: mpsc::UnboundedSender<Answer>,
     answers: mpsc::UnboundedReceiver<Answer>,
-    /// Polls sent and not answered yet: request id → (shard, long poll).
-    outstanding: std::collections::HashMap<u64, (u32, bool)>,
+    /// Polls sent and not answered yet: (shard, request id) → long poll. (Request ids are
+    /// unique per connection, and shards may be on different connections.)
+    outstanding: std::collections::HashMap<(u32, u64), bool>,
 }
 
-impl Drop for GroupConsumer<'_> {
+impl<H: std::ops::Deref<Target = Client>> Drop for GroupConsumer<H> {
     fn drop(&mut self) {
         self.cancel_long_polls();
     }
 }
 
-impl GroupConsumer<'_> {
+impl<H: std::ops::Deref<Target = Client>> GroupConsumer<H> {
+    /// A consumer of `group` over the shards of `stream`, shard `i`'s polls on `clients[i]`.
+    pub(crate) fn over(clients: Vec<H>, stream: &StreamName, group: &str) -> Self {
+        let (answers_tx, answers) = mpsc::unbounded_channel();
+        GroupConsumer {
+            shards: clients.len() as u32,
+            clients,
+            stream: stream.clone(),
+            group: group.to_string(),
+            next: 0,
+            buffered: VecDeque::new(),
+            answers_tx,
+            answers,
+            outstanding: std::collections::HashMap::new(),
+        }
+    }
+
+    /// Move shard `shard`'s polls to another connection (its owner changed or its
+    /// connection was lost). Polls outstanding on the old one still answer into the consumer.
+    pub(crate) fn set_client(&mut self, shard: u32, client: H) {
+        if let Some(c) = self.clients.get_mut(shard as usize) {
+            *c = client;
+        }
+    }
+
+    /// The connection shard `shard`'s polls go to.
+    pub(crate) fn client_of(&self, shard: u32) -> &H {
+        &self.clients[shard as usize]
+    }
+
+    /// [`GroupConsumer::client_of`], `None` for a shard the stream does not have.
+    pub(crate) fn client_of_checked(&self, shard: u32) -> Option<&H> {
+        self.clients.get(shard as usize)
+    }
+
+    pub(crate) fn shard_count(&self) -> u32 {
+        self.shards
+    }
+
     /// Split `max` over the shards starting at the rotation point; each listed shard gets
     /// at least `floor` (0 or 1).
     fn split(&mut self, max: u32, floor: u32) -> Vec<(u32, u32)> {
@@ -516,7 +554,8 @@ impl GroupConsumer<'_> {
     ) -> Result<(), Error> {
         let sent = Instant::now();
         let t = target(&self.stream, &self.group, shard);
-        let (rid, rx) = self.client.start(|request_id| {
+        let client = &self.clients[shard as usize];
+        let (rid, rx) = client.start(|request_id| {
             Frame::Group(GroupFrame::GroupPoll {
                 request_id,
                 target: t,
@@ -525,25 +564,25 @@ impl GroupConsumer<'_> {
                 wait_ms: wait.as_millis() as u64,
             })
         })?;
-        self.outstanding.insert(rid, (shard, !wait.is_zero()));
+        let limit = wait + client.inner.cfg.request_timeout;
+        self.outstanding.insert((shard, rid), !wait.is_zero());
         let tx = self.answers_tx.clone();
-        let limit = wait + self.client.inner.cfg.request_timeout;
         tokio::spawn(async move {
             let r = match tokio::time::timeout(limit, rx).await {
                 Err(_) => Err(Error::Timeout(limit)),
                 Ok(Err(_)) => Err(Error::Closed("connection task ended".into())),
                 Ok(Ok(r)) => r,
             };
-            let _ = tx.send((rid, sent, r));
+            let _ = tx.send((shard, rid, sent, r));
         });
         Ok(())
     }
 
     /// Ask every long poll still waiting to answer now (with what it holds, or nothing).
     fn cancel_long_polls(&mut self) {
-        for (&rid, &(shard, long)) in &self.outstanding {
+        for (&(shard, rid), &long) in &self.outstanding {
             if long {
-                let _ = self.client.inner.send(Cmd::Send {
+                let _ = self.clients[shard as usize].inner.send(Cmd::Send {
                     frame: Frame::Group(GroupFrame::GroupPollCancel {
                         request_id: rid,
                         target: target(&self.stream, &self.group, shard),
@@ -554,9 +593,9 @@ impl GroupConsumer<'_> {
     }
 
     /// Take one answer in: its records, or its error.
-    fn take(&mut self, (rid, sent, r): Answer) -> Result<Vec<GroupRecord>, Error> {
+    fn take(&mut self, (shard, rid, sent, r): Answer) -> Result<Vec<GroupRecord>, Error> {
         // See `GroupRecord::deadline` for the base of a long poll.
-        let long = self.outstanding.remove(&rid).is_some_and(|(_, long)| long);
+        let long = self.outstanding.remove(&(shard, rid)).unwrap_or(false);
         let base = if long { Instant::now() } else { sent };
         r.and_then(group_answer).and_then(|g| records_of(g, base))
     }

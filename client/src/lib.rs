@@ -30,12 +30,16 @@ use tokio::sync::{mpsc, oneshot};
 
 mod cache;
 mod cluster;
+mod cluster_group;
+mod cluster_watch;
 mod group;
 mod mux;
 pub use cache::{
     CacheEntry, CacheInfo, CacheWatch, CounterValue, Deleted, WatchItem, WatchOptions, Written,
 };
-pub use cluster::{ClusterClient, ClusterConfig, ClusterWatch, ShardedSubscription};
+pub use cluster::{ClusterClient, ClusterConfig, ShardedSubscription};
+pub use cluster_group::ClusterGroupConsumer;
+pub use cluster_watch::ClusterWatch;
 use felix_quic::wire::CacheFrame;
 pub use felix_quic::wire::{
     AnswerOp, ClaimId, DeadLetterAction, DeadLetterRef, EventKind, GroupInfo, WatchFilter,
@@ -104,6 +108,11 @@ pub struct ClientConfig {
     /// Ask for the watch mux (every watch of the connection on one stream; docs/protocol.md,
     /// "Watch mux"). Off: one stream per watch, paused when its buffer is full.
     pub watch_mux: bool,
+    /// Ping the broker this often (`None`: never). With an idle timeout
+    /// (`transport.idle_timeout_ms`) a few times longer, a broker that died or froze is
+    /// noticed within the idle timeout even on a connection that only receives (a
+    /// subscription, a watch), and an idle connection to a live broker stays open.
+    pub keepalive: Option<Duration>,
 }
 
 /// Resolve a broker address as people write it — `host:port`, `ip:port` or `[v6]:port` — to a
@@ -165,6 +174,7 @@ impl ClientConfig {
             display_addr: addr.to_string(),
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
             watch_mux: true,
+            keepalive: None,
         }
     }
 }
@@ -378,6 +388,7 @@ struct ConnHandler {
     features: u64,
     /// The watch mux's state (`mux.rs`).
     mux: mux::MuxState,
+    keepalive: Option<Duration>,
 }
 
 /// Poll cancels remembered for their late `not_found` answers.
@@ -489,6 +500,9 @@ impl ConnHandler {
 impl Handler for ConnHandler {
     type Cmd = Cmd;
     fn on_established(&mut self, c: &mut FelixConn) {
+        if let Some(every) = self.keepalive {
+            c.set_keepalive(every);
+        }
         c.send_frame(
             0,
             &Frame::Hello {
@@ -956,6 +970,12 @@ impl Drop for Subscription {
 }
 
 impl Client {
+    /// The connection task has ended (the connection closed or was lost): every call on
+    /// this client fails from now on.
+    pub fn is_closed(&self) -> bool {
+        self.inner.tx.is_closed()
+    }
+
     /// Connect, complete TLS 1.3 and the Felix handshake within `connect_timeout`.
     pub async fn connect(cfg: ClientConfig) -> Result<Client, Error> {
         let mut qc =
@@ -987,6 +1007,7 @@ impl Client {
                 features::ALL & !features::WATCH_MUX
             },
             mux: Default::default(),
+            keepalive: cfg.keepalive,
         };
         let tx = spawn_client(
             cfg.addr,

@@ -94,6 +94,8 @@ pub struct FelixConn {
     /// first and the least urgent last; otherwise a full low-urgency stream would take the
     /// capacity first on every flush.
     urgency: IdMap<u64, u8>,
+    /// Keepalive: (interval, next ping due), when set ([`FelixConn::set_keepalive`]).
+    keepalive: Option<(Duration, std::time::Instant)>,
     /// A close to start once every queued frame has gone out in a packet (see
     /// [`FelixConn::close_after_flush`]).
     pending_close: Option<(u64, String)>,
@@ -119,6 +121,7 @@ impl FelixConn {
             peer_max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
             oversized_refused: 0,
             urgency: IdMap::default(),
+            keepalive: None,
             pending_close: None,
             scratch: vec![0; 64 * 1024],
         }
@@ -513,11 +516,36 @@ impl FelixConn {
         }
     }
 
+    /// When the driver must call [`FelixConn::on_timeout`]: quiche's timers, and the next
+    /// keepalive ping.
     pub fn timeout(&self) -> Option<Duration> {
-        self.q.timeout()
+        let q = self.q.timeout();
+        match self.keepalive {
+            None => q,
+            Some((_, due)) => {
+                let k = due.saturating_duration_since(std::time::Instant::now());
+                Some(q.map_or(k, |q| q.min(k)))
+            }
+        }
     }
+
     pub fn on_timeout(&mut self) {
-        self.q.on_timeout()
+        self.q.on_timeout();
+        if let Some((every, due)) = self.keepalive {
+            let now = std::time::Instant::now();
+            if now >= due {
+                // Ack-eliciting: a live peer answers it, so the idle timer of both ends keeps
+                // running only while the peer is really gone.
+                let _ = self.q.send_ack_eliciting();
+                self.keepalive = Some((every, now + every));
+            }
+        }
+    }
+
+    /// Send a ping every `every` (a connection that carries nothing else stays alive, and a
+    /// dead peer is noticed within the idle timeout rather than never).
+    pub fn set_keepalive(&mut self, every: Duration) {
+        self.keepalive = Some((every, std::time::Instant::now() + every));
     }
     pub fn is_established(&self) -> bool {
         self.q.is_established()
