@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 use common::cp::{
-    eventually, felixctl, start_control_plane, start_control_plane_settling, ControlPlane,
+    eventually, felixctl, sibling, start_control_plane, start_control_plane_settling, ControlPlane,
 };
 use common::raw::Raw;
 use common::{ok, Broker};
@@ -817,6 +817,47 @@ async fn the_cluster_client_finds_the_owners_and_survives_a_broker_dying() {
         forwarded, forwarded_before,
         "polled and acked at the owners"
     );
+
+    // felix-loadgen --brokers in group mode: loaded and consumed at the owners, lossless.
+    let ctl = |args: &[&str]| ok(felixctl(&cp, tmp.path(), args));
+    ctl(&["tenant", "create", "default"]);
+    ctl(&["--tenant", "default", "namespace", "create", "default"]);
+    let lg_ns = ["--tenant", "default", "--namespace", "default"];
+    ctl(&[
+        &lg_ns[..],
+        &["stream", "create", "lg", "--shards", "3", "--durable"],
+    ]
+    .concat());
+    let lg = StreamName::new("default", "default", "lg");
+    eventually("lg visible", || async {
+        cc.client()
+            .await
+            .map_err(|e| e.to_string())?
+            .describe_stream(&lg)
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    let seeds = nodes
+        .iter()
+        .map(|b| b.quic.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let o = std::process::Command::new(sibling("felix-loadgen"))
+        .args(["--brokers", &seeds, "--mode", "group", "--stream", "lg"])
+        .args(["--count", "300", "--batch", "10", "--consumers", "2"])
+        .args(["--json", "--max-secs", "60"])
+        .arg("--ca")
+        .arg(certs.join("ca.pem"))
+        .env_remove("FELIX_BROKER")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let g: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&o.stdout).trim()).unwrap();
+    assert_eq!(g["brokers"], 3, "{g}");
+    assert_eq!(g["processed"], 300, "{g}");
+    assert_eq!(g["lossless"], true, "{g}");
 
     // Broker 3 dies.
     let (_, kv_places) = placement(&cp, "caches", "kv").await;

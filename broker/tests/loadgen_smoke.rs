@@ -383,6 +383,8 @@ fn summary_for_people_duration_and_host_names() {
         &["--mode", "rtt", "--count", "5", "--duration", "1s"][..],
         &["--mode", "group", "--duration", "1s"][..],
         &["--mode", "rtt", "--duration", "5 parsecs"][..],
+        // --brokers where it does not apply (it measures one broker).
+        &["--mode", "rtt", "--brokers", "127.0.0.1:1"][..],
     ] {
         let out = Command::new(exe())
             .args(["--broker", &by_name])

@@ -223,8 +223,9 @@ struct Args {
     /// `--watch-mux false` gives one stream per watch, for before/after runs.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     watch_mux: bool,
-    /// Brokers of a cluster, HOST:PORT,... (ingest): publishes go through the ClusterClient,
-    /// round robin over every shard, each to its shard's owner; --broker and --shard are not
+    /// Brokers of a cluster, HOST:PORT,... (ingest, group): requests go through the
+    /// ClusterClient, each to its shard's owner (ingest publishes round robin over every
+    /// shard; group loads and consumes every shard at its owner); --broker and --shard are not
     /// used. Every broker's certificate must be signed by --ca. Env FELIX_BROKERS.
     #[arg(long, env = "FELIX_BROKERS")]
     brokers: Option<String>,
@@ -636,6 +637,9 @@ async fn run(mut a: Args) {
     if a.stall_ms > 0 && a.mode != Mode::Throughput {
         usage("--stall-ms applies to throughput");
     }
+    if a.brokers.is_some() && !matches!(a.mode, Mode::Ingest | Mode::Group) {
+        usage("--brokers applies to ingest and group (the other modes measure one broker: use --broker)");
+    }
     if a.mode != Mode::Summarize {
         match ClientConfig::for_broker(&a.broker, Some(a.ca.clone())) {
             Ok(c) => a.client = Some(c),
@@ -1035,16 +1039,7 @@ async fn ingest(a: &Args) -> Result<(), felix_client::Error> {
     let total = plan.count.saturating_add(warmup);
     let load = load1();
     // With --brokers: the ClusterClient, every shard to its owner.
-    let cluster = match &a.brokers {
-        Some(list) => {
-            let mut cc = felix_client::ClusterConfig::new(list, Some(a.ca.clone()))?;
-            cc.connect_timeout = cfg(a).connect_timeout;
-            Some(std::sync::Arc::new(
-                felix_client::ClusterClient::connect(cc).await?,
-            ))
-        }
-        None => None,
-    };
+    let cluster = cluster_client(a).await?;
     let c = match &cluster {
         Some(cc) => cc.client().await?,
         None => std::sync::Arc::new(Client::connect(cfg(a)).await?),
@@ -1135,6 +1130,59 @@ async fn ingest(a: &Args) -> Result<(), felix_client::Error> {
     Ok(())
 }
 
+/// The settings of a ClusterClient over `--brokers`, if given.
+fn cluster_config(a: &Args) -> Result<Option<felix_client::ClusterConfig>, felix_client::Error> {
+    let Some(list) = &a.brokers else {
+        return Ok(None);
+    };
+    let mut cc = felix_client::ClusterConfig::new(list, Some(a.ca.clone()))?;
+    cc.connect_timeout = cfg(a).connect_timeout;
+    Ok(Some(cc))
+}
+
+/// A ClusterClient over `--brokers`, if given.
+async fn cluster_client(
+    a: &Args,
+) -> Result<Option<std::sync::Arc<felix_client::ClusterClient>>, felix_client::Error> {
+    match cluster_config(a)? {
+        Some(cc) => Ok(Some(std::sync::Arc::new(
+            felix_client::ClusterClient::connect(cc).await?,
+        ))),
+        None => Ok(None),
+    }
+}
+
+/// A group consumer over one broker, or (with `--brokers`) each shard at its owner.
+enum Consumer<'a> {
+    One(felix_client::GroupConsumer<&'a Client>, &'a Client),
+    Cluster(felix_client::ClusterGroupConsumer),
+}
+
+impl Consumer<'_> {
+    async fn poll(
+        &mut self,
+        max: u32,
+    ) -> Result<Vec<felix_client::GroupRecord>, felix_client::Error> {
+        let wait = Duration::from_millis(100);
+        match self {
+            Consumer::One(c, _) => c.poll(max, None, wait).await,
+            Consumer::Cluster(c) => c.poll(max, None, wait).await,
+        }
+    }
+
+    async fn ack(
+        &mut self,
+        sn: &StreamName,
+        group: &str,
+        ids: &[felix_client::ClaimId],
+    ) -> Result<Vec<Result<(), felix_client::Error>>, felix_client::Error> {
+        match self {
+            Consumer::One(_, client) => client.group_ack(sn, group, ids).await,
+            Consumer::Cluster(c) => c.ack(ids).await,
+        }
+    }
+}
+
 async fn group(a: &Args) -> Result<(), felix_client::Error> {
     use felix_client::{ClaimId, GroupOptions};
     let count = a.count.unwrap_or(100_000);
@@ -1145,7 +1193,12 @@ async fn group(a: &Args) -> Result<(), felix_client::Error> {
     }
     let deadline = Instant::now() + Duration::from_secs(a.bound_secs);
     let load = load1();
-    let c = Client::connect(cfg(a)).await?;
+    // With --brokers: records loaded to each shard's owner, and consumed there.
+    let cluster = cluster_client(a).await?;
+    let c = match &cluster {
+        Some(cc) => cc.client().await?,
+        None => std::sync::Arc::new(Client::connect(cfg(a)).await?),
+    };
     let info = c.describe_stream(&name(a)).await?;
     let gname = format!("loadgen-{}-{}", std::process::id(), load_nanos());
     let opts = GroupOptions {
@@ -1164,12 +1217,21 @@ async fn group(a: &Args) -> Result<(), felix_client::Error> {
             inflight.join_next().await.unwrap().unwrap()?;
         }
         let n = (a.batch as u64).min(count - sent);
-        let (p, sn, pl) = (p.clone(), name(a), payload.clone());
+        let (p, sn, pl, cc) = (p.clone(), name(a), payload.clone(), cluster.clone());
         let shard = ((sent / a.batch as u64) % info.shards as u64) as u32;
         inflight.spawn(async move {
-            p.publish_batch(&sn, ShardSelector::Shard(shard), vec![pl; n as usize])
-                .await
-                .map(|_| ())
+            let records = vec![pl; n as usize];
+            match cc {
+                Some(cc) => {
+                    cc.publish_batch(&sn, ShardSelector::Shard(shard), records)
+                        .await
+                }
+                None => {
+                    p.publish_batch(&sn, ShardSelector::Shard(shard), records)
+                        .await
+                }
+            }
+            .map(|_| ())
         });
         sent += n;
     }
@@ -1181,10 +1243,21 @@ async fn group(a: &Args) -> Result<(), felix_client::Error> {
     let mut tasks = Vec::new();
     for _ in 0..a.consumers {
         let (cfg, sn, g, done) = (cfg(a), name(a), gname.clone(), done.clone());
+        let ccfg = cluster_config(a)?;
         let max = a.batch.min(1000) as u32;
         tasks.push(tokio::spawn(async move {
-            let c = Client::connect(cfg).await?;
-            let mut cons = c.group_consumer(&sn, &g).await?;
+            let single = match &ccfg {
+                Some(_) => None,
+                None => Some(Client::connect(cfg).await?),
+            };
+            let mut cons = match (ccfg, &single) {
+                (Some(ccfg), _) => {
+                    let cc = std::sync::Arc::new(felix_client::ClusterClient::connect(ccfg).await?);
+                    Consumer::Cluster(cc.group_consumer(&sn, &g).await?)
+                }
+                (None, Some(c)) => Consumer::One(c.group_consumer(&sn, &g).await?, c),
+                (None, None) => unreachable!("connected above"),
+            };
             let mut hist =
                 hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
             let mut seen: Vec<(u32, u64)> = Vec::new();
@@ -1193,12 +1266,12 @@ async fn group(a: &Args) -> Result<(), felix_client::Error> {
                 && Instant::now() < deadline
             {
                 let t0 = Instant::now();
-                let recs = cons.poll(max, None, Duration::from_millis(100)).await?;
+                let recs = cons.poll(max).await?;
                 if recs.is_empty() {
                     continue;
                 }
                 let ids: Vec<ClaimId> = recs.iter().map(|r| r.claim()).collect();
-                let answered = c.group_ack(&sn, &g, &ids).await?;
+                let answered = cons.ack(&sn, &g, &ids).await?;
                 hist.record(t0.elapsed().as_micros().max(1) as u64).unwrap();
                 for (r, ok) in recs.iter().zip(answered) {
                     if ok.is_ok() {
@@ -1209,7 +1282,9 @@ async fn group(a: &Args) -> Result<(), felix_client::Error> {
                 done.fetch_add(ids.len() as u64, std::sync::atomic::Ordering::Relaxed);
             }
             drop(cons);
-            let _ = c.close().await;
+            if let Some(c) = single {
+                let _ = c.close().await;
+            }
             Ok::<_, felix_client::Error>((seen, hist, redelivered))
         }));
     }
@@ -1233,6 +1308,7 @@ async fn group(a: &Args) -> Result<(), felix_client::Error> {
         a,
         serde_json::json!({
             "tool": "felix-loadgen", "mode": "group", "stream": a.stream, "shards": info.shards,
+            "brokers": cluster.as_ref().map(|cc| cc.brokers().len()),
             "max_secs": a.bound_secs, "duration_s": secs,
             "payload": a.payload, "batch": a.batch, "consumers": a.consumers, "count": count,
             "load1": load, "processed": processed, "duplicates": dup, "redelivered": redelivered,
@@ -1242,7 +1318,11 @@ async fn group(a: &Args) -> Result<(), felix_client::Error> {
             "p99": hist.value_at_quantile(0.99), "max": hist.max()},
         }),
     );
-    let _ = c.close().await;
+    // The ClusterClient holds its connection too: closed with it when dropped.
+    drop(cluster);
+    if let Ok(c) = std::sync::Arc::try_unwrap(c) {
+        let _ = c.close().await;
+    }
     Ok(())
 }
 
