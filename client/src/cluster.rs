@@ -99,6 +99,40 @@ pub struct ClusterClient {
     map: Mutex<Map>,
 }
 
+/// Doubling pauses (up to 1 s) until a deadline: the ClusterClient's retry loops.
+pub(crate) struct Backoff {
+    deadline: Instant,
+    pause: Duration,
+}
+
+impl Backoff {
+    pub(crate) fn new(within: Duration, first: Duration) -> Self {
+        Backoff {
+            deadline: Instant::now() + within,
+            pause: first,
+        }
+    }
+
+    /// Sleep before the next try; false (at once) when that try would pass the deadline.
+    pub(crate) async fn pause(&mut self) -> bool {
+        if Instant::now() + self.pause > self.deadline {
+            return false;
+        }
+        tokio::time::sleep(self.pause).await;
+        self.pause = (self.pause * 2).min(Duration::from_secs(1));
+        true
+    }
+}
+
+/// Worth trying again: the connection was lost, or the broker said "later".
+pub(crate) fn retryable(e: &Error) -> bool {
+    connection_lost(e)
+        || matches!(
+            e.code().map(|c| c.retry()),
+            Some(felix_quic::wire::Retry::Retryable)
+        )
+}
+
 /// Errors after which a connection is not trusted any more.
 pub(crate) fn connection_lost(e: &Error) -> bool {
     matches!(
@@ -320,22 +354,14 @@ impl ClusterClient {
         payloads: Vec<P>,
     ) -> Result<Ack, Error> {
         let payloads: Vec<Bytes> = payloads.into_iter().map(Into::into).collect();
-        let deadline = Instant::now() + self.cfg.resend_for;
-        let mut pause = Duration::from_millis(20);
+        let mut backoff = Backoff::new(self.cfg.resend_for, Duration::from_millis(20));
         loop {
             match self.publish_once(stream, &selector, payloads.clone()).await {
                 Ok(a) => return Ok(a),
                 Err(e) => {
-                    let again = connection_lost(&e)
-                        || matches!(
-                            e.code().map(|c| c.retry()),
-                            Some(felix_quic::wire::Retry::Retryable)
-                        );
-                    if !again || Instant::now() + pause > deadline {
+                    if !retryable(&e) || !backoff.pause().await {
                         return Err(e);
                     }
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(1));
                 }
             }
         }
@@ -439,31 +465,27 @@ impl ClusterClient {
             if let Some(n) = next {
                 opts.start = StartAt::Offset(n);
             }
-            let deadline = Instant::now() + self.cfg.resend_for;
-            let mut pause = Duration::from_millis(50);
+            let mut backoff = Backoff::new(self.cfg.resend_for, Duration::from_millis(50));
             sub = loop {
-                match self.open_shard(&stream, shard, opts.clone()).await {
+                let e = match self.open_shard(&stream, shard, opts.clone()).await {
                     Ok(s) => {
                         if next.is_none() {
                             next = s.start_offsets.first().map(|&(_, o)| o);
                         }
                         break s;
                     }
-                    Err(e) if Instant::now() + pause < deadline => {
-                        tracing::debug!(shard, error = %e, "reopening a shard");
-                        tokio::time::sleep(pause).await;
-                        pause = (pause * 2).min(Duration::from_secs(1));
-                    }
-                    Err(e) => {
-                        let _ = tx
-                            .send(Event::End {
-                                shard,
-                                code: e.code().map_or(0, |c| c.number()),
-                                message: format!("{why}; could not reopen: {e}"),
-                            })
-                            .await;
-                        return;
-                    }
+                    Err(e) => e,
+                };
+                tracing::debug!(shard, error = %e, "reopening a shard");
+                if !backoff.pause().await {
+                    let _ = tx
+                        .send(Event::End {
+                            shard,
+                            code: e.code().map_or(0, |c| c.number()),
+                            message: format!("{why}; could not reopen: {e}"),
+                        })
+                        .await;
+                    return;
                 }
             };
         }

@@ -10,13 +10,13 @@
 //! state instead, and the consumer sees that shard's state phase again (`StateDone`). A shard
 //! that cannot be watched again within the ClusterClient's `resend_for` ends with its `End`.
 
-use crate::cluster::{connection_lost, ClusterClient};
+use crate::cluster::{connection_lost, retryable, Backoff, ClusterClient};
 use crate::{CacheWatch, Client, Error, WatchItem, WatchOptions, WatchStart};
 use bytes::Bytes;
 use felix_quic::wire::{ErrorCode, StreamName};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
@@ -148,8 +148,7 @@ async fn reopen(
     from: u64,
 ) -> Result<(Arc<Client>, CacheWatch), Error> {
     let cc = &shared.cc;
-    let deadline = Instant::now() + cc.resend_for();
-    let mut pause = Duration::from_millis(50);
+    let mut backoff = Backoff::new(cc.resend_for(), Duration::from_millis(50));
     let mut start = WatchStart::Offset(from);
     loop {
         let r = async {
@@ -187,15 +186,8 @@ async fn reopen(
             start = WatchStart::Current;
             continue;
         }
-        let again = connection_lost(&e)
-            || matches!(
-                e.code().map(|c| c.retry()),
-                Some(felix_quic::wire::Retry::Retryable)
-            );
-        if !again || Instant::now() + pause > deadline {
+        if !retryable(&e) || !backoff.pause().await {
             return Err(e);
         }
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_secs(1));
     }
 }

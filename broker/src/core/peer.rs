@@ -530,11 +530,7 @@ impl Links {
             ErrorCode::OutcomeUnknown,
             format!("broker {node}'s answer could not be read ({why}): the request may or may not have been applied"),
         );
-        self.effects.push(LinkEffect::Answer {
-            client: fwd.client,
-            answer: Box::new(FwdAnswer::Refused(refusal)),
-            node,
-        });
+        self.refuse(fwd.client, node, refusal);
     }
 
     /// Cancel every long poll forwarded from this core (a draining broker answers its long
@@ -604,23 +600,22 @@ impl Links {
             let unsent = f.unsent.is_some() || breaks::on(&breaks::SENT_AS_UNSENT);
             #[cfg(not(test))]
             let unsent = f.unsent.is_some();
-            let refusal = if unsent {
-                Refusal::new(
-                    ErrorCode::Unavailable,
-                    format!("broker {node} is unreachable ({why}); nothing was sent"),
-                )
-            } else {
-                Refusal::new(
-                    ErrorCode::OutcomeUnknown,
-                    format!("the link to broker {node} broke after the request was sent ({why}): it may or may not have been applied"),
-                )
-            };
-            self.effects.push(LinkEffect::Answer {
-                client: f.client,
-                answer: Box::new(FwdAnswer::Refused(refusal)),
-                node,
-            });
+            let refusal = fate_refusal(
+                unsent,
+                format!("broker {node} is unreachable ({why}); nothing was sent"),
+                format!("the link to broker {node} broke after the request was sent ({why}): it may or may not have been applied"),
+            );
+            self.refuse(f.client, node, refusal);
         }
+    }
+
+    /// Answer a forward's client with a refusal of the link's own.
+    fn refuse(&mut self, client: FwdClient, node: u64, refusal: Refusal) {
+        self.effects.push(LinkEffect::Answer {
+            client,
+            answer: Box::new(FwdAnswer::Refused(refusal)),
+            node,
+        });
     }
 
     /// Time moved: links that took too long to open fail, forwards past their deadline are
@@ -659,23 +654,23 @@ impl Links {
             let Some(f) = self.links.get_mut(&node).and_then(|l| l.fwds.remove(&id)) else {
                 continue;
             };
-            let refusal = if f.unsent.is_some() {
-                Refusal::new(
-                    ErrorCode::Unavailable,
-                    format!("the link to broker {node} did not open in time; nothing was sent"),
-                )
-            } else {
-                Refusal::new(
-                    ErrorCode::OutcomeUnknown,
-                    format!("broker {node} did not answer in time (forward_timeout_ms past the request's own wait): it may or may not have been applied"),
-                )
-            };
-            self.effects.push(LinkEffect::Answer {
-                client: f.client,
-                answer: Box::new(FwdAnswer::Refused(refusal)),
-                node,
-            });
+            let refusal = fate_refusal(
+                f.unsent.is_some(),
+                format!("the link to broker {node} did not open in time; nothing was sent"),
+                format!("broker {node} did not answer in time (forward_timeout_ms past the request's own wait): it may or may not have been applied"),
+            );
+            self.refuse(f.client, node, refusal);
         }
+    }
+}
+
+/// The refusal of a forward the link gave up on: `unavailable` if it was never handed to the
+/// link (nothing was done), else `outcome_unknown` (it may have been applied).
+fn fate_refusal(unsent: bool, unsent_why: String, sent_why: String) -> Refusal {
+    if unsent {
+        Refusal::new(ErrorCode::Unavailable, unsent_why)
+    } else {
+        Refusal::new(ErrorCode::OutcomeUnknown, sent_why)
     }
 }
 
