@@ -17,7 +17,8 @@ const EPH: u32 = 0;
 const DUR: u32 = 1;
 const NODE: u64 = 1;
 
-fn def(name: &str, durable: bool) -> StreamDef {
+/// A two-shard stream `t/ns/NAME` (the simulations' streams).
+pub(super) fn def(name: &str, durable: bool) -> StreamDef {
     StreamDef {
         tenant: "t".into(),
         namespace: "ns".into(),

@@ -31,7 +31,8 @@
 mod run;
 
 use super::{Rng, World, CORES};
-use crate::catalog::{Catalog, ControlView, StreamDef, ViewPlace, ViewStream};
+use super::scenarios::def;
+use crate::catalog::{Catalog, ControlView, ViewPlace, ViewStream};
 use crate::core::admit::{shard_admit, Asker, ShardAdmit};
 use crate::core::peer::{FwdAnswer, FwdClient, Lane, LinkEffect, Links, LinksCfg};
 use crate::core::{Origin, ShardKey};
@@ -129,19 +130,6 @@ struct Cluster {
     steps: u64,
     trace: VecDeque<String>,
     covered: Covered,
-}
-
-fn def(name: &str, durable: bool) -> StreamDef {
-    StreamDef {
-        tenant: "t".into(),
-        namespace: "ns".into(),
-        stream: name.into(),
-        shards: 2,
-        durable,
-        fsync: None,
-        retention_bytes: None,
-        retention_seconds: None,
-    }
 }
 
 fn stream_name(slot: u32) -> StreamName {
