@@ -8,6 +8,7 @@
 //!   axum REST server with its OpenAPI document, and the openraft adapters.
 
 pub mod api;
+pub mod auth;
 pub mod catalog;
 pub mod docs;
 pub mod placement;
