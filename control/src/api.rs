@@ -78,6 +78,8 @@ pub fn status_for(code: ErrorCode) -> u16 {
         Internal => 500,
         // The answer of another node was lost: 504, the gateway's timeout.
         OutcomeUnknown => 504,
+        Unauthenticated | TokenExpired | Revoked => 401,
+        Forbidden => 403,
     }
 }
 

@@ -86,6 +86,10 @@ registry! {
     ConditionFailed = 26, "condition_failed", Fatal, "A conditional cache write found another version (or a value where none was required); nothing was written.";
     CacheFull = 27, "cache_full", Retryable, "A cache shard is at its entry or byte cap; the write was refused, nothing was evicted.";
     OutcomeUnknown = 28, "outcome_unknown", Retryable, "The request reached another broker, and its answer was lost (link broken, owner killed or frozen, timeout): it may or may not have been applied; retry only what is idempotent.";
+    Unauthenticated = 29, "unauthenticated", Fatal, "No valid token: none was presented, or it is malformed, forged, of another cluster or not yet valid. Present a valid token (Authenticate).";
+    Forbidden = 30, "forbidden", Fatal, "The token is valid but lacks the permission the operation needs; the message names it.";
+    TokenExpired = 31, "token_expired", Fatal, "The token expired; present a fresh one (Authenticate) on the same connection.";
+    Revoked = 32, "revoked", Fatal, "The token, its subject or its tenant was revoked.";
 }
 
 impl fmt::Display for ErrorCode {

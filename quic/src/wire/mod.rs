@@ -15,6 +15,7 @@ pub mod cache;
 pub mod error;
 pub mod group;
 pub mod hash;
+pub mod auth;
 pub mod peer;
 pub mod streams;
 
@@ -24,6 +25,7 @@ pub use group::{
     AnswerOp, ClaimId, ClaimIdError, ClaimRef, DeadLetterAction, DeadLetterRef, GroupFrame,
     GroupInfo, GroupRef,
 };
+pub use auth::AuthFrame;
 pub use peer::{ForwardHead, PeerFrame};
 pub use streams::{admit, admit_peer, answer_stream, kind_name, StreamClass, Verdict};
 
@@ -87,7 +89,7 @@ pub mod kind {
     /// After the peer kinds (45..=47).
     pub const DESCRIBE_CLUSTER: u8 = 48;
     pub const CLUSTER_INFO: u8 = 49;
-    pub const LAST: u8 = CLUSTER_INFO;
+    pub const LAST: u8 = super::auth::kind::LAST;
 }
 
 /// A decode failure. Every malformed input maps to one of these; decoding never panics.
@@ -486,6 +488,8 @@ pub enum Frame {
     Cache(CacheFrame),
     /// Frames of the peer link between brokers (kinds 45..=47, see [`peer`]).
     Peer(PeerFrame),
+    /// Authentication frames (kinds 50–51, see [`auth`]).
+    Auth(AuthFrame),
     /// A kind this build does not know (from a newer peer); skipped by receivers.
     Unknown {
         kind: u8,
@@ -566,6 +570,7 @@ impl Frame {
             Frame::Group(g) => g.kind(),
             Frame::Cache(c) => c.kind(),
             Frame::Peer(p) => p.kind(),
+            Frame::Auth(a) => a.kind(),
             Frame::Unknown { kind, .. } => *kind,
         }
     }
@@ -587,6 +592,7 @@ impl Frame {
             Frame::Cache(c) => has_request_id(c.kind()).then(|| c.request_id()),
             // A forward is answered under its inner request's id.
             Frame::Peer(PeerFrame::Forward { inner, .. }) => inner.request_id(),
+            Frame::Auth(a) => Some(a.request_id()),
             _ => None,
         }
     }
@@ -820,6 +826,7 @@ impl Frame {
             Frame::Group(g) => g.encode_body(&mut body),
             Frame::Cache(c) => c.encode_body(&mut body),
             Frame::Peer(p) => p.encode_body(&mut body),
+            Frame::Auth(a) => a.encode_body(&mut body),
             Frame::Unknown {
                 flags: f, body: b, ..
             } => {
@@ -1114,6 +1121,7 @@ pub fn decode_body(kind_: u8, flags: u16, body: Bytes) -> Result<Frame, WireErro
         k @ group::kind::FIRST..=group::kind::LAST => Frame::Group(GroupFrame::decode(k, &mut r)?),
         k @ cache::kind::FIRST..=cache::kind::LAST => Frame::Cache(CacheFrame::decode(k, &mut r)?),
         k @ peer::kind::FIRST..=peer::kind::LAST => Frame::Peer(PeerFrame::decode(k, &mut r)?),
+        k @ auth::kind::FIRST..=auth::kind::LAST => Frame::Auth(AuthFrame::decode(k, &mut r)?),
         k => Frame::Unknown {
             kind: k,
             flags,
@@ -1162,7 +1170,9 @@ pub fn has_request_id(kind: u8) -> bool {
         | kind::STREAM_INFO
         | kind::DESCRIBE_CLUSTER
         | kind::CLUSTER_INFO
-        | peer::kind::FORWARD => true,
+        | peer::kind::FORWARD
+        | auth::kind::AUTHENTICATE
+        | auth::kind::AUTHENTICATED => true,
         group::kind::FIRST..=group::kind::LAST => true,
         k @ cache::kind::FIRST..=cache::kind::LAST => !matches!(
             k,

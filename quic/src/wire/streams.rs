@@ -179,6 +179,16 @@ pub const KINDS: &[(u8, &str, Placement)] = &[
         Placement::Control,
     ),
     (kind::CLUSTER_INFO, "ClusterInfo", Placement::BrokerOnly),
+    (
+        super::auth::kind::AUTHENTICATE,
+        "Authenticate",
+        Placement::Control,
+    ),
+    (
+        super::auth::kind::AUTHENTICATED,
+        "Authenticated",
+        Placement::BrokerOnly,
+    ),
 ];
 
 /// The row of `k`, if it is a v1 kind.

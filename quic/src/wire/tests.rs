@@ -39,6 +39,22 @@ fn vector_frames() -> Vec<(&'static str, Frame)> {
             },
         ),
         (
+            "authenticate",
+            Frame::Auth(AuthFrame::Authenticate {
+                request_id: 1,
+                token: "eyJ.e30.sig".into(),
+            }),
+        ),
+        (
+            "authenticated",
+            Frame::Auth(AuthFrame::Authenticated {
+                request_id: 1,
+                subject: "alice".into(),
+                tenant: "acme".into(),
+                expires_at_ms: 1_800_000_000_000,
+            }),
+        ),
+        (
             "error_unknown_stream",
             Frame::error(9, ErrorCode::UnknownStream, "no such stream"),
         ),
@@ -177,6 +193,21 @@ fn unhex(s: &str) -> Vec<u8> {
         .step_by(2)
         .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
         .collect()
+}
+
+#[test]
+fn an_authenticate_over_the_token_maximum_is_refused() {
+    let f = Frame::Auth(AuthFrame::Authenticate {
+        request_id: 1,
+        token: "x".repeat(auth::TOKEN_BYTES_MAX + 1),
+    });
+    assert!(matches!(
+        decode_frame(&f.encode(), MAX),
+        Err(WireError::InvalidValue {
+            field: "token_len",
+            ..
+        })
+    ));
 }
 
 #[test]
@@ -476,6 +507,19 @@ fn arb_frame() -> impl Strategy<Value = Frame> {
         arb_group_frame().prop_map(Frame::Group),
         arb_cache_frame().prop_map(Frame::Cache),
         arb_cache_mux().prop_map(Frame::Cache),
+        (any::<u64>(), "[A-Za-z0-9._-]{0,200}").prop_map(|(request_id, token)| Frame::Auth(
+            AuthFrame::Authenticate { request_id, token }
+        )),
+        (any::<u64>(), arb_name(), arb_name(), any::<u64>()).prop_map(
+            |(request_id, subject, tenant, expires_at_ms)| Frame::Auth(
+                AuthFrame::Authenticated {
+                    request_id,
+                    subject,
+                    tenant,
+                    expires_at_ms,
+                }
+            )
+        ),
         (
             100u8..=255,
             any::<u16>(),
