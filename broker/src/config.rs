@@ -261,6 +261,13 @@ settings! {
         /// Forwards one core may have waiting or in flight on one peer link; past it a forward
         /// is refused `inflight_limit` (nothing was sent).
         peer_forwards_max: u32 = 4096, "FELIX_PEER_FORWARDS_MAX";
+        /// Who may speak: `off` (anyone who reaches the port; a warning at every start),
+        /// `standalone` (this broker's own signing key and admin token under
+        /// data_dir/auth; `felix-broker token create` signs more), or `jwks` (tokens verified
+        /// against the key set in auth_jwks).
+        auth: String = "off".into(), "FELIX_AUTH";
+        /// Lifetime of the admin token a standalone broker writes at each start, seconds.
+        auth_admin_token_ttl_s: u64 = 30 * 24 * 3600, "FELIX_AUTH_ADMIN_TOKEN_TTL_S";
     }
     optional {
         /// CPUs to pin the executors to, in the kernel's list syntax (`2-3`, `0,2`): executor i runs on the i-th CPU listed. Each must be in the process's allowed set. Default: the allowed set itself.
@@ -294,6 +301,8 @@ settings! {
         peer_key: PathBuf, "FELIX_PEER_KEY";
         /// The cluster's CA (PEM): every broker of the cluster is signed by it.
         peer_ca: PathBuf, "FELIX_PEER_CA";
+        /// The key set (JWKS, JSON) tokens are verified against, with auth = jwks.
+        auth_jwks: PathBuf, "FELIX_AUTH_JWKS";
     }
 }
 
@@ -333,6 +342,18 @@ impl Config {
             if v == 0 || v > 600_000 {
                 return Err(format!("{name} must be 1..=600000, got {v}"));
             }
+        }
+        match (self.auth.as_str(), &self.auth_jwks) {
+            ("off" | "standalone", _) | ("jwks", Some(_)) => {}
+            ("jwks", None) => return Err("auth = jwks needs auth_jwks (a JWKS file)".into()),
+            (other, _) => {
+                return Err(format!(
+                    "auth must be off, standalone or jwks, got {other:?}"
+                ))
+            }
+        }
+        if self.auth_admin_token_ttl_s == 0 {
+            return Err("auth_admin_token_ttl_s must be at least 1".into());
         }
         if self.peer_forwards_max == 0 {
             return Err("peer_forwards_max must be at least 1".into());

@@ -7,6 +7,7 @@
 //! (`group`, pure; driven by `core::groups`); the catalog either standalone or followed from
 //! the control plane by the ops thread (`control_link`).
 
+pub mod auth;
 pub mod cache;
 pub mod catalog;
 pub mod config;

@@ -34,6 +34,9 @@ fn main() {
     if args.get(1).map(String::as_str) == Some("dev-certs") {
         std::process::exit(dev_certs(&args[2..]));
     }
+    if args.get(1).map(String::as_str) == Some("token") {
+        std::process::exit(felix_broker::auth::token_command(&args[2..]));
+    }
     let flags = Flags::parse();
     let cfg = match Config::resolve(&flags) {
         Ok(c) => c,
@@ -237,6 +240,7 @@ fn run(cfg: Config) -> Result<(), String> {
             "more cores than allowed CPUs: executors run unpinned within the allowed set"
         ),
     }
+    let auth = felix_broker::auth::setup(&cfg)?;
     let mut handles = Vec::new();
     for (i, (sock, peer_socks)) in sockets.into_iter().zip(peer_sockets).enumerate() {
         let mesh = mesh.clone();
@@ -253,6 +257,7 @@ fn run(cfg: Config) -> Result<(), String> {
             drain_forced: drain_forced.clone(),
             started: started.clone(),
             drain_idle: drain_idle.clone(),
+            auth: auth.clone(),
         };
         let placement = match &cpus {
             Some(c) => Placement::Fixed(c[i]),

@@ -112,6 +112,9 @@ counters! {
     forwards_refused: "forwarded requests answered with a refusal (the owner's, or unavailable/outcome_unknown from the link)",
     forwards_served: "forwarded requests from other brokers served on this core",
     forwards_cancelled: "forwarded long polls cancelled at their owner (by the client, or because its connection closed)",
+    auth_accepted: "tokens accepted on this core (Authenticate)",
+    auth_refused: "tokens refused on this core (unauthenticated, token_expired)",
+    auth_denied: "frames refused by the auth check on this core (unauthenticated, forbidden, token_expired)",
     ;
     gauges {
         connections_open: "QUIC connections open on this core",

@@ -239,6 +239,12 @@ fn broker_frames() -> Vec<Frame> {
             node_id: 1,
             brokers: vec![],
         },
+        Frame::Auth(felix_quic::wire::AuthFrame::Authenticated {
+            request_id: 1,
+            subject: String::new(),
+            tenant: String::new(),
+            expires_at_ms: 0,
+        }),
         g(GroupFrame::GroupInfo {
             request_id: 1,
             shard: 0,
@@ -502,6 +508,24 @@ async fn handshake(s: &mut Suite) {
         }
     );
     s.cover(&["DescribeCluster", "ClusterInfo"]);
+    // Authenticate on a broker with auth off: answered, naming no one (docs/security.md).
+    c.send(
+        0,
+        &Frame::Auth(felix_quic::wire::AuthFrame::Authenticate {
+            request_id: 8,
+            token: "anything".into(),
+        }),
+    );
+    assert_eq!(
+        c.next_on(0).await,
+        Frame::Auth(felix_quic::wire::AuthFrame::Authenticated {
+            request_id: 8,
+            subject: String::new(),
+            tenant: String::new(),
+            expires_at_ms: 0,
+        })
+    );
+    s.cover(&["Authenticate"]);
     s.cover(&[
         "Hello",
         "HelloOk",

@@ -55,6 +55,10 @@ struct Cli {
     /// directory, else the system trust store].
     #[arg(long, global = true, help_heading = GLOBAL)]
     ca: Option<PathBuf>,
+    /// Token presented to the broker (a JWT) [default: $FELIX_TOKEN, else the admin token a
+    /// local standalone broker wrote under $FELIX_DATA_DIR or ./felix-data (auth/admin.token)].
+    #[arg(long, env = "FELIX_TOKEN", global = true, hide_env_values = true, help_heading = GLOBAL)]
+    token: Option<String>,
     /// Do not verify the broker's certificate (development only).
     #[arg(long, global = true, help_heading = GLOBAL)]
     insecure: bool,
@@ -197,6 +201,7 @@ async fn run(cli: Cli) -> Result<(), Fail> {
         let mut ccfg = felix_client::ClusterConfig::new(list, ca)?;
         ccfg.connect_timeout = cfg.connect_timeout;
         ccfg.request_timeout = cfg.request_timeout;
+        ccfg.token = cfg.token.clone();
         let cc = felix_client::ClusterClient::connect(ccfg).await?;
         let client = cc.client().await?;
         return interruptible(data_command(&cli, &client)).await;
@@ -265,7 +270,24 @@ fn client_config(cli: &Cli) -> Result<ClientConfig, Fail> {
     };
     cfg.request_timeout = Duration::from_millis(cli.timeout_ms);
     cfg.connect_timeout = Duration::from_millis(cli.timeout_ms);
+    cfg.token = token_choice(cli)?;
     Ok(cfg)
+}
+
+/// The token to present: --token / $FELIX_TOKEN, else a local standalone broker's admin token.
+fn token_choice(cli: &Cli) -> Result<Option<String>, Fail> {
+    if let Some(t) = &cli.token {
+        return Ok(Some(t.trim().to_string()));
+    }
+    let local = std::env::var_os("FELIX_DATA_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("felix-data"))
+        .join("auth/admin.token");
+    match std::fs::read_to_string(&local) {
+        Ok(t) => Ok(Some(t.trim().to_string())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Fail::Usage(format!("{}: {e}", local.display()))),
+    }
 }
 
 async fn data_command(cli: &Cli, client: &Client) -> Result<(), Fail> {
@@ -536,7 +558,7 @@ mod tests {
     fn the_global_options_have_their_own_heading() {
         let c = Cli::command();
         let globals: Vec<_> = c.get_arguments().filter(|a| a.is_global_set()).collect();
-        assert_eq!(globals.len(), 13, "the thirteen global options");
+        assert_eq!(globals.len(), 14, "the fourteen global options");
         assert!(globals.iter().all(|a| a.get_help_heading() == Some(GLOBAL)));
         c.debug_assert();
     }

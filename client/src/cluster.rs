@@ -42,6 +42,9 @@ pub struct ClusterConfig {
     /// it, so an idle connection to a live broker stays open, and a subscription or watch on
     /// a broker that died or froze is reopened elsewhere within about this bound.
     pub idle_timeout: Duration,
+    /// The token every connection presents at connect (a broker with auth on refuses
+    /// requests without one).
+    pub token: Option<String>,
 }
 
 impl ClusterConfig {
@@ -65,6 +68,7 @@ impl ClusterConfig {
             resend_for: Duration::from_secs(30),
             request_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_millis(idle_ms),
+            token: None,
         })
     }
 }
@@ -178,6 +182,7 @@ impl ClusterClient {
         cfg.request_timeout = self.cfg.request_timeout;
         cfg.transport.idle_timeout_ms = self.cfg.idle_timeout.as_millis() as u64;
         cfg.keepalive = Some(self.cfg.idle_timeout / 3);
+        cfg.token = self.cfg.token.clone();
         let c = Arc::new(Client::connect(cfg).await?);
         // Learn the cluster from every broker reached (a newer map replaces the old one).
         if let Ok((node, brokers)) = c.describe_cluster().await {

@@ -17,8 +17,8 @@ use felix_quic::conn::{ConnEvent, FelixConn};
 use felix_quic::tls::{client_config, TransportConfig, Verify};
 use felix_quic::tokio_driver::{spawn_client, Handler};
 use felix_quic::wire::{
-    features, ErrorCode, Frame, Limits, QueuePolicy, Records, ShardSelector, StartAt, StreamName,
-    DEFAULT_MAX_FRAME_BYTES,
+    features, AuthFrame, ErrorCode, Frame, Limits, QueuePolicy, Records, ShardSelector, StartAt,
+    StreamName, DEFAULT_MAX_FRAME_BYTES,
 };
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -113,6 +113,9 @@ pub struct ClientConfig {
     /// noticed within the idle timeout even on a connection that only receives (a
     /// subscription, a watch), and an idle connection to a live broker stays open.
     pub keepalive: Option<Duration>,
+    /// The token presented at connect (`Authenticate` after `Hello`); a broker with auth on
+    /// refuses every request without one. `FELIX_TOKEN` when the caller reads it.
+    pub token: Option<String>,
 }
 
 /// Resolve a broker address as people write it — `host:port`, `ip:port` or `[v6]:port` — to a
@@ -175,8 +178,19 @@ impl ClientConfig {
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
             watch_mux: true,
             keepalive: None,
+            token: None,
         }
     }
+}
+
+/// What a broker verified of a token (`Client::authenticate`): empty names and 0 when the
+/// broker runs with auth off.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Authenticated {
+    pub subject: String,
+    pub tenant: String,
+    /// When the token expires, milliseconds since the Unix epoch.
+    pub expires_at_ms: u64,
 }
 
 /// A handshake that ended before it was established, in words: which part of TLS refused.
@@ -403,6 +417,7 @@ fn request_id_of(f: &Frame) -> Option<u64> {
         | Frame::SubscribeOk { request_id, .. } => Some(*request_id),
         Frame::Group(g) => Some(g.request_id()),
         Frame::Cache(c) => Some(c.request_id()),
+        Frame::Auth(a) => Some(a.request_id()),
         _ => None,
     }
 }
@@ -1042,8 +1057,8 @@ impl Client {
             .await
             .map_err(|_| Error::Timeout(t))?
             .map_err(|_| Error::Closed("connection task ended".into()))??;
-        match hello {
-            Frame::HelloOk { limits, core, .. } => Ok(Client {
+        let client = match hello {
+            Frame::HelloOk { limits, core, .. } => Client {
                 inner: Arc::new(Inner {
                     tx,
                     cfg,
@@ -1054,6 +1069,45 @@ impl Client {
                 }),
                 limits,
                 core,
+            },
+            other => return Err(unexpected(other)),
+        };
+        // A token presented at connect: refused here rather than at the first request.
+        if let Some(token) = client.inner.cfg.token.clone() {
+            client.authenticate(&token).await?;
+        }
+        Ok(client)
+    }
+
+    /// Present `token` on this connection (again at any time: a fresh token replaces the old
+    /// one in place, and a day-long subscription outlives an hour-long token this way). A
+    /// refused token leaves the connection's principal as it was.
+    pub async fn authenticate(&self, token: &str) -> Result<Authenticated, Error> {
+        if token.len() > felix_quic::wire::auth::TOKEN_BYTES_MAX {
+            return Err(Error::InvalidArgument(format!(
+                "a token of {} bytes is over the {}-byte maximum",
+                token.len(),
+                felix_quic::wire::auth::TOKEN_BYTES_MAX
+            )));
+        }
+        match self
+            .request(|request_id| {
+                Frame::Auth(AuthFrame::Authenticate {
+                    request_id,
+                    token: token.to_string(),
+                })
+            })
+            .await?
+        {
+            Frame::Auth(AuthFrame::Authenticated {
+                subject,
+                tenant,
+                expires_at_ms,
+                ..
+            }) => Ok(Authenticated {
+                subject,
+                tenant,
+                expires_at_ms,
             }),
             other => Err(unexpected(other)),
         }

@@ -294,12 +294,17 @@ impl Verifier {
                 token.len()
             )));
         }
-        let header = jsonwebtoken::decode_header(token)
-            .map_err(|e| bad(format!("not a token: {e}")))?;
+        let header =
+            jsonwebtoken::decode_header(token).map_err(|e| bad(format!("not a token: {e}")))?;
         if header.alg != Algorithm::EdDSA {
-            return Err(bad(format!("algorithm {:?}: only EdDSA is accepted", header.alg)));
+            return Err(bad(format!(
+                "algorithm {:?}: only EdDSA is accepted",
+                header.alg
+            )));
         }
-        let kid = header.kid.ok_or_else(|| bad("the token names no key (kid)".into()))?;
+        let kid = header
+            .kid
+            .ok_or_else(|| bad("the token names no key (kid)".into()))?;
         let key = self
             .keys
             .get(&kid)

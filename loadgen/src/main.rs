@@ -229,6 +229,9 @@ struct Args {
     /// used. Every broker's certificate must be signed by --ca. Env FELIX_BROKERS.
     #[arg(long, env = "FELIX_BROKERS")]
     brokers: Option<String>,
+    /// Token presented to the brokers (a JWT; env FELIX_TOKEN), for a broker with auth on.
+    #[arg(long, env = "FELIX_TOKEN", hide_env_values = true)]
+    token: Option<String>,
     /// The client settings, resolved once from --broker (not a flag).
     #[arg(skip)]
     client: Option<ClientConfig>,
@@ -265,6 +268,7 @@ fn cfg(a: &Args) -> ClientConfig {
     c.verify = Verify::CaFile(a.ca.clone());
     c.transport.udp_payload_max_bytes = a.udp_payload_max_bytes;
     c.watch_mux = a.watch_mux;
+    c.token = a.token.clone();
     c
 }
 
@@ -1137,6 +1141,7 @@ fn cluster_config(a: &Args) -> Result<Option<felix_client::ClusterConfig>, felix
     };
     let mut cc = felix_client::ClusterConfig::new(list, Some(a.ca.clone()))?;
     cc.connect_timeout = cfg(a).connect_timeout;
+    cc.token = a.token.clone();
     Ok(Some(cc))
 }
 

@@ -26,6 +26,9 @@ pub(in crate::core) struct Asker<'a> {
     pub links: bool,
     /// The largest frame the asking client takes (carried in the forward).
     pub frame_bytes_max: u32,
+    /// The asking client's token (auth on; empty otherwise), carried in the forward so the
+    /// owner checks the same principal.
+    pub principal: &'a str,
 }
 
 /// The decision for shard `shard` of stream (or, with `cache`, cache) slot `idx`.
@@ -63,7 +66,7 @@ pub(in crate::core) fn shard_admit(
                         incarnation,
                         generation,
                         origin_node: asker.node_id,
-                        principal: String::new(),
+                        principal: asker.principal.to_string(),
                         frame_bytes_max: asker.frame_bytes_max,
                     },
                 })),

@@ -143,6 +143,7 @@ impl CoreState {
             next_cache_epoch: 0,
             gauges_at: Instant::now(),
             hello_waits: VecDeque::new(),
+            forward_principals: HashMap::new(),
             closes_due: VecDeque::new(),
             links,
         }));

@@ -36,8 +36,8 @@ use felix_quic::glommio_driver::{wake_pair, DatagramIo, GlommioUdp, Wake, WakeRx
 use felix_quic::idmap::IdMap;
 use felix_quic::server::{ConnKey, Endpoint, PeerSide, Route, Sock, TxBatch, SOCKS};
 use felix_quic::wire::{
-    admit, admit_peer, answer_stream, features, streams, ErrorCode, Frame, Limits, PeerFrame,
-    QueuePolicy, Records, ShardSelector, StartAt, Verdict,
+    admit, admit_peer, answer_stream, features, streams, AuthFrame, ErrorCode, Frame, Limits,
+    PeerFrame, QueuePolicy, Records, ShardSelector, StartAt, Verdict,
 };
 use felix_quic::wire::{FrameError, FRAME_OVERHEAD_BYTES};
 use felix_storage::{FsyncMode, Log, LogConfig, LogError, RecordIn};
@@ -51,6 +51,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod admit;
+mod authz;
 mod cache_logs;
 mod caches;
 mod conn;
@@ -118,6 +119,8 @@ pub struct CoreSettings {
     pub drain_idle: Arc<Vec<AtomicBool>>,
     /// Counts cores that have opened their durable logs and serve (readiness waits for all).
     pub started: Arc<std::sync::atomic::AtomicUsize>,
+    /// Verifies tokens; `None`: auth is off (`--auth off`).
+    pub auth: Option<Arc<felix_control::auth::Verifier>>,
 }
 
 #[derive(Default)]
@@ -153,6 +156,9 @@ struct Session {
     peer_node: Option<u64>,
     /// While a forwarded request is handled: what the forwarder routed it by.
     forwarded: Option<felix_quic::wire::ForwardHead>,
+    /// Who the connection's token says it is (auth on), and the token itself (carried in
+    /// the forwards made for it, so the owner checks the same principal).
+    principal: Option<(felix_control::auth::Principal, Arc<str>)>,
 }
 
 impl Session {
@@ -257,6 +263,8 @@ struct CoreState {
     gauges_at: Instant,
     /// Connections that have not said Hello yet, with their deadline (FIFO: one timeout).
     hello_waits: VecDeque<(Instant, ConnKey)>,
+    /// Principals of the tokens forwards carried, verified once (bounded; see `conn::auth`).
+    forward_principals: HashMap<Arc<str>, felix_control::auth::Principal>,
     /// Connections closing after their Error frame, with the moment the close is forced even
     /// if the frame could not leave (FIFO: one grace period).
     closes_due: VecDeque<(Instant, ConnKey)>,

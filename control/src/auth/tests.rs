@@ -38,14 +38,22 @@ fn a_token_verifies_and_names_its_principal() {
     assert_eq!(p.subject, "alice");
     assert_eq!(p.tenant, "acme");
     assert_eq!(p.expires_at_s, NOW + 3600);
-    assert!(p.check(Action::StreamPublish, "acme", "prod/orders-eu").is_ok());
+    assert!(p
+        .check(Action::StreamPublish, "acme", "prod/orders-eu")
+        .is_ok());
     let denied = p
         .check(Action::StreamSubscribe, "acme", "prod/orders-eu")
         .unwrap_err();
-    assert!(denied.contains("stream.subscribe:prod/orders-eu"), "{denied}");
-    assert!(p.check(Action::StreamPublish, "acme", "prod/payments").is_err());
     assert!(
-        p.check(Action::StreamPublish, "other", "prod/orders").is_err(),
+        denied.contains("stream.subscribe:prod/orders-eu"),
+        "{denied}"
+    );
+    assert!(p
+        .check(Action::StreamPublish, "acme", "prod/payments")
+        .is_err());
+    assert!(
+        p.check(Action::StreamPublish, "other", "prod/orders")
+            .is_err(),
         "another tenant"
     );
 }
@@ -69,7 +77,10 @@ fn patterns_match_exactly_or_by_prefix() {
     ] {
         assert!(Permission::parse(bad).is_err(), "{bad}");
     }
-    assert_eq!(p("group.consume:prod/*").to_string(), "group.consume:prod/*");
+    assert_eq!(
+        p("group.consume:prod/*").to_string(),
+        "group.consume:prod/*"
+    );
 }
 
 #[test]
@@ -77,12 +88,21 @@ fn expiry_and_not_before_use_the_given_clock() {
     let k = key("k1", 7);
     let v = verifier(&[&k]);
     let t = k.issue(&claims(&["manage:*"]));
-    assert!(matches!(v.verify(&t, NOW + 3600), Err(AuthError::Expired(_))));
+    assert!(matches!(
+        v.verify(&t, NOW + 3600),
+        Err(AuthError::Expired(_))
+    ));
     let mut early = claims(&["manage:*"]);
     early.nbf = NOW + 600;
     let t = k.issue(&early);
-    assert!(matches!(v.verify(&t, NOW), Err(AuthError::Unauthenticated(_))));
-    assert!(v.verify(&t, NOW + 600 - NBF_LEEWAY_S).is_ok(), "within the leeway");
+    assert!(matches!(
+        v.verify(&t, NOW),
+        Err(AuthError::Unauthenticated(_))
+    ));
+    assert!(
+        v.verify(&t, NOW + 600 - NBF_LEEWAY_S).is_ok(),
+        "within the leeway"
+    );
 }
 
 #[test]

@@ -84,10 +84,11 @@ impl AuthFrame {
                     });
                 }
                 let raw = r.take(n, "token")?;
-                let token = String::from_utf8(raw.to_vec()).map_err(|_| WireError::InvalidValue {
-                    field: "token",
-                    value: n as u64,
-                })?;
+                let token =
+                    String::from_utf8(raw.to_vec()).map_err(|_| WireError::InvalidValue {
+                        field: "token",
+                        value: n as u64,
+                    })?;
                 AuthFrame::Authenticate { request_id, token }
             }
             kind::AUTHENTICATED => AuthFrame::Authenticated {

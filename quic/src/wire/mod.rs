@@ -11,21 +11,21 @@
 //! `[len u32 LE][payload]` entries, so the broker re-frames a publish as a delivery without
 //! touching payloads and one delivery frame is shared (as `Bytes`) by every subscriber.
 
+pub mod auth;
 pub mod cache;
 pub mod error;
 pub mod group;
 pub mod hash;
-pub mod auth;
 pub mod peer;
 pub mod streams;
 
+pub use auth::AuthFrame;
 pub use cache::{CacheFrame, EventKind, WatchFilter, WatchStart, WriteCond};
 pub use error::{ErrorCode, Retry};
 pub use group::{
     AnswerOp, ClaimId, ClaimIdError, ClaimRef, DeadLetterAction, DeadLetterRef, GroupFrame,
     GroupInfo, GroupRef,
 };
-pub use auth::AuthFrame;
 pub use peer::{ForwardHead, PeerFrame};
 pub use streams::{admit, admit_peer, answer_stream, kind_name, StreamClass, Verdict};
 

@@ -511,14 +511,12 @@ fn arb_frame() -> impl Strategy<Value = Frame> {
             AuthFrame::Authenticate { request_id, token }
         )),
         (any::<u64>(), arb_name(), arb_name(), any::<u64>()).prop_map(
-            |(request_id, subject, tenant, expires_at_ms)| Frame::Auth(
-                AuthFrame::Authenticated {
-                    request_id,
-                    subject,
-                    tenant,
-                    expires_at_ms,
-                }
-            )
+            |(request_id, subject, tenant, expires_at_ms)| Frame::Auth(AuthFrame::Authenticated {
+                request_id,
+                subject,
+                tenant,
+                expires_at_ms,
+            })
         ),
         (
             100u8..=255,

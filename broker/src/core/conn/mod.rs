@@ -4,6 +4,7 @@
 
 use super::*;
 
+mod auth;
 mod deliver;
 mod peer_in;
 mod peer_out;
@@ -332,7 +333,22 @@ impl CoreState {
             let ack = matches!(frame, Frame::Publish { ack: true, .. });
             admit(frame.kind(), stream, ack, session.hello_done)
         };
-        match broken_for_tests(verdict, frame.kind(), stream) {
+        let verdict = match broken_for_tests(verdict, frame.kind(), stream) {
+            // Who may: the principal's permission (auth on), after the stream rules.
+            Verdict::Serve => match self.authorize(key, frame) {
+                Ok(()) => return true,
+                Err((code, message)) => {
+                    CoreCounters::inc(&self.s.counters.auth_denied);
+                    Verdict::Refuse {
+                        answer_on: answer_stream(stream),
+                        code,
+                        message,
+                    }
+                }
+            },
+            other => other,
+        };
+        match verdict {
             Verdict::Serve => true,
             Verdict::Skip => false,
             Verdict::Refuse {
@@ -378,6 +394,9 @@ impl CoreState {
             ),
             Frame::Peer(PeerFrame::Forward { head, inner }) => {
                 self.on_forward(key, stream, head, *inner)
+            }
+            Frame::Auth(AuthFrame::Authenticate { request_id, token }) => {
+                self.on_authenticate(key, stream, request_id, token)
             }
             Frame::DescribeStream {
                 request_id,

@@ -20,9 +20,13 @@ impl CoreState {
         idx: u32,
         shard: u32,
     ) -> Result<ShardAdmit, (ErrorCode, String)> {
+        let session = self.sessions.get(&key);
         let asker = Asker {
             node_id: self.s.cfg.node_id,
-            forwarded: self.sessions.get(&key).and_then(|s| s.forwarded.as_ref()),
+            forwarded: session.and_then(|s| s.forwarded.as_ref()),
+            principal: session
+                .and_then(|s| s.principal.as_ref())
+                .map_or("", |(_, token)| token),
             links: self.links.is_some(),
             frame_bytes_max: self
                 .ep

@@ -30,8 +30,8 @@
 
 mod run;
 
-use super::{Rng, World, CORES};
 use super::scenarios::def;
+use super::{Rng, World, CORES};
 use crate::catalog::{Catalog, ControlView, ViewPlace, ViewStream};
 use crate::core::admit::{shard_admit, Asker, ShardAdmit};
 use crate::core::peer::{FwdAnswer, FwdClient, Lane, LinkEffect, Links, LinksCfg};
@@ -292,6 +292,7 @@ impl Cluster {
             forwarded,
             links: true,
             frame_bytes_max: 1 << 20,
+            principal: "",
         };
         match shard_admit(&n.world.catalog, &asker, false, key.0, key.1) {
             Ok(ShardAdmit::Serve) => {

@@ -1,0 +1,222 @@
+//! Who may speak, set up at start (the driver side of `felix_control::auth`): the verifier the
+//! cores check tokens with, from this broker's own key (`auth = standalone`) or a key set
+//! file (`auth = jwks`), and `felix-broker token create`, which signs tokens with the
+//! standalone key.
+//!
+//! A standalone broker keeps its signing key in `DATA_DIR/auth/signing-key.json` (mode 0600,
+//! made at the first start) and writes a fresh admin token to `DATA_DIR/auth/admin.token`
+//! (mode 0600) at every start, valid `auth_admin_token_ttl_s`.
+
+use crate::config::Config;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use felix_control::auth::{admin_claims, Claims, Jwks, Permission, SigningKey, Verifier, ISSUER};
+use rand::RngCore;
+use serde::{Deserialize, Serialize};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// The file a standalone broker's key lives in, under the data dir.
+pub fn key_path(data_dir: &Path) -> PathBuf {
+    data_dir.join("auth").join("signing-key.json")
+}
+
+/// The admin token a standalone broker writes at each start, under the data dir.
+pub fn admin_token_path(data_dir: &Path) -> PathBuf {
+    data_dir.join("auth").join("admin.token")
+}
+
+#[derive(Serialize, Deserialize)]
+struct KeyFile {
+    kid: String,
+    /// The Ed25519 seed, base64url.
+    seed: String,
+}
+
+fn write_private(path: &Path, bytes: &[u8]) -> Result<(), String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let io = |e: std::io::Error| format!("{}: {e}", path.display());
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(io)?;
+    }
+    // Written beside and renamed, so a reader never sees half a key or token.
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(io)?;
+    f.write_all(bytes).map_err(io)?;
+    f.sync_all().map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(io)
+}
+
+fn random_hex(n: usize) -> String {
+    let mut b = vec![0u8; n];
+    rand::thread_rng().fill_bytes(&mut b);
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// The standalone key under `data_dir`, made on first use.
+pub fn standalone_key(data_dir: &Path) -> Result<SigningKey, String> {
+    let path = key_path(data_dir);
+    match std::fs::read(&path) {
+        Ok(raw) => {
+            let k: KeyFile = serde_json::from_slice(&raw)
+                .map_err(|e| format!("{}: not a signing key file: {e}", path.display()))?;
+            let seed: [u8; 32] = URL_SAFE_NO_PAD
+                .decode(&k.seed)
+                .ok()
+                .and_then(|s| s.try_into().ok())
+                .ok_or_else(|| {
+                    format!("{}: the seed is not 32 bytes of base64url", path.display())
+                })?;
+            Ok(SigningKey::from_seed(&k.kid, seed))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let mut seed = [0u8; 32];
+            rand::thread_rng().fill_bytes(&mut seed);
+            let kid = format!("standalone-{}", random_hex(4));
+            let file = KeyFile {
+                kid: kid.clone(),
+                seed: URL_SAFE_NO_PAD.encode(seed),
+            };
+            write_private(&path, &serde_json::to_vec(&file).expect("serializable"))?;
+            tracing::info!(path = %path.display(), %kid, "generated the standalone signing key");
+            Ok(SigningKey::from_seed(&kid, seed))
+        }
+        Err(e) => Err(format!("{}: {e}", path.display())),
+    }
+}
+
+fn now_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The verifier the cores check tokens with (`None`: auth is off).
+pub fn setup(cfg: &Config) -> Result<Option<Arc<Verifier>>, String> {
+    match cfg.auth.as_str() {
+        "off" => {
+            tracing::warn!(
+                "auth is off: anyone who reaches this broker's port may publish, read and change every tenant's data (--auth standalone or jwks turns it on)"
+            );
+            Ok(None)
+        }
+        "standalone" => {
+            let key = standalone_key(&cfg.data_dir)?;
+            let token = key.issue(&admin_claims(
+                "admin",
+                &random_hex(8),
+                now_s(),
+                cfg.auth_admin_token_ttl_s,
+            ));
+            let path = admin_token_path(&cfg.data_dir);
+            write_private(&path, token.as_bytes())?;
+            tracing::info!(path = %path.display(), "wrote the admin token");
+            let jwks = Jwks {
+                keys: vec![key.jwk()],
+            };
+            Ok(Some(Arc::new(Verifier::new(&jwks)?)))
+        }
+        "jwks" => {
+            let path = cfg
+                .auth_jwks
+                .as_ref()
+                .expect("validated: jwks needs auth_jwks");
+            let raw = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            let jwks: Jwks = serde_json::from_slice(&raw)
+                .map_err(|e| format!("{}: not a JWKS: {e}", path.display()))?;
+            if jwks.keys.is_empty() {
+                return Err(format!("{}: the key set is empty", path.display()));
+            }
+            Ok(Some(Arc::new(Verifier::new(&jwks)?)))
+        }
+        other => Err(format!(
+            "auth must be off, standalone or jwks, got {other:?}"
+        )),
+    }
+}
+
+/// `felix-broker token create --data-dir DIR --tenant T --allow ACTION:PATTERN... [--subject S]
+/// [--ttl-s N]`: a token signed with the standalone key of the broker whose data dir is DIR,
+/// printed on stdout. Exit 2 on a usage error.
+pub fn token_command(args: &[String]) -> i32 {
+    let usage = "usage: felix-broker token create --data-dir DIR --tenant TENANT --allow ACTION:PATTERN [--allow ...] [--subject NAME] [--ttl-s SECONDS]";
+    let mut it = args.iter();
+    if it.next().map(String::as_str) != Some("create") {
+        eprintln!("{usage}");
+        return 2;
+    }
+    let (mut dir, mut tenant, mut subject, mut ttl_s) = (None, None, None, 3600u64);
+    let mut perms = Vec::new();
+    while let Some(flag) = it.next() {
+        let Some(v) = it.next() else {
+            eprintln!("{flag} needs a value\n{usage}");
+            return 2;
+        };
+        match flag.as_str() {
+            "--data-dir" => dir = Some(PathBuf::from(v)),
+            "--tenant" => tenant = Some(v.clone()),
+            "--subject" => subject = Some(v.clone()),
+            "--ttl-s" => match v.parse::<u64>() {
+                Ok(n) if n > 0 => ttl_s = n,
+                _ => {
+                    eprintln!("--ttl-s must be a positive number of seconds, got {v:?}");
+                    return 2;
+                }
+            },
+            "--allow" => match Permission::parse(v) {
+                Ok(p) => perms.push(p.to_string()),
+                Err(e) => {
+                    eprintln!("--allow {v}: {e}");
+                    return 2;
+                }
+            },
+            other => {
+                eprintln!("unknown flag {other}\n{usage}");
+                return 2;
+            }
+        }
+    }
+    let (Some(dir), Some(tenant)) = (dir, tenant) else {
+        eprintln!("{usage}");
+        return 2;
+    };
+    if perms.is_empty() {
+        eprintln!("a token needs at least one --allow\n{usage}");
+        return 2;
+    }
+    if !key_path(&dir).exists() {
+        eprintln!(
+            "{} does not exist: start the broker with --auth standalone and --data-dir {} first",
+            key_path(&dir).display(),
+            dir.display()
+        );
+        return 1;
+    }
+    let key = match standalone_key(&dir) {
+        Ok(k) => k,
+        Err(e) => {
+            eprintln!("felix-broker token: {e}");
+            return 1;
+        }
+    };
+    let now = now_s();
+    let claims = Claims {
+        iss: ISSUER.into(),
+        sub: subject.unwrap_or_else(|| format!("{tenant}-client")),
+        tenant,
+        perms,
+        iat: now,
+        nbf: now,
+        exp: now.saturating_add(ttl_s),
+        jti: random_hex(8),
+    };
+    println!("{}", key.issue(&claims));
+    0
+}

@@ -1,0 +1,125 @@
+//! Authentication on a connection, the driver side of `authz` (pure): `Authenticate` verifies
+//! a token and sets the connection's principal (again at any time: re-auth in place), and
+//! the admission asks `authorize` for every frame. A forward carries its client's token; the
+//! owner verifies it once per token (a bounded cache) and checks the inner request with it.
+
+use super::super::authz;
+use super::super::*;
+use felix_control::auth::{AuthError, Principal, Verifier};
+use felix_quic::wire::PeerFrame;
+
+/// Verified forward principals one core keeps; past it the cache starts again empty.
+const FORWARD_PRINCIPALS_MAX: usize = 1024;
+
+fn now_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn refusal_of(e: AuthError) -> (ErrorCode, String) {
+    match e {
+        AuthError::Expired(m) => (ErrorCode::TokenExpired, m),
+        other => (ErrorCode::Unauthenticated, other.to_string()),
+    }
+}
+
+impl CoreState {
+    /// `Authenticate`: verify the token and make it the connection's principal. A refused
+    /// token leaves the principal the connection had (a failed refresh does not end a
+    /// connection whose token is still valid). With auth off the answer names no one.
+    pub(in crate::core) fn on_authenticate(
+        &mut self,
+        key: ConnKey,
+        stream: u64,
+        request_id: u64,
+        token: String,
+    ) {
+        let answer = match &self.s.auth {
+            None => Ok(AuthFrame::Authenticated {
+                request_id,
+                subject: String::new(),
+                tenant: String::new(),
+                expires_at_ms: 0,
+            }),
+            Some(v) => v.verify(&token, now_s()).map(|p| {
+                let ok = AuthFrame::Authenticated {
+                    request_id,
+                    subject: p.subject.clone(),
+                    tenant: p.tenant.clone(),
+                    expires_at_ms: p.expires_at_s.saturating_mul(1000),
+                };
+                if let Some(s) = self.sessions.get_mut(&key) {
+                    s.principal = Some((p, Arc::from(token.as_str())));
+                }
+                ok
+            }),
+        };
+        match answer {
+            Ok(ok) => {
+                CoreCounters::inc(&self.s.counters.auth_accepted);
+                if let Some(e) = self.ep.get(key) {
+                    e.conn.send_frame(stream, &Frame::Auth(ok));
+                }
+            }
+            Err(e) => {
+                CoreCounters::inc(&self.s.counters.auth_refused);
+                let (code, msg) = refusal_of(e);
+                self.send_err(key, answer_stream(stream), request_id, code, msg);
+            }
+        }
+    }
+
+    /// The admission's auth check of `frame` on connection `key` (`Ok` with auth off).
+    pub(in crate::core) fn authorize(
+        &mut self,
+        key: ConnKey,
+        frame: &Frame,
+    ) -> Result<(), (ErrorCode, String)> {
+        let Some(v) = self.s.auth.clone() else {
+            return Ok(());
+        };
+        let now = now_s();
+        let Some(session) = self.sessions.get(&key) else {
+            return Ok(());
+        };
+        if !session.peer_link {
+            let principal = session.principal.as_ref().map(|(p, _)| p);
+            return authz::check(principal, now, &authz::need(frame));
+        }
+        // A peer link is mutual TLS; what it forwards is checked as its client's request.
+        let Frame::Peer(PeerFrame::Forward { head, inner }) = frame else {
+            return Ok(());
+        };
+        let need = authz::need(inner);
+        if need == authz::Need::Nothing {
+            return Ok(());
+        }
+        let p = self.forward_principal(&v, &head.principal, now)?;
+        authz::check(Some(&p), now, &need)
+    }
+
+    /// The principal of a token a forward carried, verified once and then kept.
+    fn forward_principal(
+        &mut self,
+        v: &Verifier,
+        token: &str,
+        now: u64,
+    ) -> Result<Principal, (ErrorCode, String)> {
+        if let Some(p) = self.forward_principals.get(token) {
+            return Ok(p.clone());
+        }
+        if token.is_empty() {
+            return Err((
+                ErrorCode::Unauthenticated,
+                "the forwarding broker named no principal (is auth off there?)".into(),
+            ));
+        }
+        let p = v.verify(token, now).map_err(refusal_of)?;
+        if self.forward_principals.len() >= FORWARD_PRINCIPALS_MAX {
+            self.forward_principals.clear();
+        }
+        self.forward_principals.insert(Arc::from(token), p.clone());
+        Ok(p)
+    }
+}

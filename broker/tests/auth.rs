@@ -1,0 +1,288 @@
+//! Auth on a standalone broker (`--auth standalone`), over real QUIC: no token, the admin
+//! token the broker writes, scoped tokens from `felix-broker token create`, hostile tokens,
+//! re-authentication in place, and a token that expires on a live connection.
+
+use felix_broker::auth::{admin_token_path, standalone_key};
+use felix_client::{Client, Error};
+use felix_control::auth::{admin_claims, Claims, ISSUER};
+use felix_quic::wire::{ErrorCode, ShardSelector, StreamName};
+use std::time::Duration;
+
+mod common;
+use common::Broker;
+
+fn events() -> StreamName {
+    StreamName::new("default", "default", "events")
+}
+
+fn kv() -> StreamName {
+    StreamName::new("default", "default", "kv")
+}
+
+fn code(r: Result<impl std::fmt::Debug, Error>) -> ErrorCode {
+    match r {
+        Err(Error::Broker { code, .. }) => code,
+        other => panic!("expected a broker refusal, got {other:?}"),
+    }
+}
+
+fn now_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+async fn connect(b: &Broker, token: Option<String>) -> Result<Client, Error> {
+    let mut cfg = b.client_config();
+    cfg.token = token;
+    Client::connect(cfg).await
+}
+
+/// `felix-broker token create` against the broker's data dir.
+fn token(b: &Broker, tenant: &str, allow: &[&str]) -> String {
+    let exe = std::path::Path::new(env!("CARGO_BIN_EXE_felix-broker"));
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(["token", "create", "--data-dir"])
+        .arg(b.dir.path())
+        .args(["--tenant", tenant, "--subject", "svc", "--ttl-s", "600"]);
+    for a in allow {
+        cmd.args(["--allow", a]);
+    }
+    let o = cmd.output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout).unwrap().trim().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_decide_who_may_do_what() {
+    let b = Broker::start(1, &["--auth", "standalone"]);
+
+    // No token: the connection opens, every request is refused unauthenticated.
+    let anon = connect(&b, None).await.unwrap();
+    assert_eq!(
+        code(
+            anon.publish_batch(&events(), ShardSelector::Shard(0), vec!["x"])
+                .await
+        ),
+        ErrorCode::Unauthenticated
+    );
+    assert_eq!(
+        code(anon.describe_cluster().await),
+        ErrorCode::Unauthenticated
+    );
+    assert_eq!(
+        code(anon.cache_get(&kv(), "k").await),
+        ErrorCode::Unauthenticated
+    );
+
+    // The admin token the broker wrote (mode 0600) may do everything.
+    let path = admin_token_path(b.dir.path());
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "{}", path.display());
+    let admin = std::fs::read_to_string(&path).unwrap();
+    let a = connect(&b, Some(admin.clone())).await.unwrap();
+    let who = a.authenticate(&admin).await.unwrap();
+    assert_eq!((who.subject.as_str(), who.tenant.as_str()), ("admin", "*"));
+    a.publish_batch(&events(), ShardSelector::Shard(0), vec!["a"])
+        .await
+        .unwrap();
+    a.cache_put(&kv(), "k", "v", None).await.unwrap();
+
+    // A publisher token: publish yes; subscribe, cache and another namespace no, each
+    // refusal naming the permission that is missing.
+    let publisher = token(&b, "default", &["stream.publish:default/ev*"]);
+    let p = connect(&b, Some(publisher)).await.unwrap();
+    p.publish_batch(&events(), ShardSelector::Shard(1), vec!["p"])
+        .await
+        .unwrap();
+    match p.cache_put(&kv(), "k", "v", None).await {
+        Err(Error::Broker { code, message }) => {
+            assert_eq!(code, ErrorCode::Forbidden);
+            assert!(message.contains("cache.write:default/kv"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        code(
+            p.subscribe(&events(), 0, felix_client::SubscribeOptions::default())
+                .await
+                .map(|_| ())
+        ),
+        ErrorCode::Forbidden
+    );
+    p.describe_stream(&events()).await.unwrap();
+
+    // Re-authentication in place: the same connection, a wider token, the subscribe passes.
+    let reader = token(
+        &b,
+        "default",
+        &["stream.subscribe:default/*", "cache.read:default/kv"],
+    );
+    p.authenticate(&reader).await.unwrap();
+    p.subscribe(&events(), 0, felix_client::SubscribeOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        p.cache_get(&kv(), "k").await.unwrap().unwrap().value,
+        b"v"[..]
+    );
+    // Fire-and-forget without stream.publish now: its refusal reaches the client too.
+    p.publish_fire(&events(), ShardSelector::Shard(0), vec!["ff"])
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while p.fire_and_forget_errors().0 == 0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    match p.fire_and_forget_errors() {
+        (1, Some(Error::Broker { code, .. })) => assert_eq!(code, ErrorCode::Forbidden),
+        other => panic!("{other:?}"),
+    }
+    // A refused refresh keeps the principal the connection had.
+    assert_eq!(
+        code(p.authenticate("garbage").await),
+        ErrorCode::Unauthenticated
+    );
+    p.cache_get(&kv(), "k").await.unwrap();
+
+    // A token of another tenant is forbidden here.
+    let other = token(&b, "globex", &["stream.publish:*"]);
+    let o = connect(&b, Some(other)).await.unwrap();
+    assert_eq!(
+        code(
+            o.publish_batch(&events(), ShardSelector::Shard(0), vec!["o"])
+                .await
+        ),
+        ErrorCode::Forbidden
+    );
+    // felixctl: without a token refused (exit 1, the code printed); the local admin token is
+    // picked up from the data dir; --token overrides it.
+    let ctl = |env_dir: Option<&std::path::Path>, token: Option<&str>| {
+        let mut c = b.felixctl_cmd();
+        c.env_remove("FELIX_TOKEN")
+            .env("FELIX_DATA_DIR", "/nonexistent");
+        if let Some(d) = env_dir {
+            c.env("FELIX_DATA_DIR", d);
+        }
+        if let Some(t) = token {
+            c.args(["--token", t]);
+        }
+        c.args(["publish", "events", "from-ctl", "--shard", "2"])
+            .output()
+            .unwrap()
+    };
+    let o = ctl(None, None);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(String::from_utf8_lossy(&o.stderr).contains("unauthenticated"));
+    let o = ctl(Some(b.dir.path()), None);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = ctl(Some(b.dir.path()), Some(&reader));
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "a subscriber's token cannot publish"
+    );
+    assert!(String::from_utf8_lossy(&o.stderr).contains("stream.publish"));
+
+    let refused = b.total("auth_denied");
+    assert!(refused >= 5, "auth_denied {refused}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_tokens_are_refused_at_connect_and_the_broker_carries_on() {
+    let b = Broker::start(1, &["--auth", "standalone"]);
+    let key = standalone_key(b.dir.path()).unwrap();
+    let now = now_s();
+    let claims = |f: &dyn Fn(&mut Claims)| {
+        let mut c = admin_claims("mallory", "j1", now, 600);
+        f(&mut c);
+        key.issue(&c)
+    };
+    let forged = felix_control::auth::SigningKey::from_seed(&key.kid, [3; 32])
+        .issue(&admin_claims("mallory", "j2", now, 600));
+    let cases: Vec<(&str, String, ErrorCode)> = vec![
+        ("forged", forged, ErrorCode::Unauthenticated),
+        (
+            "expired",
+            claims(&|c| {
+                c.iat = now - 100;
+                c.exp = now - 10;
+            }),
+            ErrorCode::TokenExpired,
+        ),
+        (
+            "not yet valid",
+            claims(&|c| c.nbf = now + 3600),
+            ErrorCode::Unauthenticated,
+        ),
+        (
+            "wrong issuer",
+            claims(&|c| c.iss = format!("{ISSUER}-not")),
+            ErrorCode::Unauthenticated,
+        ),
+        (
+            "garbage",
+            "\u{1}\u{2}not a token".into(),
+            ErrorCode::Unauthenticated,
+        ),
+        (
+            "alg none",
+            "eyJhbGciOiJub25lIiwia2lkIjoiayJ9.e30.".into(),
+            ErrorCode::Unauthenticated,
+        ),
+        (
+            "8 KiB of x",
+            "x".repeat(8 * 1024),
+            ErrorCode::Unauthenticated,
+        ),
+    ];
+    for (what, t, want) in cases {
+        assert_eq!(code(connect(&b, Some(t)).await.map(|_| ())), want, "{what}");
+    }
+    // Over the frame's bound: refused by the client before it is sent.
+    assert!(matches!(
+        connect(&b, Some("x".repeat(1 << 20))).await,
+        Err(Error::InvalidArgument(_))
+    ));
+    // The broker is unharmed.
+    let admin = std::fs::read_to_string(admin_token_path(b.dir.path())).unwrap();
+    let c = connect(&b, Some(admin)).await.unwrap();
+    c.publish_batch(&events(), ShardSelector::Shard(0), vec!["fine"])
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_that_expires_on_a_live_connection_is_refused_until_refreshed() {
+    let b = Broker::start(1, &["--auth", "standalone"]);
+    let key = standalone_key(b.dir.path()).unwrap();
+    let now = now_s();
+    let short = key.issue(&admin_claims("svc", "short", now, 2));
+    let c = connect(&b, Some(short)).await.unwrap();
+    c.publish_batch(&events(), ShardSelector::Shard(0), vec!["before"])
+        .await
+        .unwrap();
+    // Bounded: the token's own two seconds, then one more for the clock's second boundary.
+    let deadline = std::time::Instant::now() + Duration::from_secs(4);
+    let expired = loop {
+        let r = c
+            .publish_batch(&events(), ShardSelector::Shard(0), vec!["during"])
+            .await;
+        if r.is_err() || std::time::Instant::now() > deadline {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(code(expired), ErrorCode::TokenExpired);
+    let fresh = key.issue(&admin_claims("svc", "fresh", now_s(), 600));
+    c.authenticate(&fresh).await.unwrap();
+    c.publish_batch(&events(), ShardSelector::Shard(0), vec!["after"])
+        .await
+        .unwrap();
+}
