@@ -1084,3 +1084,133 @@ async fn read_until(
         }
     }
 }
+
+/// Auth across brokers (`--auth jwks`, one key set for the cluster): a forwarded request is
+/// checked at the forwarding broker and again at the owner, with the client's token carried in
+/// the forward; a forward without a principal, or with one that lacks the permission, is
+/// refused by the owner and nothing is appended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwards_carry_the_clients_principal() {
+    use felix_control::auth::{admin_claims, Claims, Jwks, SigningKey, ISSUER};
+    let cp = start_control_plane(120_000);
+    let tmp = tempfile::tempdir().unwrap();
+    let certs = tmp.path().join("certs");
+    generate_cluster_certs(&certs, &[1, 2, 3]).unwrap();
+    let key = SigningKey::from_seed("cluster-1", [42; 32]);
+    let jwks = tmp.path().join("jwks.json");
+    let set = Jwks {
+        keys: vec![key.jwk()],
+    };
+    std::fs::write(&jwks, serde_json::to_vec(&set).unwrap()).unwrap();
+    let auth = ["--auth", "jwks", "--auth-jwks", jwks.to_str().unwrap()];
+    let n1 = start_node(&cp, &certs, 1, &auth);
+    let n2 = start_node(&cp, &certs, 2, &auth);
+    make_resources(&cp, tmp.path(), "4");
+    let (incarnation, places) = placement(&cp, "streams", "spread").await;
+    let name = StreamName::new("acme", "prod", "spread");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let token = |perms: &[&str]| {
+        key.issue(&Claims {
+            iss: ISSUER.into(),
+            sub: "svc".into(),
+            tenant: "acme".into(),
+            perms: perms.iter().map(|p| p.to_string()).collect(),
+            iat: now,
+            nbf: now,
+            exp: now + 600,
+            jti: format!("j-{}", perms.join(",")),
+        })
+    };
+    let admin = key.issue(&admin_claims("admin", "a", now, 600));
+    let connect = |b: &Broker, t: String| {
+        let mut cfg = b.client_config();
+        cfg.token = Some(t);
+        Client::connect(cfg)
+    };
+    let watchers = [
+        connect(&n1, admin.clone()).await.unwrap(),
+        connect(&n2, admin.clone()).await.unwrap(),
+    ];
+    visible(&watchers, &name).await;
+    let theirs = places.iter().position(|p| p.0 == 2).unwrap() as u32;
+    let mine = places.iter().position(|p| p.0 == 1).unwrap() as u32;
+
+    // A publisher's token through broker 1 to broker 2's shard: forwarded, served.
+    let publisher = connect(&n1, token(&["stream.publish:prod/*"])).await.unwrap();
+    eventually("forwarded with its principal", || async {
+        publisher
+            .publish_batch(&name, ShardSelector::Shard(theirs), vec!["ok"])
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    assert!(n2.total("forwards_served") >= 1);
+    // A subscriber's token: refused at broker 1, never forwarded.
+    let sent = n1.total("forwards_sent");
+    let reader = connect(&n1, token(&["stream.subscribe:prod/*"])).await.unwrap();
+    match reader
+        .publish_batch(&name, ShardSelector::Shard(theirs), vec!["no"])
+        .await
+    {
+        Err(Error::Broker { code, message }) => {
+            assert_eq!(code, ErrorCode::Forbidden);
+            assert!(message.contains("stream.publish:prod/spread"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(n1.total("forwards_sent"), sent, "refused before the link");
+
+    // A peer that forwards on its own: the owner checks the principal the forward names.
+    let cluster = cluster_id(&cp).await;
+    let (mut raw, answer) = raw_peer(&n1, &certs, &cluster, (1, 3, 3)).await;
+    assert!(matches!(answer, Frame::Peer(PeerFrame::PeerHelloOk { .. })), "{answer:?}");
+    let generation = places[mine as usize].1;
+    let fwd = |rid: u64, principal: String| {
+        Frame::Peer(PeerFrame::Forward {
+            head: ForwardHead {
+                incarnation,
+                generation,
+                origin_node: 3,
+                principal,
+                frame_bytes_max: 0,
+            },
+            inner: Box::new(Frame::Publish {
+                request_id: rid,
+                stream: name.clone(),
+                shard: ShardSelector::Shard(mine),
+                ack: true,
+                records: Records::encode([&b"raw"[..]]),
+            }),
+        })
+    };
+    let refusal = |f: Frame| match f {
+        Frame::Error {
+            request_id, code, ..
+        } => (request_id, ErrorCode::from_number(code)),
+        other => panic!("expected an Error, got {other:?}"),
+    };
+    raw.send(4, &fwd(1, String::new()));
+    assert_eq!(
+        refusal(raw.next_on(4).await),
+        (1, Some(ErrorCode::Unauthenticated))
+    );
+    raw.send(4, &fwd(2, token(&["cache.read:*"])));
+    assert_eq!(refusal(raw.next_on(4).await), (2, Some(ErrorCode::Forbidden)));
+    raw.send(4, &fwd(3, "forged.token.here".into()));
+    assert_eq!(
+        refusal(raw.next_on(4).await),
+        (3, Some(ErrorCode::Unauthenticated))
+    );
+    raw.send(4, &fwd(4, token(&["stream.publish:prod/spread"])));
+    match raw.next_on(4).await {
+        Frame::PublishAck {
+            request_id: 4,
+            first_offset: 0,
+            ..
+        } => {}
+        other => panic!("the refused forwards appended nothing: {other:?}"),
+    }
+}
