@@ -265,6 +265,31 @@ async fn a_token_that_expires_on_a_live_connection_is_refused_until_refreshed() 
     let now = now_s();
     let short = key.issue(&admin_claims("svc", "short", now, 2));
     let c = connect(&b, Some(short)).await.unwrap();
+    let mut sub = c
+        .subscribe(&events(), 1, felix_client::SubscribeOptions::default())
+        .await
+        .unwrap();
+    let mut watch = c
+        .cache_watch(
+            &kv(),
+            felix_quic::wire::WatchFilter::Key("k".into()),
+            felix_quic::wire::WatchStart::Latest,
+            felix_client::WatchOptions::default(),
+        )
+        .await
+        .unwrap();
+    // A second connection on the same short token, refreshed in place before it expires:
+    // its subscription outlives the first token.
+    let c2 = connect(&b, Some(key.issue(&admin_claims("svc", "short2", now, 2))))
+        .await
+        .unwrap();
+    let mut kept = c2
+        .subscribe(&events(), 2, felix_client::SubscribeOptions::default())
+        .await
+        .unwrap();
+    c2.authenticate(&key.issue(&admin_claims("svc", "long", now, 600)))
+        .await
+        .unwrap();
     c.publish_batch(&events(), ShardSelector::Shard(0), vec!["before"])
         .await
         .unwrap();
@@ -280,6 +305,35 @@ async fn a_token_that_expires_on_a_live_connection_is_refused_until_refreshed() 
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     assert_eq!(code(expired), ErrorCode::TokenExpired);
+    // Its subscription and watch end token_expired (checked about once a second).
+    let end = tokio::time::timeout(Duration::from_secs(5), sub.next())
+        .await
+        .expect("the subscription ends");
+    match end {
+        Some(felix_client::Event::End { code, .. }) => {
+            assert_eq!(code, ErrorCode::TokenExpired.number())
+        }
+        other => panic!("{other:?}"),
+    }
+    match tokio::time::timeout(Duration::from_secs(5), watch.next())
+        .await
+        .expect("the watch ends")
+    {
+        Some(felix_client::WatchItem::End { code, .. }) => {
+            assert_eq!(code, ErrorCode::TokenExpired.number())
+        }
+        other => panic!("{other:?}"),
+    }
+    // The refreshed connection's subscription is still open and delivering.
+    c2.publish_batch(&events(), ShardSelector::Shard(2), vec!["still"])
+        .await
+        .unwrap();
+    match tokio::time::timeout(Duration::from_secs(5), kept.next()).await {
+        Ok(Some(felix_client::Event::Records { records, .. })) => {
+            assert_eq!(&records.iter().next().unwrap()[..], b"still")
+        }
+        other => panic!("the refreshed subscription should deliver: {other:?}"),
+    }
     let fresh = key.issue(&admin_claims("svc", "fresh", now_s(), 600));
     c.authenticate(&fresh).await.unwrap();
     c.publish_batch(&events(), ShardSelector::Shard(0), vec!["after"])

@@ -1139,7 +1139,9 @@ async fn forwards_carry_the_clients_principal() {
     let mine = places.iter().position(|p| p.0 == 1).unwrap() as u32;
 
     // A publisher's token through broker 1 to broker 2's shard: forwarded, served.
-    let publisher = connect(&n1, token(&["stream.publish:prod/*"])).await.unwrap();
+    let publisher = connect(&n1, token(&["stream.publish:prod/*"]))
+        .await
+        .unwrap();
     eventually("forwarded with its principal", || async {
         publisher
             .publish_batch(&name, ShardSelector::Shard(theirs), vec!["ok"])
@@ -1150,7 +1152,9 @@ async fn forwards_carry_the_clients_principal() {
     assert!(n2.total("forwards_served") >= 1);
     // A subscriber's token: refused at broker 1, never forwarded.
     let sent = n1.total("forwards_sent");
-    let reader = connect(&n1, token(&["stream.subscribe:prod/*"])).await.unwrap();
+    let reader = connect(&n1, token(&["stream.subscribe:prod/*"]))
+        .await
+        .unwrap();
     match reader
         .publish_batch(&name, ShardSelector::Shard(theirs), vec!["no"])
         .await
@@ -1166,7 +1170,10 @@ async fn forwards_carry_the_clients_principal() {
     // A peer that forwards on its own: the owner checks the principal the forward names.
     let cluster = cluster_id(&cp).await;
     let (mut raw, answer) = raw_peer(&n1, &certs, &cluster, (1, 3, 3)).await;
-    assert!(matches!(answer, Frame::Peer(PeerFrame::PeerHelloOk { .. })), "{answer:?}");
+    assert!(
+        matches!(answer, Frame::Peer(PeerFrame::PeerHelloOk { .. })),
+        "{answer:?}"
+    );
     let generation = places[mine as usize].1;
     let fwd = |rid: u64, principal: String| {
         Frame::Peer(PeerFrame::Forward {
@@ -1198,7 +1205,10 @@ async fn forwards_carry_the_clients_principal() {
         (1, Some(ErrorCode::Unauthenticated))
     );
     raw.send(4, &fwd(2, token(&["cache.read:*"])));
-    assert_eq!(refusal(raw.next_on(4).await), (2, Some(ErrorCode::Forbidden)));
+    assert_eq!(
+        refusal(raw.next_on(4).await),
+        (2, Some(ErrorCode::Forbidden))
+    );
     raw.send(4, &fwd(3, "forged.token.here".into()));
     assert_eq!(
         refusal(raw.next_on(4).await),

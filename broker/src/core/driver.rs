@@ -144,6 +144,7 @@ impl CoreState {
             gauges_at: Instant::now(),
             hello_waits: VecDeque::new(),
             forward_principals: HashMap::new(),
+            auth_checked_at: Instant::now(),
             closes_due: VecDeque::new(),
             links,
         }));
@@ -397,6 +398,7 @@ fn flush_round(st: &mut CoreState, batches: &mut [TxBatch]) {
     st.caches_tick();
     st.gauges_tick(now);
     st.expire_hellos(now);
+    st.expire_principals(now);
     st.drain_inbox();
     st.ep.on_timeouts(now);
     // Round robin over the connections dirty at the start of this round (those dirtied

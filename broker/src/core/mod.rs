@@ -263,6 +263,8 @@ struct CoreState {
     gauges_at: Instant,
     /// Connections that have not said Hello yet, with their deadline (FIFO: one timeout).
     hello_waits: VecDeque<(Instant, ConnKey)>,
+    /// When connections' token expiries were last checked (`conn::auth::expire_principals`).
+    auth_checked_at: Instant,
     /// Principals of the tokens forwards carried, verified once (bounded; see `conn::auth`).
     forward_principals: HashMap<Arc<str>, felix_control::auth::Principal>,
     /// Connections closing after their Error frame, with the moment the close is forced even

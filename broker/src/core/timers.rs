@@ -31,3 +31,7 @@ pub(in crate::core) const FLUSH_PASSES_MAX: usize = 64;
 
 /// Records one history read returns at most (with `history_fetch_bytes` as the byte bound).
 pub(crate) const HISTORY_READ_RECORDS_MAX: usize = 4096;
+
+/// How often a core looks for connections whose token expired with subscriptions or watches
+/// open (a walk over its sessions), to end them `token_expired`.
+pub(in crate::core) const AUTH_EXPIRY_PERIOD: Duration = Duration::from_secs(1);

@@ -143,6 +143,12 @@ impl CoreState {
         self.with_watches(|h, room, ctx| h.unwatch(conn, wid, room, ctx))
     }
 
+    /// End watch `wid` of connection `conn` with a refusal's code and message.
+    pub(in crate::core) fn end_watch(&mut self, conn: ConnKey, wid: u64, why: Refusal) {
+        let end = (why.code.number(), why.message);
+        self.with_watches(|h, room, ctx| h.end_one(conn, wid, end, room, ctx));
+    }
+
     /// End every local watch on `key`'s shard (cache deleted or moved).
     pub(in crate::core) fn end_local_watches(&mut self, key: ShardKey, why: Refusal) {
         self.with_watches(|h, room, ctx| h.end_shard(key, why, room, ctx));

@@ -99,6 +99,41 @@ impl CoreState {
         authz::check(Some(&p), now, &need)
     }
 
+    /// About once a second: end the subscriptions and watches of connections whose token
+    /// expired unrefreshed (`token_expired`); their requests are refused already.
+    pub(in crate::core) fn expire_principals(&mut self, now: Instant) {
+        if self.s.auth.is_none()
+            || now.duration_since(self.auth_checked_at) < timers::AUTH_EXPIRY_PERIOD
+        {
+            return;
+        }
+        self.auth_checked_at = now;
+        let now_s = now_s();
+        let due: Vec<(ConnKey, Vec<u64>, Vec<u64>, String)> = self
+            .sessions
+            .iter()
+            .filter_map(|(key, s)| {
+                let (p, _) = s.principal.as_ref()?;
+                let open = !s.subs.is_empty() || !s.watches.is_empty();
+                (open && p.expires_at_s <= now_s).then(|| {
+                    let why = format!(
+                        "{}'s token {} expired at {}; authenticate again and subscribe again",
+                        p.subject, p.jti, p.expires_at_s
+                    );
+                    (*key, s.subs.clone(), s.watches.clone(), why)
+                })
+            })
+            .collect();
+        for (key, subs, watches, why) in due {
+            for sid in subs {
+                self.remove_sub(sid, Some((ErrorCode::TokenExpired.number(), why.clone())));
+            }
+            for wid in watches {
+                self.end_watch(key, wid, Refusal::new(ErrorCode::TokenExpired, why.clone()));
+            }
+        }
+    }
+
     /// The principal of a token a forward carried, verified once and then kept.
     fn forward_principal(
         &mut self,

@@ -583,13 +583,26 @@ impl WatchHost {
 
     /// `Unsubscribe` naming a watch of connection `conn`: false if it names none.
     pub(crate) fn unwatch(&mut self, conn: ConnKey, wid: u64, room: Room, ctx: &Ctx) -> bool {
+        self.end_one(conn, wid, (0, "unwatched".into()), room, ctx)
+    }
+
+    /// End watch `wid` of connection `conn` with `(code, message)` (0: a normal end), after
+    /// what it has queued on a mux: false if it names none.
+    pub(crate) fn end_one(
+        &mut self,
+        conn: ConnKey,
+        wid: u64,
+        (code, message): (u16, String),
+        room: Room,
+        ctx: &Ctx,
+    ) -> bool {
         let Some(w) = self.watches.get(&wid).filter(|w| w.conn == conn) else {
             return false;
         };
         let end = Frame::Cache(CacheFrame::CacheWatchEnd {
-            code: 0,
+            code,
             resume_from: Self::resume_point(w),
-            message: "unwatched".into(),
+            message,
         });
         let unindexed = w.end.is_some();
         if w.mux && w.quic_stream.is_some() {
