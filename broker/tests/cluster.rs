@@ -329,6 +329,42 @@ async fn raw_peer(
     (raw, answer)
 }
 
+/// A forwarded one-record publish to `shard`, as a peer would send it.
+fn publish_forward(
+    name: &StreamName,
+    (rid, shard): (u64, u32),
+    (incarnation, generation): (u64, u64),
+    principal: String,
+    payload: &'static [u8],
+) -> Frame {
+    Frame::Peer(PeerFrame::Forward {
+        head: ForwardHead {
+            incarnation,
+            generation,
+            origin_node: 3,
+            principal,
+            frame_bytes_max: 0,
+        },
+        inner: Box::new(Frame::Publish {
+            request_id: rid,
+            stream: name.clone(),
+            shard: ShardSelector::Shard(shard),
+            ack: true,
+            records: Records::encode([payload]),
+        }),
+    })
+}
+
+/// The request id and code of an `Error`.
+fn refusal_of(f: Frame) -> (u64, Option<ErrorCode>) {
+    match f {
+        Frame::Error {
+            request_id, code, ..
+        } => (request_id, ErrorCode::from_number(code)),
+        other => panic!("expected an Error, got {other:?}"),
+    }
+}
+
 /// The cluster's identity, as the control plane names it to brokers.
 async fn cluster_id(cp: &ControlPlane) -> String {
     let v: serde_json::Value = reqwest::get(format!("{}/v1/catalog", cp.url))
@@ -410,29 +446,15 @@ async fn owners_check_who_forwards_and_what() {
     let mut raw = raw;
     let mine = places.iter().position(|p| p.0 == 1).unwrap() as u32;
     let fwd = |rid: u64, shard: u32, incarnation: u64, generation: u64| {
-        Frame::Peer(PeerFrame::Forward {
-            head: ForwardHead {
-                incarnation,
-                generation,
-                origin_node: 3,
-                principal: String::new(),
-                frame_bytes_max: 0,
-            },
-            inner: Box::new(Frame::Publish {
-                request_id: rid,
-                stream: name.clone(),
-                shard: ShardSelector::Shard(shard),
-                ack: true,
-                records: Records::encode([&b"x"[..]]),
-            }),
-        })
+        publish_forward(
+            &name,
+            (rid, shard),
+            (incarnation, generation),
+            String::new(),
+            b"x",
+        )
     };
-    let code_of = |f: Frame| match f {
-        Frame::Error {
-            request_id, code, ..
-        } => (request_id, ErrorCode::from_number(code)),
-        other => panic!("expected an Error, got {other:?}"),
-    };
+    let code_of = refusal_of;
     let generation = places[mine as usize].1;
     raw.send(4, &fwd(1, mine, incarnation + 1, generation));
     assert_eq!(
@@ -1176,29 +1198,15 @@ async fn forwards_carry_the_clients_principal() {
     );
     let generation = places[mine as usize].1;
     let fwd = |rid: u64, principal: String| {
-        Frame::Peer(PeerFrame::Forward {
-            head: ForwardHead {
-                incarnation,
-                generation,
-                origin_node: 3,
-                principal,
-                frame_bytes_max: 0,
-            },
-            inner: Box::new(Frame::Publish {
-                request_id: rid,
-                stream: name.clone(),
-                shard: ShardSelector::Shard(mine),
-                ack: true,
-                records: Records::encode([&b"raw"[..]]),
-            }),
-        })
+        publish_forward(
+            &name,
+            (rid, mine),
+            (incarnation, generation),
+            principal,
+            b"raw",
+        )
     };
-    let refusal = |f: Frame| match f {
-        Frame::Error {
-            request_id, code, ..
-        } => (request_id, ErrorCode::from_number(code)),
-        other => panic!("expected an Error, got {other:?}"),
-    };
+    let refusal = refusal_of;
     raw.send(4, &fwd(1, String::new()));
     assert_eq!(
         refusal(raw.next_on(4).await),
