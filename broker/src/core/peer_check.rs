@@ -382,14 +382,7 @@ fn run(seed: u64) -> Result<Covered, String> {
 }
 
 fn seeds() -> Vec<u64> {
-    if let Ok(s) = std::env::var("FELIX_PEER_SEED") {
-        return vec![s.parse().expect("FELIX_PEER_SEED is a number")];
-    }
-    let n = std::env::var("FELIX_PEER_SEEDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1000);
-    (0..n).collect()
+    super::sim::seeds_from_env("FELIX_PEER_SEED", "FELIX_PEER_SEEDS", 1000)
 }
 
 #[test]

@@ -76,9 +76,9 @@ impl CoreState {
         key: ConnKey,
         frame: &Frame,
     ) -> Result<(), (ErrorCode, String)> {
-        let Some(v) = self.s.auth.clone() else {
+        if self.s.auth.is_none() {
             return Ok(());
-        };
+        }
         let now = now_s();
         let Some(session) = self.sessions.get(&key) else {
             return Ok(());
@@ -95,6 +95,7 @@ impl CoreState {
         if need == authz::Need::Nothing {
             return Ok(());
         }
+        let v = self.s.auth.clone().expect("checked above");
         let p = self.forward_principal(&v, &head.principal, now)?;
         authz::check(Some(&p), now, &need)
     }

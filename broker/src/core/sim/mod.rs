@@ -42,6 +42,19 @@ pub(crate) const CORES: u8 = 3;
 /// How long a held publish may wait in the simulation.
 pub(crate) const PUBLISH_TIMEOUT_MS: u64 = 500;
 
+/// The seeds a seeded check runs: `ONE=N` runs seed N alone (a replay), else `0..MANY`
+/// (`MANY` from the environment, or `default`).
+pub(crate) fn seeds_from_env(one: &str, many: &str, default: u64) -> Vec<u64> {
+    if let Ok(s) = std::env::var(one) {
+        return vec![s.parse().unwrap_or_else(|_| panic!("{one} is a number"))];
+    }
+    let n = std::env::var(many)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default);
+    (0..n).collect()
+}
+
 /// SplitMix64: small, fast, and the same sequence for a seed on every machine.
 pub(crate) struct Rng(u64);
 

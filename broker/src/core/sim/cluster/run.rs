@@ -273,14 +273,7 @@ fn run(seed: u64) -> Result<Covered, String> {
 }
 
 fn seeds() -> Vec<u64> {
-    if let Ok(s) = std::env::var("FELIX_CLUSTER_SEED") {
-        return vec![s.parse().expect("FELIX_CLUSTER_SEED is a number")];
-    }
-    let n = std::env::var("FELIX_CLUSTER_SEEDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(300);
-    (0..n).collect()
+    super::super::seeds_from_env("FELIX_CLUSTER_SEED", "FELIX_CLUSTER_SEEDS", 300)
 }
 
 #[test]
