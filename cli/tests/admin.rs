@@ -21,6 +21,7 @@ fn start_control_plane() -> String {
             tx.send(l.local_addr().unwrap().to_string()).unwrap();
             let mut cfg = Config::defaults();
             cfg.sweep_interval_ms = 50;
+            cfg.auth = felix_control::config::AuthSwitch::Off;
             let cfg = Arc::new(cfg);
             let st = AppState::new(Arc::new(MemoryStore::new(cfg.limits(), false)), cfg);
             let (_stop_tx, stop) = tokio::sync::watch::channel(false);

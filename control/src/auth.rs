@@ -116,6 +116,22 @@ impl Permission {
     }
 }
 
+impl Permission {
+    /// Whether holding `self` covers granting `other`: the same action, and every resource
+    /// `other` allows is one `self` allows. Who mints a token cannot grant more than they hold.
+    pub fn covers(&self, other: &Permission) -> bool {
+        if self.action != other.action {
+            return false;
+        }
+        match (self.pattern.strip_suffix('*'), other.pattern.strip_suffix('*')) {
+            (Some(mine), Some(theirs)) => theirs.starts_with(mine),
+            (Some(mine), None) => other.pattern.starts_with(mine),
+            (None, Some(_)) => false,
+            (None, None) => self.pattern == other.pattern,
+        }
+    }
+}
+
 impl std::fmt::Display for Permission {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}:{}", self.action.name(), self.pattern)
@@ -237,6 +253,7 @@ impl SigningKey {
 
 /// One public key (RFC 8037 OKP).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 pub struct Jwk {
     pub kty: String,
     pub crv: String,
@@ -249,6 +266,7 @@ pub struct Jwk {
 
 /// The public keys that verify the cluster's tokens.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 pub struct Jwks {
     pub keys: Vec<Jwk>,
 }
@@ -359,6 +377,25 @@ pub fn admin_claims(subject: &str, jti: &str, now_s: u64, ttl_s: u64) -> Claims 
             .iter()
             .map(|a| format!("{}:*", a.name()))
             .collect(),
+        iat: now_s,
+        nbf: now_s,
+        exp: now_s.saturating_add(ttl_s),
+        jti: jti.into(),
+    }
+}
+
+/// The claims of a broker's node credential: register and heartbeat as `node_id`, read the
+/// catalog feeds and the JWKS, nothing of any tenant's data.
+pub fn node_claims(node_id: u64, jti: &str, now_s: u64, ttl_s: u64) -> Claims {
+    Claims {
+        iss: ISSUER.into(),
+        sub: format!("node/{node_id}"),
+        tenant: ANY_TENANT.into(),
+        perms: vec![
+            format!("cluster.admin:brokers/{node_id}"),
+            "cluster.admin:catalog".into(),
+            "cluster.admin:jwks".into(),
+        ],
         iat: now_s,
         nbf: now_s,
         exp: now_s.saturating_add(ttl_s),

@@ -12,6 +12,9 @@ use felix_quic::wire::{validate_name, ErrorCode};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
+pub mod auth_state;
+use auth_state::{AuthCommand, AuthState};
+
 /// Bounds of the catalog. Every member of a Raft group must run with the same values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Limits {
@@ -130,6 +133,10 @@ pub enum Command {
         node_id: u64,
         live: bool,
     },
+    /// Signing keys, the bootstrap admin, issued tokens (see [`auth_state`]).
+    Auth {
+        cmd: AuthCommand,
+    },
 }
 
 /// What a successful command answers.
@@ -163,6 +170,7 @@ pub struct Catalog {
     changes: VecDeque<Change>,
     /// In the settle window: placement waits (see [`Command::Init`]).
     placement_held: bool,
+    auth: AuthState,
 }
 
 /// The serialized form of a catalog (Raft snapshots, persistence).
@@ -170,6 +178,9 @@ pub struct Catalog {
 pub struct CatalogImage {
     pub snapshot: CatalogSnapshot,
     pub changes: Vec<Change>,
+    /// Absent in images written before auth existed.
+    #[serde(default)]
+    pub auth: AuthState,
 }
 
 fn invalid_name(what: &str, e: String) -> ApiError {
@@ -201,6 +212,7 @@ impl Catalog {
             brokers: BTreeMap::new(),
             changes: VecDeque::new(),
             placement_held: false,
+            auth: AuthState::default(),
         }
     }
 
@@ -382,7 +394,12 @@ impl Catalog {
         CatalogImage {
             snapshot: self.snapshot(),
             changes: self.changes.iter().cloned().collect(),
+            auth: self.auth.clone(),
         }
+    }
+
+    pub fn auth(&self) -> &AuthState {
+        &self.auth
     }
 
     pub fn from_image(limits: Limits, img: CatalogImage) -> Self {
@@ -409,6 +426,7 @@ impl Catalog {
         c.brokers = s.brokers.into_iter().map(|b| (b.node_id, b)).collect();
         c.placement_held = s.placement_held;
         c.changes = img.changes.into_iter().collect();
+        c.auth = img.auth;
         c.trim();
         c
     }
@@ -439,6 +457,7 @@ impl Catalog {
                 }
                 Ok(Reply::Done)
             }
+            Command::Auth { cmd } => self.auth.apply(cmd).map(|()| Reply::Done),
             Command::CreateTenant { req } => self.create_tenant(req),
             Command::UpdateTenant { name, req } => {
                 let d = self.description(&req.description)?;

@@ -157,6 +157,36 @@ pub struct Config {
         default_value_t = 5000
     )]
     pub drain_timeout_ms: u64,
+
+    /// Bearer tokens on the REST API: `on` (default) or `off`. Off lets anyone who reaches
+    /// the port change everything, and logs a warning at every start.
+    #[arg(long, env = "FELIX_CONTROLPLANE_AUTH", value_enum, default_value = "on")]
+    pub auth: AuthSwitch,
+    /// Where the bootstrap admin token is written (mode 0600). Default: `admin.token` in the
+    /// Raft data dir. The memory store has no data dir, so with auth on it needs this.
+    #[arg(long, env = "FELIX_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
+    /// Lifetime of the bootstrap admin token, seconds (from the first start).
+    #[arg(long, env = "FELIX_ADMIN_TOKEN_TTL_S", default_value_t = 365 * 24 * 3600)]
+    pub admin_token_ttl_s: u64,
+    /// Longest lifetime `POST /v1/tokens` grants, seconds.
+    #[arg(long, env = "FELIX_TOKEN_TTL_MAX_S", default_value_t = 90 * 24 * 3600)]
+    pub token_ttl_max_s: u64,
+    /// Unexpired issued tokens the register keeps (what `token ls` lists); past it, issuing
+    /// refuses until tokens expire.
+    #[arg(long, env = "FELIX_AUTH_TOKENS_MAX", default_value_t = 10_000)]
+    pub auth_tokens_max: usize,
+    /// Serve `/metrics` without a token (for a scraper on a trusted network). Default: it
+    /// needs a token with `cluster.admin` on `metrics`.
+    #[arg(long, env = "FELIX_METRICS_PUBLIC", default_value_t = false)]
+    pub metrics_public: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AuthSwitch {
+    On,
+    Off,
 }
 
 /// The YAML layer: `plain` keys are plain fields, `opt` keys fields that are `Option`s.
@@ -211,10 +241,16 @@ file_layer! {
         max_objects: usize,
         max_brokers: usize,
         drain_timeout_ms: u64,
+        auth: AuthSwitch,
+        admin_token_ttl_s: u64,
+        token_ttl_max_s: u64,
+        auth_tokens_max: usize,
+        metrics_public: bool,
     }
     opt {
         store: StoreKind,
         raft_data_dir: PathBuf,
+        admin_token_file: PathBuf,
     }
 }
 
@@ -247,6 +283,24 @@ impl Config {
             apply_file(&mut cfg, &m, f);
         }
         Ok(cfg)
+    }
+
+    /// Where the admin token goes, if anywhere.
+    pub fn admin_token_path(&self) -> Option<PathBuf> {
+        self.admin_token_file
+            .clone()
+            .or_else(|| self.raft_data_dir.as_ref().map(|d| d.join("admin.token")))
+    }
+
+    /// Settings that cannot work together, refused at start.
+    pub fn check(&self) -> Result<(), String> {
+        if self.auth == AuthSwitch::On && self.admin_token_path().is_none() {
+            return Err("auth is on but there is nowhere to write the admin token: set --admin-token-file (or --raft-data-dir), or --auth off".into());
+        }
+        if self.auth_tokens_max == 0 || self.token_ttl_max_s == 0 || self.admin_token_ttl_s == 0 {
+            return Err("auth_tokens_max, token_ttl_max_s and admin_token_ttl_s must be above 0".into());
+        }
+        Ok(())
     }
 
     pub fn store_kind(&self) -> StoreKind {

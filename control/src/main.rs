@@ -15,6 +15,10 @@ async fn main() {
             std::process::exit(2);
         }
     };
+    if let Err(e) = cfg.check() {
+        eprintln!("felix-controlplane: {e}");
+        std::process::exit(2);
+    }
     if cfg.print_config {
         println!(
             "{}",
@@ -82,6 +86,9 @@ async fn run(cfg: Arc<Config>) -> i32 {
         }
         std::process::exit(3);
     });
+    if cfg.auth == felix_control::config::AuthSwitch::Off {
+        tracing::warn!("auth is off (--auth off): anyone who reaches {} may read and change every tenant, broker and token", cfg.listen);
+    }
     tracing::info!(listen = %cfg.listen, store = ?cfg.store_kind(), "felix-controlplane serving");
     // Machine-readable line for tests and scripts.
     println!(

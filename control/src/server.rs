@@ -19,6 +19,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use utoipa::{IntoParams, OpenApi};
 
+pub mod rest_auth;
+use rest_auth::{Caller, CreateToken, IssuedToken, KeyInfo, NodeTokenRequest};
+use crate::catalog::auth_state::TokenRecord;
+
 // ------------------------------------------------------------------ errors and extractors
 
 /// A refusal as an HTTP response: status + `{code, message}`.
@@ -118,6 +122,8 @@ pub struct AppState {
     requests: RequestMetrics,
     /// Set on shutdown: /readyz says not ready and waiting long polls answer at once.
     draining: tokio::sync::watch::Sender<bool>,
+    /// The verifier of the current keys, with their ids (rebuilt when they change).
+    verifier: Mutex<Option<(Vec<String>, Arc<crate::auth::Verifier>)>>,
 }
 
 /// Upper bounds of the request latency histogram, microseconds.
@@ -178,6 +184,7 @@ impl AppState {
             requests: RequestMetrics::default(),
             http,
             draining: tokio::sync::watch::channel(false).0,
+            verifier: Mutex::new(None),
         })
     }
 
@@ -256,9 +263,24 @@ pub fn router(st: Arc<AppState>) -> Router {
         .route("/v1/brokers/{node_id}/heartbeat", post(heartbeat))
         .route("/v1/cluster", get(cluster))
         .route("/internal/v1/write", post(internal_write))
+        .route(
+            "/v1/tokens",
+            get(rest_auth::list_tokens).post(rest_auth::create_token),
+        )
+        .route("/v1/nodes/{node_id}/token", post(rest_auth::node_token))
+        .route("/v1/auth/jwks", get(rest_auth::jwks))
+        .route(
+            "/v1/auth/keys",
+            get(rest_auth::list_keys).post(rest_auth::add_key),
+        )
+        .route("/v1/auth/keys/{kid}", axum::routing::delete(rest_auth::remove_key))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(st.cfg.max_body_bytes))
+        .layer(axum::middleware::from_fn_with_state(
+            st.clone(),
+            rest_auth::authorize,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             st.clone(),
             observe_request,
@@ -876,8 +898,16 @@ async fn get_broker(State(st): State<Arc<AppState>>, Path(id): Path<u64>) -> Res
               (status = 409, body = ErrorBody), (status = 503, body = ErrorBody)))]
 async fn register_broker(
     State(st): State<Arc<AppState>>,
+    caller: Option<axum::Extension<Caller>>,
     Json(req): Json<RegisterBroker>,
 ) -> Res<Json<RegisterBrokerReply>> {
+    // A node credential registers only its own node id.
+    rest_auth::permit(
+        &caller,
+        crate::auth::Action::ClusterAdmin,
+        crate::auth::ANY_TENANT,
+        &format!("brokers/{}", req.node_id),
+    )?;
     let capabilities: Vec<String> = req
         .capabilities
         .iter()
@@ -905,6 +935,7 @@ async fn register_broker(
               (status = 409, body = ErrorBody), (status = 503, body = ErrorBody)))]
 async fn heartbeat(
     State(st): State<Arc<AppState>>,
+    caller: Option<axum::Extension<Caller>>,
     Path(id): Path<u64>,
     Json(hb): Json<Heartbeat>,
 ) -> Res<Json<HeartbeatReply>> {
@@ -912,7 +943,13 @@ async fn heartbeat(
         Route::Local => local_heartbeat(&st, id, hb).await.map(Json),
         Route::Leader(addr) => {
             let url = format!("http://{addr}/v1/brokers/{id}/heartbeat");
-            let r = st.http.post(url).json(&hb).send().await.map_err(|e| {
+            // The leader checks the broker's own credential again (every member verifies
+            // with the same keys).
+            let mut rb = st.http.post(url).json(&hb);
+            if let Some(axum::Extension(c)) = &caller {
+                rb = rb.bearer_auth(&*c.token);
+            }
+            let r = rb.send().await.map_err(|e| {
                 Refusal::from(ApiError::new(
                     ErrorCode::Unavailable,
                     format!("leader at {addr} unreachable: {e}"),
@@ -1020,6 +1057,7 @@ pub async fn sweep(st: Arc<AppState>, mut stop: tokio::sync::watch::Receiver<boo
         if *stop.borrow() {
             return;
         }
+        rest_auth::keep_admin_token_file(&st);
         for cmd in sweep_once(&st) {
             // Failures (lost leadership, timeouts) are retried on the next pass.
             let _ = st.write(cmd).await;
@@ -1069,6 +1107,9 @@ fn sweep_once(st: &AppState) -> Vec<Command> {
         }
         (c.initialized(), c.placement_held(), brokers, del)
     });
+    if let Some(cmd) = rest_auth::bootstrap(st).filter(|_| initialized) {
+        cmds.push(cmd);
+    }
     if !initialized {
         cmds.push(Command::Init {
             catalog_id: format!(
@@ -1201,6 +1242,13 @@ pub async fn serve(
         get_broker,
         heartbeat,
         cluster,
+        rest_auth::create_token,
+        rest_auth::list_tokens,
+        rest_auth::node_token,
+        rest_auth::jwks,
+        rest_auth::list_keys,
+        rest_auth::add_key,
+        rest_auth::remove_key,
     ),
     components(schemas(
         ErrorBody,
@@ -1232,6 +1280,34 @@ pub async fn serve(
         ChangeEvent,
         ChangesPage,
         ClusterStatus,
-    ))
+        CreateToken,
+        IssuedToken,
+        TokenRecord,
+        NodeTokenRequest,
+        KeyInfo,
+        crate::auth::Jwks,
+        crate::auth::Jwk,
+    )),
+    modifiers(&BearerScheme),
+    security(("bearer" = []))
 )]
 pub struct ApiDoc;
+
+/// Declares the bearer scheme every operation but health and this document needs.
+struct BearerScheme;
+
+impl utoipa::Modify for BearerScheme {
+    fn modify(&self, api: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let c = api.components.get_or_insert_with(Default::default);
+        c.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .bearer_format("JWT")
+                    .build(),
+            ),
+        );
+    }
+}

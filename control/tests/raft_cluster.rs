@@ -22,10 +22,15 @@ struct Cluster {
     addrs: Vec<String>,
     peers: String,
     nodes: Vec<Option<Server>>,
+    auth: bool,
 }
 
 impl Cluster {
     fn start() -> Cluster {
+        Cluster::start_as(false)
+    }
+
+    fn start_as(auth: bool) -> Cluster {
         let addrs: Vec<String> = (0..3)
             .map(|_| format!("127.0.0.1:{}", free_port()))
             .collect();
@@ -40,6 +45,7 @@ impl Cluster {
             addrs,
             peers,
             nodes: vec![None, None, None],
+            auth,
         };
         for i in 0..3 {
             c.up(i);
@@ -49,7 +55,11 @@ impl Cluster {
 
     fn up(&mut self, i: usize) {
         let mut args = vec!["--listen".to_string(), self.addrs[i].clone()];
-        args.extend(base_args());
+        args.extend(if self.auth {
+            base_args_auth_on()
+        } else {
+            base_args()
+        });
         args.extend([
             "--store".into(),
             "raft".into(),
@@ -210,6 +220,26 @@ async fn three_members_forward_writes_to_the_leader() {
 /// Continuous writes through every member while the leader is SIGKILLed, a member is
 /// stopped and restarted, and a member's data dir is wiped (it rejoins under a new
 /// generation). No acknowledged write may be lost.
+/// With auth on: the keys are created once through Raft (every member writes the same admin
+/// token), and a follower forwards a write to the leader with its member credential.
+#[tokio::test]
+async fn with_auth_every_member_holds_the_same_keys_and_followers_forward() {
+    let cl = Cluster::start_as(true);
+    let tokens: Vec<String> = (0..3)
+        .map(|i| admin_token(&cl.dirs[i].path().join("admin.token")))
+        .collect();
+    assert!(tokens.iter().all(|t| *t == tokens[0]), "one bootstrap, one admin token");
+    let c = client_with(&tokens[0]);
+    let leader = settled(&c, &cl, 30).await;
+    let follower = (leader + 1) % 3;
+    let (st, b) = call(&c, "POST", &cl.url(follower, "/v1/tenants"), Some(json!({"name": "t"}))).await;
+    assert_eq!(st, 201, "a forwarded write: {b}");
+    let (st, b) = call(&client(), "POST", &cl.url(follower, "/v1/tenants"), Some(json!({"name": "u"}))).await;
+    assert_eq!(st, 401, "{b}");
+    let (st, b) = call(&client(), "POST", &cl.url(follower, "/internal/v1/write"), Some(json!({"op": "delete_tenant", "name": "t"}))).await;
+    assert_eq!(st, 401, "the internal endpoint needs a member credential: {b}");
+}
+
 #[tokio::test]
 async fn chaos_no_acknowledged_write_is_lost() {
     let mut cl = Cluster::start();

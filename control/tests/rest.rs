@@ -745,7 +745,7 @@ async fn suite(s: &Server) {
 #[test]
 fn print_config_shows_effective_settings() {
     let out = std::process::Command::new(common::BIN)
-        .args(["--print-config", "--dead-after-ms", "7777"])
+        .args(["--print-config", "--dead-after-ms", "7777", "--auth", "off"])
         .env("FELIX_CONTROLPLANE_DEAD_AFTER_MS", "1234")
         .env("FELIX_CONTROLPLANE_MAX_SHARDS", "99")
         .output()
@@ -756,6 +756,14 @@ fn print_config_shows_effective_settings() {
     assert_eq!(v["max_shards"], 99, "environment beats default");
     assert_eq!(v["max_wait_ms"], 30000, "default");
     assert_eq!(v["log_format"], "text");
+    // With auth on (the default), the memory store needs a place for the admin token.
+    let out = std::process::Command::new(common::BIN)
+        .args(["--print-config", "--store", "memory"])
+        .env_remove("FELIX_RAFT_DATA_DIR")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--admin-token-file"));
 }
 
 /// SIGTERM drains: a changes long poll waiting 30 s is answered at once (200, an empty

@@ -45,6 +45,7 @@ pub fn start_control_plane_settling(dead_after_ms: u64, settle_ms: u64) -> Contr
         .env("FELIX_CONTROLPLANE_DELETE_GRACE_MS", "200")
         .env("FELIX_PLACEMENT_SETTLE_MS", settle_ms.to_string())
         .env("FELIX_LOG", "warn")
+        .env("FELIX_CONTROLPLANE_AUTH", "off")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()

@@ -197,3 +197,27 @@ fn the_admin_token_allows_everything_everywhere() {
         assert!(p.check(a, "any-tenant", "ns/x").is_ok(), "{}", a.name());
     }
 }
+
+#[test]
+fn a_grant_is_covered_only_by_an_equal_or_wider_pattern_of_the_same_action() {
+    let p = |s: &str| Permission::parse(s).unwrap();
+    assert!(p("stream.publish:*").covers(&p("stream.publish:prod/orders*")));
+    assert!(p("stream.publish:prod/*").covers(&p("stream.publish:prod/orders")));
+    assert!(p("stream.publish:prod/o*").covers(&p("stream.publish:prod/orders*")));
+    assert!(p("stream.publish:prod/a").covers(&p("stream.publish:prod/a")));
+    assert!(!p("stream.publish:prod/a").covers(&p("stream.publish:prod/a*")));
+    assert!(!p("stream.publish:prod/orders*").covers(&p("stream.publish:prod/*")));
+    assert!(!p("stream.publish:*").covers(&p("stream.subscribe:*")));
+}
+
+#[test]
+fn a_node_credential_speaks_only_for_its_own_node() {
+    let k = key("k", 1);
+    let t = k.issue(&node_claims(3, "n3", 1_000, 60));
+    let who = verifier(&[&k]).verify(&t, 1_001).unwrap();
+    assert!(who.check(Action::ClusterAdmin, ANY_TENANT, "brokers/3").is_ok());
+    assert!(who.check(Action::ClusterAdmin, ANY_TENANT, "catalog").is_ok());
+    assert!(who.check(Action::ClusterAdmin, ANY_TENANT, "brokers/4").is_err());
+    assert!(who.check(Action::ClusterAdmin, ANY_TENANT, "tenants").is_err());
+    assert!(who.check(Action::StreamPublish, "t", "ns/s").is_err());
+}

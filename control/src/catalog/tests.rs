@@ -284,6 +284,7 @@ fn the_settle_window_spreads_shards_over_brokers_starting_together() {
     let img = CatalogImage {
         snapshot: held(true).snapshot(),
         changes: vec![],
+        auth: Default::default(),
     };
     assert!(Catalog::from_image(Limits::default(), img).placement_held());
     // Without the window the first broker took them all.

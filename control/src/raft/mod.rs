@@ -475,12 +475,22 @@ impl RaftStore {
 
     async fn forward(&self, addr: &str, cmd: &Command) -> Result<Outcome, bool> {
         // Err(true): not delivered (safe to retry); Err(false): outcome unknown.
-        let r = self
+        let now_s = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let mut rb = self
             .http
             .post(format!("http://{addr}/internal/v1/write"))
             .timeout(self.cfg.write_timeout())
-            .json(cmd)
-            .send()
+            .json(cmd);
+        if let Some(t) = self
+            .shared
+            .read(|c| c.auth().member_token(self.cfg.raft_node_id, now_s))
+        {
+            rb = rb.bearer_auth(t);
+        }
+        let r = rb.send()
             .await
             .map_err(|e| e.is_connect())?;
         if !r.status().is_success() {

@@ -33,10 +33,54 @@ pub fn base_args() -> Vec<String> {
         "4000",
         "--placement-settle-ms",
         "0",
+        // The REST suites test the API itself; tests/auth.rs runs with auth on.
+        "--auth",
+        "off",
     ]
     .iter()
     .map(|s| s.to_string())
     .collect()
+}
+
+/// [`base_args`] with auth left on (its default).
+pub fn base_args_auth_on() -> Vec<String> {
+    let mut a = base_args();
+    let at = a.iter().position(|x| x == "--auth").expect("base args turn auth off");
+    a.drain(at..at + 2);
+    a
+}
+
+/// Wait (bounded) for the admin token file the control plane writes, and check its mode.
+pub fn admin_token(path: &Path) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let t = Instant::now();
+    loop {
+        if let Ok(s) = std::fs::read_to_string(path) {
+            let mode = std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600, "the admin token file is private");
+            return s.trim().to_string();
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "no admin token at {}",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A client that sends `token` as its bearer on every request.
+pub fn client_with(token: &str) -> reqwest::Client {
+    let mut h = reqwest::header::HeaderMap::new();
+    h.insert(
+        reqwest::header::AUTHORIZATION,
+        format!("Bearer {token}").parse().unwrap(),
+    );
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .default_headers(h)
+        .build()
+        .unwrap()
 }
 
 impl Server {
