@@ -48,6 +48,16 @@ pub enum AdminCmd {
         #[command(subcommand)]
         op: ShardOp,
     },
+    /// Tokens the control plane issued.
+    Token {
+        #[command(subcommand)]
+        op: crate::token::TokenOp,
+    },
+    /// The signing keys of the cluster's tokens.
+    Key {
+        #[command(subcommand)]
+        op: crate::token::KeyOp,
+    },
     /// Named control-plane URLs in the config file.
     Context {
         #[command(subcommand)]
@@ -199,6 +209,15 @@ pub enum NodeOp {
     /// List the brokers, their addresses and whether they are live.
     #[command(alias = "list")]
     Ls,
+    /// Issue broker NODE_ID's node credential and print it: the broker reads it from
+    /// --controlplane-token-file to register, heartbeat and follow the catalog and keys.
+    Enroll {
+        /// The broker's node id.
+        node_id: u64,
+        /// Lifetime (3600, 30m, 1h, 7d) [default: the control plane's token_ttl_max_s].
+        #[arg(long)]
+        ttl: Option<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -238,6 +257,9 @@ pub enum ContextOp {
         /// CA certificate (PEM) that signs the broker's certificate; kept as an absolute path.
         #[arg(long)]
         ca: Option<PathBuf>,
+        /// Token presented to the control plane and the brokers (the file is kept 0600).
+        #[arg(long)]
+        token: Option<String>,
     },
 }
 
@@ -251,6 +273,8 @@ pub struct Globals {
     pub json: bool,
     pub yes: bool,
     pub timeout: Duration,
+    /// Bearer token for the control plane, if any.
+    pub token: Option<String>,
 }
 
 // ------------------------------------------------------------------ config file
@@ -274,6 +298,9 @@ pub struct Context {
     /// CA certificate that signs the broker's certificate (absolute path).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca: Option<PathBuf>,
+    /// Token presented to the control plane and the brokers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
 }
 
 pub fn config_path(explicit: &Option<PathBuf>) -> PathBuf {
@@ -301,7 +328,20 @@ fn save_config(path: &PathBuf, c: &ConfigFile) -> Result<(), String> {
     }
     let mut b = serde_json::to_vec_pretty(c).expect("config");
     b.push(b'\n');
-    std::fs::write(path, b).map_err(|e| format!("{}: {e}", path.display()))
+    // Private: a context may hold a token.
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let io = |e: std::io::Error| format!("{}: {e}", path.display());
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(io)?;
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))
+        .map_err(io)?;
+    f.write_all(&b).map_err(io)
 }
 
 /// `--controlplane`/`FELIX_CONTROLPLANE_URL`, else the context (`--context` or the current
@@ -357,13 +397,14 @@ pub fn active_context(
 
 // ------------------------------------------------------------------ HTTP
 
-struct Api {
+pub struct Api {
     base: String,
     http: reqwest::Client,
+    token: Option<String>,
 }
 
 impl Api {
-    async fn call(
+    pub async fn call(
         &self,
         method: reqwest::Method,
         path: &str,
@@ -371,6 +412,9 @@ impl Api {
     ) -> Result<Value, Fail> {
         let url = format!("{}{path}", self.base);
         let mut rq = self.http.request(method, &url);
+        if let Some(t) = &self.token {
+            rq = rq.bearer_auth(t);
+        }
         if let Some(b) = body {
             rq = rq.json(&b);
         }
@@ -396,7 +440,7 @@ impl Api {
         }
     }
 
-    async fn get(&self, path: &str) -> Result<Value, Fail> {
+    pub async fn get(&self, path: &str) -> Result<Value, Fail> {
         self.call(reqwest::Method::GET, path, None).await
     }
 }
@@ -426,7 +470,7 @@ fn http_failure(url: &str, e: &reqwest::Error) -> Fail {
     }
 }
 
-fn seg(s: &str) -> String {
+pub fn seg(s: &str) -> String {
     // Names are one path segment; escape anything that is not unreserved so a bad name reaches
     // the server intact and is refused there with invalid_name.
     let mut o = String::new();
@@ -614,7 +658,7 @@ fn parse_enum<T: for<'de> Deserialize<'de>>(
 }
 
 /// Ask at a terminal; elsewhere `--yes` is required.
-fn confirm(g: &Globals, what: &str) -> Result<(), Fail> {
+pub fn confirm(g: &Globals, what: &str) -> Result<(), Fail> {
     if g.yes {
         return Ok(());
     }
@@ -648,12 +692,14 @@ pub async fn run(cmd: &AdminCmd, g: &Globals) -> Result<(), Fail> {
         AdminCmd::Context { op } => return context(op, g),
         _ => {}
     }
+
     let api = Api {
         base: resolve_url(g).map_err(Fail::Usage)?,
         http: reqwest::Client::builder()
             .timeout(g.timeout)
             .build()
             .map_err(|e| Fail::refused("internal", e.to_string()))?,
+        token: g.token.clone(),
     };
     let (t, n) = (seg(&g.tenant), seg(&g.namespace));
     let nsp = format!("/v1/tenants/{t}/namespaces/{n}");
@@ -750,6 +796,11 @@ pub async fn run(cmd: &AdminCmd, g: &Globals) -> Result<(), Fail> {
                 }
             }
         }
+        AdminCmd::Token { op } => crate::token::token(&api, g, op).await,
+        AdminCmd::Key { op } => crate::token::key(&api, g, op).await,
+        AdminCmd::Node {
+            op: NodeOp::Enroll { node_id, ttl },
+        } => crate::token::enroll(&api, g, *node_id, ttl).await,
         AdminCmd::Node { op: NodeOp::Ls } => {
             let v = api.get("/v1/brokers").await?;
             let bs: Vec<Broker> = from(v)?;
@@ -971,6 +1022,7 @@ fn context(op: &ContextOp, g: &Globals) -> Result<(), Fail> {
             url,
             broker,
             ca,
+            token,
         } => {
             let exists = cfg.contexts.contains_key(name);
             if !exists && url.is_none() {
@@ -1001,6 +1053,9 @@ fn context(op: &ContextOp, g: &Globals) -> Result<(), Fail> {
             }
             if ca.is_some() {
                 c.ca = ca;
+            }
+            if let Some(t) = token {
+                c.token = Some(t.trim().to_string());
             }
             if cfg.current_context.is_none() {
                 cfg.current_context = Some(name.clone());

@@ -10,6 +10,7 @@ mod fail;
 mod group;
 mod input;
 mod kv;
+mod token;
 
 pub use admin::print_table;
 use clap::{Parser, Subcommand, ValueEnum};
@@ -55,8 +56,10 @@ struct Cli {
     /// directory, else the system trust store].
     #[arg(long, global = true, help_heading = GLOBAL)]
     ca: Option<PathBuf>,
-    /// Token presented to the broker (a JWT) [default: $FELIX_TOKEN, else the admin token a
-    /// local standalone broker wrote under $FELIX_DATA_DIR or ./felix-data (auth/admin.token)].
+    /// Token presented to the control plane and the broker (a JWT) [default: $FELIX_TOKEN,
+    /// else the context's token, else a local admin token under $FELIX_DATA_DIR or
+    /// ./felix-data: control/admin.token (scripts/run.sh), then auth/admin.token (a
+    /// standalone broker)].
     #[arg(long, env = "FELIX_TOKEN", global = true, hide_env_values = true, help_heading = GLOBAL)]
     token: Option<String>,
     /// Do not verify the broker's certificate (development only).
@@ -189,6 +192,7 @@ async fn run(cli: Cli) -> Result<(), Fail> {
             json: cli.json(),
             yes: cli.yes,
             timeout: Duration::from_millis(cli.timeout_ms),
+            token: token_choice(&cli)?,
         };
         return interruptible(admin::run(a, &g)).await;
     }
@@ -274,20 +278,33 @@ fn client_config(cli: &Cli) -> Result<ClientConfig, Fail> {
     Ok(cfg)
 }
 
-/// The token to present: --token / $FELIX_TOKEN, else a local standalone broker's admin token.
+/// The token to present: --token / $FELIX_TOKEN, else the context's, else a local admin
+/// token (the control plane's of scripts/run.sh, then a standalone broker's).
 fn token_choice(cli: &Cli) -> Result<Option<String>, Fail> {
     if let Some(t) = &cli.token {
         return Ok(Some(t.trim().to_string()));
     }
-    let local = std::env::var_os("FELIX_DATA_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("felix-data"))
-        .join("auth/admin.token");
-    match std::fs::read_to_string(&local) {
-        Ok(t) => Ok(Some(t.trim().to_string())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(Fail::Usage(format!("{}: {e}", local.display()))),
+    if let Some((_, c)) =
+        admin::active_context(&cli.context, &cli.context_file).map_err(Fail::Usage)?
+    {
+        if let Some(t) = c.token {
+            return Ok(Some(t));
+        }
     }
+    let data = std::env::var_os("FELIX_DATA_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("felix-data"));
+    for local in [
+        data.join("control/admin.token"),
+        data.join("auth/admin.token"),
+    ] {
+        match std::fs::read_to_string(&local) {
+            Ok(t) => return Ok(Some(t.trim().to_string())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Fail::Usage(format!("{}: {e}", local.display()))),
+        }
+    }
+    Ok(None)
 }
 
 async fn data_command(cli: &Cli, client: &Client) -> Result<(), Fail> {

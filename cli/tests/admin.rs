@@ -10,6 +10,11 @@ use std::sync::Arc;
 const CTL: &str = env!("CARGO_BIN_EXE_felixctl");
 
 fn start_control_plane() -> String {
+    start_control_plane_with(None)
+}
+
+/// With `Some(file)`, auth is on and the admin token is written there.
+fn start_control_plane_with(admin_token_file: Option<std::path::PathBuf>) -> String {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -21,7 +26,10 @@ fn start_control_plane() -> String {
             tx.send(l.local_addr().unwrap().to_string()).unwrap();
             let mut cfg = Config::defaults();
             cfg.sweep_interval_ms = 50;
-            cfg.auth = felix_control::config::AuthSwitch::Off;
+            match admin_token_file {
+                Some(f) => cfg.admin_token_file = Some(f),
+                None => cfg.auth = felix_control::config::AuthSwitch::Off,
+            }
             let cfg = Arc::new(cfg);
             let st = AppState::new(Arc::new(MemoryStore::new(cfg.limits(), false)), cfg);
             let (_stop_tx, stop) = tokio::sync::watch::channel(false);
@@ -40,6 +48,8 @@ fn ctl(url: &str, cfg: &std::path::Path, args: &[&str]) -> Output {
         .args(args)
         .env_remove("FELIX_CONTROLPLANE_URL")
         .env_remove("FELIX_CONTEXT")
+        .env_remove("FELIX_TOKEN")
+        .env("FELIX_DATA_DIR", cfg.with_extension("no-data-dir"))
         .stdin(Stdio::null())
         .output()
         .expect("run felixctl")
@@ -203,4 +213,71 @@ fn admin_commands_over_rest() {
     // Completions.
     let out = ok(&ctl("", &cfg, &["completions", "bash"]));
     assert!(out.contains("felixctl") && out.contains("namespace"));
+}
+
+/// With auth on: the admin token (from --token) issues tenant tokens and node credentials;
+/// a tenant token reaches its tenant only, and the refusal names the missing permission; a
+/// context keeps a token in a private file.
+#[test]
+fn tokens_over_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("admin.token");
+    let url = start_control_plane_with(Some(file.clone()));
+    let u = url.as_str();
+    let cfg = dir.path().join("felixctl.json");
+    let t0 = std::time::Instant::now();
+    let admin = loop {
+        if let Ok(t) = std::fs::read_to_string(&file) {
+            break t.trim().to_string();
+        }
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(20),
+            "no admin token"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let o = ctl(u, &cfg, &["tenant", "ls"]);
+    assert_eq!(o.status.code(), Some(1), "refused without a token");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("unauthenticated"));
+    let a = |args: &[&str]| {
+        let mut v = vec!["--token", admin.as_str()];
+        v.extend_from_slice(args);
+        ctl(u, &cfg, &v)
+    };
+    ok(&a(&["tenant", "create", "acme"]));
+    let tok = ok(&a(&[
+        "--tenant", "acme", "token", "create", "--allow", "manage:*", "--ttl", "30m",
+    ]));
+    let tok = tok.trim().to_string();
+    assert!(tok.starts_with("eyJ"), "{tok}");
+    let t = |args: &[&str]| {
+        let mut v = vec!["--token", tok.as_str(), "--tenant", "acme"];
+        v.extend_from_slice(args);
+        ctl(u, &cfg, &v)
+    };
+    ok(&t(&["namespace", "create", "prod"]));
+    let o = t(&["tenant", "ls"]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("forbidden") && err.contains("cluster.admin:tenants"),
+        "{err}"
+    );
+    let ls = ok(&t(&["token", "ls"]));
+    assert!(ls.starts_with("ID") && ls.contains("manage:*"), "{ls}");
+    let node = ok(&a(&["node", "enroll", "3", "--ttl", "1d"]));
+    assert!(node.trim().starts_with("eyJ"), "{node}");
+    let keys = ok(&a(&["--json", "key", "rotate"]));
+    assert_eq!(keys.lines().count(), 2, "{keys}");
+    // A context holds the token; its file is private.
+    ok(&ctl(
+        "",
+        &cfg,
+        &["context", "set", "acme", "--url", u, "--token", &tok],
+    ));
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&cfg).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let out = ok(&ctl("", &cfg, &["--tenant", "acme", "namespace", "ls"]));
+    assert!(out.contains("prod"), "{out}");
 }

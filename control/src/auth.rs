@@ -123,7 +123,10 @@ impl Permission {
         if self.action != other.action {
             return false;
         }
-        match (self.pattern.strip_suffix('*'), other.pattern.strip_suffix('*')) {
+        match (
+            self.pattern.strip_suffix('*'),
+            other.pattern.strip_suffix('*'),
+        ) {
             (Some(mine), Some(theirs)) => theirs.starts_with(mine),
             (Some(mine), None) => other.pattern.starts_with(mine),
             (None, Some(_)) => false,

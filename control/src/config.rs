@@ -160,7 +160,12 @@ pub struct Config {
 
     /// Bearer tokens on the REST API: `on` (default) or `off`. Off lets anyone who reaches
     /// the port change everything, and logs a warning at every start.
-    #[arg(long, env = "FELIX_CONTROLPLANE_AUTH", value_enum, default_value = "on")]
+    #[arg(
+        long,
+        env = "FELIX_CONTROLPLANE_AUTH",
+        value_enum,
+        default_value = "on"
+    )]
     pub auth: AuthSwitch,
     /// Where the bootstrap admin token is written (mode 0600). Default: `admin.token` in the
     /// Raft data dir. The memory store has no data dir, so with auth on it needs this.
@@ -298,7 +303,9 @@ impl Config {
             return Err("auth is on but there is nowhere to write the admin token: set --admin-token-file (or --raft-data-dir), or --auth off".into());
         }
         if self.auth_tokens_max == 0 || self.token_ttl_max_s == 0 || self.admin_token_ttl_s == 0 {
-            return Err("auth_tokens_max, token_ttl_max_s and admin_token_ttl_s must be above 0".into());
+            return Err(
+                "auth_tokens_max, token_ttl_max_s and admin_token_ttl_s must be above 0".into(),
+            );
         }
         Ok(())
     }

@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 use utoipa::{IntoParams, OpenApi};
 
 pub mod rest_auth;
-use rest_auth::{Caller, CreateToken, IssuedToken, KeyInfo, NodeTokenRequest};
 use crate::catalog::auth_state::TokenRecord;
+use rest_auth::{Caller, CreateToken, IssuedToken, KeyInfo, NodeTokenRequest};
 
 // ------------------------------------------------------------------ errors and extractors
 
@@ -273,7 +273,10 @@ pub fn router(st: Arc<AppState>) -> Router {
             "/v1/auth/keys",
             get(rest_auth::list_keys).post(rest_auth::add_key),
         )
-        .route("/v1/auth/keys/{kid}", axum::routing::delete(rest_auth::remove_key))
+        .route(
+            "/v1/auth/keys/{kid}",
+            axum::routing::delete(rest_auth::remove_key),
+        )
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(st.cfg.max_body_bytes))

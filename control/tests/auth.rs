@@ -18,7 +18,12 @@ fn start_memory() -> Authed {
     let file = d.path().join("admin.token");
     let mut args = vec!["--listen".to_string(), "127.0.0.1:0".to_string()];
     args.extend(base_args_auth_on());
-    args.extend(["--store".into(), "memory".into(), "--admin-token-file".into(), p(&file)]);
+    args.extend([
+        "--store".into(),
+        "memory".into(),
+        "--admin-token-file".into(),
+        p(&file),
+    ]);
     let s = Server::start_exact(args);
     let admin = admin_token(&file);
     Authed { s, _dir: d, admin }
@@ -63,7 +68,13 @@ async fn everything_but_health_and_the_document_needs_a_valid_token() {
     // Hostile bearers are refused typed, and the server keeps serving.
     let garbage = "x".repeat(300);
     let big = "a".repeat(9_000);
-    for bad in ["not-a-token", "a.b.c", &garbage, &big, "eyJhbGciOiJub25lIn0.e30."] {
+    for bad in [
+        "not-a-token",
+        "a.b.c",
+        &garbage,
+        &big,
+        "eyJhbGciOiJub25lIn0.e30.",
+    ] {
         let (st, b) = as_(bad, "GET", &a.s.url("/v1/tenants"), None).await;
         assert_eq!((st, code(&b)), (401, "unauthenticated"), "{b}");
     }
@@ -98,33 +109,74 @@ async fn a_tenant_token_reaches_only_its_tenant_and_grants_no_more_than_it_holds
     assert_eq!(b["record"]["tenant"], "acme");
 
     let prod = "/v1/tenants/acme/namespaces/prod";
-    let (st, b) = as_(&ops, "POST", &a.s.url(&format!("{prod}/streams")), Some(json!({"name": "orders", "shards": 1}))).await;
+    let (st, b) = as_(
+        &ops,
+        "POST",
+        &a.s.url(&format!("{prod}/streams")),
+        Some(json!({"name": "orders", "shards": 1})),
+    )
+    .await;
     assert_eq!(st, 201, "manage:prod/* creates in prod: {b}");
     for (m, path, body) in [
-        ("POST", "/v1/tenants/acme/namespaces/dev/streams".to_string(), Some(json!({"name": "x", "shards": 1}))),
-        ("POST", "/v1/tenants/acme/namespaces".to_string(), Some(json!({"name": "new"}))),
+        (
+            "POST",
+            "/v1/tenants/acme/namespaces/dev/streams".to_string(),
+            Some(json!({"name": "x", "shards": 1})),
+        ),
+        (
+            "POST",
+            "/v1/tenants/acme/namespaces".to_string(),
+            Some(json!({"name": "new"})),
+        ),
         ("GET", "/v1/tenants/other/namespaces/prod".to_string(), None),
         ("GET", "/v1/tenants".to_string(), None),
         ("GET", "/v1/catalog".to_string(), None),
     ] {
         let (st, b) = as_(&ops, m, &a.s.url(&path), body).await;
         assert_eq!((st, code(&b)), (403, "forbidden"), "{m} {path}: {b}");
-        assert!(b["message"].as_str().unwrap().contains("lacks"), "names the permission: {b}");
+        assert!(
+            b["message"].as_str().unwrap().contains("lacks"),
+            "names the permission: {b}"
+        );
     }
     // Minting: within what it holds, for its own tenant only. (manage:prod/* is not the
     // tenant's manage:*, which minting needs.)
-    let (st, b) = mint(&a, &ops, json!({"subject": "app", "tenant": "acme", "perms": ["stream.publish:prod/orders"]})).await;
+    let (st, b) = mint(
+        &a,
+        &ops,
+        json!({"subject": "app", "tenant": "acme", "perms": ["stream.publish:prod/orders"]}),
+    )
+    .await;
     assert_eq!((st, code(&b)), (403, "forbidden"), "{b}");
     let (st, b) = mint(&a, &admin, json!({"subject": "lead", "tenant": "acme", "perms": ["manage:*", "stream.publish:prod/*"]})).await;
     assert_eq!(st, 200, "{b}");
     let lead = b["token"].as_str().unwrap().to_string();
     let (st, b) = mint(&a, &lead, json!({"subject": "app", "tenant": "acme", "perms": ["stream.publish:prod/orders"], "ttl_s": 60})).await;
     assert_eq!(st, 200, "{b}");
-    let (st, b) = mint(&a, &lead, json!({"subject": "app", "tenant": "acme", "perms": ["stream.subscribe:prod/orders"]})).await;
-    assert_eq!((st, code(&b)), (403, "forbidden"), "cannot grant what it lacks: {b}");
-    let (st, b) = mint(&a, &lead, json!({"subject": "app", "tenant": "other", "perms": ["stream.publish:prod/*"]})).await;
+    let (st, b) = mint(
+        &a,
+        &lead,
+        json!({"subject": "app", "tenant": "acme", "perms": ["stream.subscribe:prod/orders"]}),
+    )
+    .await;
+    assert_eq!(
+        (st, code(&b)),
+        (403, "forbidden"),
+        "cannot grant what it lacks: {b}"
+    );
+    let (st, b) = mint(
+        &a,
+        &lead,
+        json!({"subject": "app", "tenant": "other", "perms": ["stream.publish:prod/*"]}),
+    )
+    .await;
     assert_eq!((st, code(&b)), (403, "forbidden"), "{b}");
-    let (st, b) = mint(&a, &lead, json!({"subject": "app", "tenant": "*", "perms": ["stream.publish:*"]})).await;
+    let (st, b) = mint(
+        &a,
+        &lead,
+        json!({"subject": "app", "tenant": "*", "perms": ["stream.publish:*"]}),
+    )
+    .await;
     assert_eq!((st, code(&b)), (403, "forbidden"), "{b}");
     // Bad requests are typed.
     for body in [
@@ -149,7 +201,13 @@ async fn a_tenant_token_reaches_only_its_tenant_and_grants_no_more_than_it_holds
 #[tokio::test]
 async fn a_node_credential_acts_only_as_its_own_broker() {
     let a = start_memory();
-    let (st, b) = as_(&a.admin, "POST", &a.s.url("/v1/nodes/3/token"), Some(json!({}))).await;
+    let (st, b) = as_(
+        &a.admin,
+        "POST",
+        &a.s.url("/v1/nodes/3/token"),
+        Some(json!({})),
+    )
+    .await;
     assert_eq!(st, 200, "{b}");
     let node = b["token"].as_str().unwrap().to_string();
     let reg = |id: u64| json!({"node_id": id, "quic_addr": "127.0.0.1:7400", "cores": 1});
@@ -158,20 +216,42 @@ async fn a_node_credential_acts_only_as_its_own_broker() {
     let (st, b) = as_(&node, "POST", &a.s.url("/v1/brokers"), Some(reg(3))).await;
     assert_eq!(st, 200, "{b}");
     let inc = b["broker"]["incarnation"].as_u64().unwrap();
-    let (st, b) = as_(&node, "POST", &a.s.url("/v1/brokers/3/heartbeat"), Some(json!({"incarnation": inc}))).await;
+    let (st, b) = as_(
+        &node,
+        "POST",
+        &a.s.url("/v1/brokers/3/heartbeat"),
+        Some(json!({"incarnation": inc})),
+    )
+    .await;
     assert_eq!(st, 200, "{b}");
-    let (st, _) = as_(&node, "POST", &a.s.url("/v1/brokers/4/heartbeat"), Some(json!({}))).await;
+    let (st, _) = as_(
+        &node,
+        "POST",
+        &a.s.url("/v1/brokers/4/heartbeat"),
+        Some(json!({})),
+    )
+    .await;
     assert_eq!(st, 403);
     for path in ["/v1/catalog", "/v1/auth/jwks"] {
         let (st, b) = as_(&node, "GET", &a.s.url(path), None).await;
         assert_eq!(st, 200, "{path}: {b}");
     }
-    for (m, path) in [("GET", "/v1/tenants"), ("POST", "/v1/nodes/4/token"), ("POST", "/v1/auth/keys")] {
+    for (m, path) in [
+        ("GET", "/v1/tenants"),
+        ("POST", "/v1/nodes/4/token"),
+        ("POST", "/v1/auth/keys"),
+    ] {
         let (st, _) = as_(&node, m, &a.s.url(path), Some(json!({}))).await;
         assert_eq!(st, 403, "{m} {path}");
     }
     // It renews its own.
-    let (st, b) = as_(&node, "POST", &a.s.url("/v1/nodes/3/token"), Some(json!({"ttl_s": 600}))).await;
+    let (st, b) = as_(
+        &node,
+        "POST",
+        &a.s.url("/v1/nodes/3/token"),
+        Some(json!({"ttl_s": 600})),
+    )
+    .await;
     assert_eq!(st, 200, "{b}");
 }
 
@@ -188,15 +268,39 @@ async fn a_rotation_keeps_both_keys_valid_until_the_old_one_is_removed() {
     let (_, jwks) = as_(&old_admin, "GET", &a.s.url("/v1/auth/jwks"), None).await;
     assert_eq!(jwks["keys"].as_array().unwrap().len(), 2, "{jwks}");
     // The old admin token still works; a new one is signed by the new key.
-    let (st, b) = mint(&a, &old_admin, json!({"subject": "admin2", "tenant": "*", "perms": ["cluster.admin:*", "manage:*"]})).await;
+    let (st, b) = mint(
+        &a,
+        &old_admin,
+        json!({"subject": "admin2", "tenant": "*", "perms": ["cluster.admin:*", "manage:*"]}),
+    )
+    .await;
     assert_eq!(st, 200, "{b}");
     let admin2 = b["token"].as_str().unwrap().to_string();
-    let (st, b) = as_(&admin2, "DELETE", &a.s.url(&format!("/v1/auth/keys/{}", keys[1]["kid"].as_str().unwrap())), None).await;
+    let (st, b) = as_(
+        &admin2,
+        "DELETE",
+        &a.s.url(&format!(
+            "/v1/auth/keys/{}",
+            keys[1]["kid"].as_str().unwrap()
+        )),
+        None,
+    )
+    .await;
     assert_eq!((st, code(&b)), (409, "conflict"), "the signer stays: {b}");
-    let (st, b) = as_(&admin2, "DELETE", &a.s.url(&format!("/v1/auth/keys/{old_kid}")), None).await;
+    let (st, b) = as_(
+        &admin2,
+        "DELETE",
+        &a.s.url(&format!("/v1/auth/keys/{old_kid}")),
+        None,
+    )
+    .await;
     assert_eq!(st, 200, "{b}");
     let (st, b) = as_(&old_admin, "GET", &a.s.url("/v1/tenants"), None).await;
-    assert_eq!((st, code(&b)), (401, "unauthenticated"), "signed by a removed key: {b}");
+    assert_eq!(
+        (st, code(&b)),
+        (401, "unauthenticated"),
+        "signed by a removed key: {b}"
+    );
     let (st, _) = as_(&admin2, "GET", &a.s.url("/v1/tenants"), None).await;
     assert_eq!(st, 200);
 }
@@ -207,13 +311,24 @@ async fn the_bootstrap_happens_once_and_survives_a_restart() {
     let args = || {
         let mut v = vec!["--listen".to_string(), "127.0.0.1:0".to_string()];
         v.extend(base_args_auth_on());
-        v.extend(["--store".into(), "raft".into(), "--raft-data-dir".into(), p(d.path())]);
+        v.extend([
+            "--store".into(),
+            "raft".into(),
+            "--raft-data-dir".into(),
+            p(d.path()),
+        ]);
         v
     };
     let file = d.path().join("admin.token");
     let mut s = Server::start_exact(args());
     let first = admin_token(&file);
-    let (st, b) = as_(&first, "POST", &s.url("/v1/tenants"), Some(json!({"name": "t"}))).await;
+    let (st, b) = as_(
+        &first,
+        "POST",
+        &s.url("/v1/tenants"),
+        Some(json!({"name": "t"})),
+    )
+    .await;
     assert_eq!(st, 201, "{b}");
     s.stop();
     std::fs::remove_file(&file).unwrap();

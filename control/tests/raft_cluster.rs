@@ -228,16 +228,40 @@ async fn with_auth_every_member_holds_the_same_keys_and_followers_forward() {
     let tokens: Vec<String> = (0..3)
         .map(|i| admin_token(&cl.dirs[i].path().join("admin.token")))
         .collect();
-    assert!(tokens.iter().all(|t| *t == tokens[0]), "one bootstrap, one admin token");
+    assert!(
+        tokens.iter().all(|t| *t == tokens[0]),
+        "one bootstrap, one admin token"
+    );
     let c = client_with(&tokens[0]);
     let leader = settled(&c, &cl, 30).await;
     let follower = (leader + 1) % 3;
-    let (st, b) = call(&c, "POST", &cl.url(follower, "/v1/tenants"), Some(json!({"name": "t"}))).await;
+    let (st, b) = call(
+        &c,
+        "POST",
+        &cl.url(follower, "/v1/tenants"),
+        Some(json!({"name": "t"})),
+    )
+    .await;
     assert_eq!(st, 201, "a forwarded write: {b}");
-    let (st, b) = call(&client(), "POST", &cl.url(follower, "/v1/tenants"), Some(json!({"name": "u"}))).await;
+    let (st, b) = call(
+        &client(),
+        "POST",
+        &cl.url(follower, "/v1/tenants"),
+        Some(json!({"name": "u"})),
+    )
+    .await;
     assert_eq!(st, 401, "{b}");
-    let (st, b) = call(&client(), "POST", &cl.url(follower, "/internal/v1/write"), Some(json!({"op": "delete_tenant", "name": "t"}))).await;
-    assert_eq!(st, 401, "the internal endpoint needs a member credential: {b}");
+    let (st, b) = call(
+        &client(),
+        "POST",
+        &cl.url(follower, "/internal/v1/write"),
+        Some(json!({"op": "delete_tenant", "name": "t"})),
+    )
+    .await;
+    assert_eq!(
+        st, 401,
+        "the internal endpoint needs a member credential: {b}"
+    );
 }
 
 #[tokio::test]

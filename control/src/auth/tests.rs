@@ -215,9 +215,17 @@ fn a_node_credential_speaks_only_for_its_own_node() {
     let k = key("k", 1);
     let t = k.issue(&node_claims(3, "n3", 1_000, 60));
     let who = verifier(&[&k]).verify(&t, 1_001).unwrap();
-    assert!(who.check(Action::ClusterAdmin, ANY_TENANT, "brokers/3").is_ok());
-    assert!(who.check(Action::ClusterAdmin, ANY_TENANT, "catalog").is_ok());
-    assert!(who.check(Action::ClusterAdmin, ANY_TENANT, "brokers/4").is_err());
-    assert!(who.check(Action::ClusterAdmin, ANY_TENANT, "tenants").is_err());
+    assert!(who
+        .check(Action::ClusterAdmin, ANY_TENANT, "brokers/3")
+        .is_ok());
+    assert!(who
+        .check(Action::ClusterAdmin, ANY_TENANT, "catalog")
+        .is_ok());
+    assert!(who
+        .check(Action::ClusterAdmin, ANY_TENANT, "brokers/4")
+        .is_err());
+    assert!(who
+        .check(Action::ClusterAdmin, ANY_TENANT, "tenants")
+        .is_err());
     assert!(who.check(Action::StreamPublish, "t", "ns/s").is_err());
 }

@@ -36,7 +36,10 @@ pub struct KeyRecord {
 
 impl KeyRecord {
     pub fn signing_key(&self) -> SigningKey {
-        SigningKey::from_seed(&self.kid, seed_of_hex(&self.seed_hex).expect("validated at apply"))
+        SigningKey::from_seed(
+            &self.kid,
+            seed_of_hex(&self.seed_hex).expect("validated at apply"),
+        )
     }
 }
 
@@ -202,7 +205,11 @@ impl AuthState {
                     ));
                 }
                 // Count before pruning: a refusal changes nothing.
-                let live = self.tokens.iter().filter(|t| t.expires_at_s > *now_s).count();
+                let live = self
+                    .tokens
+                    .iter()
+                    .filter(|t| t.expires_at_s > *now_s)
+                    .count();
                 if live >= *tokens_max {
                     return Err(ApiError::new(
                         ErrorCode::Conflict,
@@ -248,10 +255,7 @@ impl AuthState {
             }
             AuthCommand::RemoveKey { kid } => {
                 let Some(k) = self.keys.iter().find(|k| &k.kid == kid) else {
-                    return Err(ApiError::new(
-                        ErrorCode::NotFound,
-                        format!("no key {kid}"),
-                    ));
+                    return Err(ApiError::new(ErrorCode::NotFound, format!("no key {kid}")));
                 };
                 if k.retired_at_s.is_none() {
                     return Err(ApiError::new(
@@ -297,8 +301,13 @@ mod tests {
         assert_eq!(a.signer().unwrap().kid, "k2");
         assert_eq!(a.jwks().keys.len(), 2, "both verify in the overlap");
         let err = a.apply(&AuthCommand::RemoveKey { kid: "k2".into() });
-        assert_eq!(err.unwrap_err().code, ErrorCode::Conflict, "the signer stays");
-        a.apply(&AuthCommand::RemoveKey { kid: "k1".into() }).unwrap();
+        assert_eq!(
+            err.unwrap_err().code,
+            ErrorCode::Conflict,
+            "the signer stays"
+        );
+        a.apply(&AuthCommand::RemoveKey { kid: "k1".into() })
+            .unwrap();
         assert_eq!(a.jwks().keys.len(), 1);
     }
 
@@ -318,9 +327,15 @@ mod tests {
             tokens_max: 2,
         };
         a.apply(&rec("a", 60)).unwrap();
-        assert_eq!(a.apply(&rec("a", 60)).unwrap_err().code, ErrorCode::AlreadyExists);
+        assert_eq!(
+            a.apply(&rec("a", 60)).unwrap_err().code,
+            ErrorCode::AlreadyExists
+        );
         a.apply(&rec("b", 60)).unwrap();
-        assert_eq!(a.apply(&rec("c", 60)).unwrap_err().code, ErrorCode::Conflict);
+        assert_eq!(
+            a.apply(&rec("c", 60)).unwrap_err().code,
+            ErrorCode::Conflict
+        );
         let later = AuthCommand::RecordToken {
             token: TokenRecord {
                 jti: "c".into(),

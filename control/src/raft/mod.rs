@@ -490,9 +490,7 @@ impl RaftStore {
         {
             rb = rb.bearer_auth(t);
         }
-        let r = rb.send()
-            .await
-            .map_err(|e| e.is_connect())?;
+        let r = rb.send().await.map_err(|e| e.is_connect())?;
         if !r.status().is_success() {
             return Err(false);
         }

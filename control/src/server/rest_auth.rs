@@ -63,9 +63,7 @@ pub fn need(method: &Method, path: &str, metrics_public: bool) -> Need {
         ["v1", "tenants", _] => cluster("tenants"),
         ["v1", "tenants", t, "namespaces"] => manage(t, "*"),
         ["v1", "tenants", t, "namespaces", n] => manage(t, format!("{n}/")),
-        ["v1", "tenants", t, "namespaces", n, "streams" | "caches"] => {
-            manage(t, format!("{n}/"))
-        }
+        ["v1", "tenants", t, "namespaces", n, "streams" | "caches"] => manage(t, format!("{n}/")),
         ["v1", "tenants", t, "namespaces", n, "streams" | "caches", o]
         | ["v1", "tenants", t, "namespaces", n, "streams" | "caches", o, "shards"] => {
             manage(t, format!("{n}/{o}"))
@@ -149,7 +147,14 @@ impl AppState {
         let (kids, jwks) = self.read(|c| {
             let a = c.auth();
             let kids: Vec<String> = a.keys.iter().map(|k| k.kid.clone()).collect();
-            (kids, if a.initialized() { Some(a.jwks()) } else { None })
+            (
+                kids,
+                if a.initialized() {
+                    Some(a.jwks())
+                } else {
+                    None
+                },
+            )
         });
         let Some(jwks) = jwks else {
             return Err(ApiError::new(
@@ -188,8 +193,11 @@ impl AppState {
         }
         self.read(|c| c.auth().signer().map(|k| k.signing_key()))
             .ok_or_else(|| {
-                ApiError::new(ErrorCode::Unavailable, "the signing keys are not created yet; retry")
-                    .into()
+                ApiError::new(
+                    ErrorCode::Unavailable,
+                    "the signing keys are not created yet; retry",
+                )
+                .into()
             })
     }
 }
@@ -348,8 +356,12 @@ fn check_create(st: &AppState, req: &CreateToken) -> Res<(Vec<Permission>, u64)>
         )));
     }
     if req.tenant != ANY_TENANT {
-        felix_quic::wire::validate_name(&req.tenant)
-            .map_err(|e| Refusal::from(ApiError::new(ErrorCode::InvalidName, format!("tenant: {e}"))))?;
+        felix_quic::wire::validate_name(&req.tenant).map_err(|e| {
+            Refusal::from(ApiError::new(
+                ErrorCode::InvalidName,
+                format!("tenant: {e}"),
+            ))
+        })?;
     }
     if req.perms.is_empty() || req.perms.len() > PERMS_MAX {
         return Err(invalid(format!("perms: 1..={PERMS_MAX} permissions")));
@@ -421,7 +433,11 @@ async fn issue(st: &AppState, claims: Claims) -> Res<IssuedToken> {
 }
 
 fn new_jti() -> String {
-    format!("{:016x}{:016x}", rand::random::<u64>(), rand::random::<u64>())
+    format!(
+        "{:016x}{:016x}",
+        rand::random::<u64>(),
+        rand::random::<u64>()
+    )
 }
 
 /// Issue a token for a tenant (its `manage`), or for every tenant (cluster scope). The caller
@@ -591,19 +607,35 @@ mod tests {
             (&p, "/v1/tenants".into(), allow(C, "*", "tenants")),
             (&g, "/v1/tenants/acme".into(), allow(M, "acme", "*")),
             (&d, "/v1/tenants/acme".into(), allow(C, "*", "tenants")),
-            (&p, "/v1/tenants/acme/namespaces".into(), allow(M, "acme", "*")),
+            (
+                &p,
+                "/v1/tenants/acme/namespaces".into(),
+                allow(M, "acme", "*"),
+            ),
             (&d, ns.into(), allow(M, "acme", "prod/")),
             (&p, format!("{ns}/streams"), allow(M, "acme", "prod/")),
             (&g, format!("{ns}/caches"), allow(M, "acme", "prod/")),
-            (&d, format!("{ns}/streams/orders"), allow(M, "acme", "prod/orders")),
-            (&g, format!("{ns}/caches/kv/shards"), allow(M, "acme", "prod/kv")),
+            (
+                &d,
+                format!("{ns}/streams/orders"),
+                allow(M, "acme", "prod/orders"),
+            ),
+            (
+                &g,
+                format!("{ns}/caches/kv/shards"),
+                allow(M, "acme", "prod/kv"),
+            ),
             (&g, "/v1/catalog".into(), allow(C, "*", "catalog")),
             (&g, "/v1/catalog/changes".into(), allow(C, "*", "catalog")),
             (&g, "/v1/cluster".into(), allow(C, "*", "catalog")),
             (&g, "/v1/brokers".into(), allow(C, "*", "catalog")),
             (&p, "/v1/brokers".into(), Need::InHandler),
             (&g, "/v1/brokers/3".into(), allow(C, "*", "catalog")),
-            (&p, "/v1/brokers/3/heartbeat".into(), allow(C, "*", "brokers/3")),
+            (
+                &p,
+                "/v1/brokers/3/heartbeat".into(),
+                allow(C, "*", "brokers/3"),
+            ),
             (&p, "/v1/nodes/3/token".into(), allow(C, "*", "brokers/3")),
             (&p, "/v1/tokens".into(), Need::InHandler),
             (&g, "/v1/tokens".into(), Need::InHandler),

@@ -45,7 +45,10 @@ pub fn base_args() -> Vec<String> {
 /// [`base_args`] with auth left on (its default).
 pub fn base_args_auth_on() -> Vec<String> {
     let mut a = base_args();
-    let at = a.iter().position(|x| x == "--auth").expect("base args turn auth off");
+    let at = a
+        .iter()
+        .position(|x| x == "--auth")
+        .expect("base args turn auth off");
     a.drain(at..at + 2);
     a
 }
