@@ -3,6 +3,11 @@
 //! file (`auth = jwks`), and `felix-broker token create`, which signs tokens with the
 //! standalone key.
 //!
+//! With a control plane (`auth = controlplane`, what `auto` picks there) the key set comes
+//! from the control plane: the control link fetches it with the node credential before the
+//! broker reports ready, again every `auth_jwks_refresh_ms`, and at once when a token names
+//! a key this broker does not know ([`AuthKeys`]).
+//!
 //! A standalone broker keeps its signing key in `DATA_DIR/auth/signing-key.json` (mode 0600,
 //! made at the first start) and writes a fresh admin token to `DATA_DIR/auth/admin.token`
 //! (mode 0600) at every start, valid `auth_admin_token_ttl_s`.
@@ -10,12 +15,16 @@
 use crate::config::Config;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
-use felix_control::auth::{admin_claims, Claims, Jwks, Permission, SigningKey, Verifier, ISSUER};
+use felix_control::auth::{
+    admin_claims, AuthError, Claims, Jwks, Permission, Principal, SigningKey, Verifier, ISSUER,
+};
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::sync::RwLock;
 
 /// The file a standalone broker's key lives in, under the data dir.
 pub fn key_path(data_dir: &Path) -> PathBuf {
@@ -98,14 +107,125 @@ fn now_s() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// The verifier the cores check tokens with (`None`: auth is off).
-pub fn setup(cfg: &Config) -> Result<Option<Arc<Verifier>>, String> {
+/// The keys the cores verify tokens with, shared by every core and replaced whole when the
+/// key set changes (a rotation on the control plane).
+pub struct AuthKeys {
+    verifier: RwLock<Arc<Verifier>>,
+    /// A key set was loaded (a control-plane broker is not ready before).
+    loaded: AtomicBool,
+    /// A token named an unknown key: the control link fetches the key set now.
+    refetch: AtomicBool,
+}
+
+impl AuthKeys {
+    pub fn new(jwks: &Jwks) -> Result<AuthKeys, String> {
+        Ok(AuthKeys {
+            verifier: RwLock::new(Arc::new(Verifier::new(jwks)?)),
+            loaded: AtomicBool::new(!jwks.keys.is_empty()),
+            refetch: AtomicBool::new(false),
+        })
+    }
+
+    /// Verify `token` at `now_s`. An unknown key asks for a fetch of the key set, so a token
+    /// signed by a key the control plane just added verifies on a retry moments later.
+    pub fn verify(&self, token: &str, now_s: u64) -> Result<Principal, AuthError> {
+        let v = self
+            .verifier
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let r = v.verify(token, now_s);
+        if matches!(r, Err(AuthError::UnknownKey(_))) {
+            self.refetch.store(true, Ordering::Release);
+        }
+        r
+    }
+
+    /// Install a new key set (the old one is dropped once no verification holds it).
+    pub fn replace(&self, jwks: &Jwks) -> Result<(), String> {
+        let v = Arc::new(Verifier::new(jwks)?);
+        *self.verifier.write().unwrap_or_else(|e| e.into_inner()) = v;
+        self.loaded.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    pub fn loaded(&self) -> bool {
+        self.loaded.load(Ordering::Acquire)
+    }
+
+    /// Whether a fetch was asked for since the last call (and clear the ask).
+    pub fn take_refetch(&self) -> bool {
+        self.refetch.swap(false, Ordering::AcqRel)
+    }
+}
+
+impl std::fmt::Debug for AuthKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "AuthKeys {{ loaded: {} }}", self.loaded())
+    }
+}
+
+/// A credential that never shows in a log or a debug print.
+#[derive(Clone)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// The mode `auto` resolves to.
+pub fn mode(cfg: &Config) -> &str {
     match cfg.auth.as_str() {
+        "auto" if cfg.controlplane_url.is_some() => "controlplane",
+        "auto" => "standalone",
+        m => m,
+    }
+}
+
+/// The node credential from `controlplane_token_file`; `auth = controlplane` needs one.
+pub fn node_token(cfg: &Config) -> Result<Option<Secret>, String> {
+    let Some(p) = &cfg.controlplane_token_file else {
+        if mode(cfg) == "controlplane" {
+            return Err("auth = controlplane needs controlplane_token_file, this broker's node credential (felixctl node enroll NODE_ID prints one)".into());
+        }
+        return Ok(None);
+    };
+    let t = std::fs::read_to_string(p)
+        .map_err(|e| format!("controlplane_token_file {}: {e}", p.display()))?;
+    let t = t.trim();
+    if t.is_empty() {
+        return Err(format!("controlplane_token_file {} is empty", p.display()));
+    }
+    Ok(Some(Secret(t.to_string())))
+}
+
+/// The keys the cores check tokens with (`None`: auth is off).
+pub fn setup(cfg: &Config) -> Result<Option<Arc<AuthKeys>>, String> {
+    let keys = match setup_verifier(cfg)? {
+        Setup::Off => return Ok(None),
+        Setup::Keys(j) => AuthKeys::new(&j)?,
+    };
+    Ok(Some(Arc::new(keys)))
+}
+
+enum Setup {
+    Off,
+    Keys(Jwks),
+}
+
+fn setup_verifier(cfg: &Config) -> Result<Setup, String> {
+    match mode(cfg) {
+        "controlplane" => {
+            // Filled by the control link before the broker reports ready.
+            Ok(Setup::Keys(Jwks::default()))
+        }
         "off" => {
             tracing::warn!(
-                "auth is off: anyone who reaches this broker's port may publish, read and change every tenant's data (--auth standalone or jwks turns it on)"
+                "auth is off: anyone who reaches this broker's port may publish, read and change every tenant's data (--auth auto turns it on)"
             );
-            Ok(None)
+            Ok(Setup::Off)
         }
         "standalone" => {
             let key = standalone_key(&cfg.data_dir)?;
@@ -118,10 +238,9 @@ pub fn setup(cfg: &Config) -> Result<Option<Arc<Verifier>>, String> {
             let path = admin_token_path(&cfg.data_dir);
             write_private(&path, token.as_bytes())?;
             tracing::info!(path = %path.display(), "wrote the admin token");
-            let jwks = Jwks {
+            Ok(Setup::Keys(Jwks {
                 keys: vec![key.jwk()],
-            };
-            Ok(Some(Arc::new(Verifier::new(&jwks)?)))
+            }))
         }
         "jwks" => {
             let path = cfg
@@ -134,10 +253,10 @@ pub fn setup(cfg: &Config) -> Result<Option<Arc<Verifier>>, String> {
             if jwks.keys.is_empty() {
                 return Err(format!("{}: the key set is empty", path.display()));
             }
-            Ok(Some(Arc::new(Verifier::new(&jwks)?)))
+            Ok(Setup::Keys(jwks))
         }
         other => Err(format!(
-            "auth must be off, standalone or jwks, got {other:?}"
+            "auth must be auto, standalone, controlplane, jwks or off, got {other:?}"
         )),
     }
 }

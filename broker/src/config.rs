@@ -261,11 +261,16 @@ settings! {
         /// Forwards one core may have waiting or in flight on one peer link; past it a forward
         /// is refused `inflight_limit` (nothing was sent).
         peer_forwards_max: u32 = 4096, "FELIX_PEER_FORWARDS_MAX";
-        /// Who may speak: `off` (anyone who reaches the port; a warning at every start),
-        /// `standalone` (this broker's own signing key and admin token under
-        /// data_dir/auth; `felix-broker token create` signs more), or `jwks` (tokens verified
-        /// against the key set in auth_jwks).
-        auth: String = "off".into(), "FELIX_AUTH";
+        /// Who may speak: `auto` (default: `controlplane` with a control plane, else
+        /// `standalone`), `standalone` (this broker's own signing key and admin token under
+        /// data_dir/auth; `felix-broker token create` signs more), `controlplane` (tokens
+        /// verified against the control plane's key set, fetched with the node credential
+        /// and followed), `jwks` (the key set in auth_jwks), or `off` (anyone who reaches
+        /// the port; a warning at every start).
+        auth: String = "auto".into(), "FELIX_AUTH";
+        /// How often the control plane's key set is fetched again, milliseconds (a token
+        /// signed by a key not yet known asks for a fetch at once).
+        auth_jwks_refresh_ms: u64 = 30_000, "FELIX_AUTH_JWKS_REFRESH_MS";
         /// Lifetime of the admin token a standalone broker writes at each start, seconds.
         auth_admin_token_ttl_s: u64 = 30 * 24 * 3600, "FELIX_AUTH_ADMIN_TOKEN_TTL_S";
     }
@@ -303,6 +308,9 @@ settings! {
         peer_ca: PathBuf, "FELIX_PEER_CA";
         /// The key set (JWKS, JSON) tokens are verified against, with auth = jwks.
         auth_jwks: PathBuf, "FELIX_AUTH_JWKS";
+        /// This broker's node credential (`felixctl node enroll N` prints it): presented to
+        /// the control plane to register, heartbeat and read the catalog and key set.
+        controlplane_token_file: PathBuf, "FELIX_CONTROLPLANE_TOKEN_FILE";
     }
 }
 
@@ -344,13 +352,21 @@ impl Config {
             }
         }
         match (self.auth.as_str(), &self.auth_jwks) {
-            ("off" | "standalone", _) | ("jwks", Some(_)) => {}
+            ("off" | "standalone" | "auto", _) | ("jwks", Some(_)) => {}
+            ("controlplane", _) if self.controlplane_url.is_some() => {}
+            ("controlplane", _) => return Err("auth = controlplane needs controlplane_url".into()),
             ("jwks", None) => return Err("auth = jwks needs auth_jwks (a JWKS file)".into()),
             (other, _) => {
                 return Err(format!(
-                    "auth must be off, standalone or jwks, got {other:?}"
+                    "auth must be auto, standalone, controlplane, jwks or off, got {other:?}"
                 ))
             }
+        }
+        if !(100..=3_600_000).contains(&self.auth_jwks_refresh_ms) {
+            return Err(format!(
+                "auth_jwks_refresh_ms must be 100..=3600000, got {}",
+                self.auth_jwks_refresh_ms
+            ));
         }
         if self.auth_admin_token_ttl_s == 0 {
             return Err("auth_admin_token_ttl_s must be at least 1".into());

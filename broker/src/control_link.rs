@@ -239,6 +239,12 @@ pub struct LinkConfig {
     pub wait_ms: u64,
     /// What other brokers dial to reach this broker's peer listener.
     pub peer_addr: Option<String>,
+    /// The node credential, sent as the bearer of every request.
+    pub token: Option<crate::auth::Secret>,
+    /// With `auth = controlplane`: the keys to fill from the control plane's key set.
+    pub keys: Option<Arc<crate::auth::AuthKeys>>,
+    /// How often the key set is fetched again.
+    pub jwks_refresh_ms: u64,
 }
 
 /// Shared between the feed and heartbeat tasks (never held across an await).
@@ -450,12 +456,34 @@ async fn run(
     synced: Arc<AtomicBool>,
     shutdown: Arc<AtomicBool>,
 ) {
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Some(crate::auth::Secret(t)) = &cfg.token {
+        match reqwest::header::HeaderValue::from_str(&format!("Bearer {t}")) {
+            Ok(mut v) => {
+                v.set_sensitive(true);
+                headers.insert(reqwest::header::AUTHORIZATION, v);
+            }
+            Err(_) => tracing::error!(
+                "the node credential is not a valid header value; requests go without it"
+            ),
+        }
+    }
     let http = reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(2))
         .timeout(Duration::from_millis(cfg.wait_ms + 10_000))
+        .default_headers(headers)
         .build()
         .expect("HTTP client");
     let base = cfg.url.trim_end_matches('/').to_string();
+    if let Some(keys) = cfg.keys.clone() {
+        tokio::spawn(follow_keys(
+            http.clone(),
+            base.clone(),
+            keys,
+            cfg.jwks_refresh_ms,
+            shutdown.clone(),
+        ));
+    }
     let state = Arc::new(Mutex::new(LinkState {
         mirror: None,
         catalog: Catalog::default(),
@@ -476,6 +504,16 @@ async fn run(
                 tracing::info!(node_id = cfg.node_id, incarnation = r.broker.incarnation,
                     url = %base, "registered with the control plane");
                 break r.heartbeat_interval_ms.max(50);
+            }
+            // A refused credential is a configuration error that retrying cannot fix, and a
+            // broker that never registers would otherwise wait silently: stop, saying why.
+            Err(CallError::Api(401 | 403, b)) => {
+                tracing::error!(code = %b.code, message = %b.message, "the control plane refused this broker's credential");
+                eprintln!(
+                    "felix-broker: the control plane at {base} refused to register node {}: {} ({}); check controlplane_token_file (felixctl node enroll {} prints one)",
+                    cfg.node_id, b.message, b.code, cfg.node_id
+                );
+                std::process::exit(2);
             }
             Err(e) => {
                 note_failure(&format!("registration at {base} failed"), &e);
@@ -602,6 +640,59 @@ async fn run(
                 }
                 backoff_ms = (backoff_ms * 2).min(5_000);
             }
+        }
+    }
+}
+
+/// How often the key loop looks for a fetch asked for by an unknown key; also the bound on
+/// how often a stream of tokens naming unknown keys can make this broker fetch.
+const KEYS_POLL_MS: u64 = 200;
+
+/// Keep `keys` equal to the control plane's key set: at once, every `refresh_ms`, and when a
+/// token named a key not known here. A failed fetch keeps the keys this broker has.
+async fn follow_keys(
+    http: reqwest::Client,
+    base: String,
+    keys: Arc<crate::auth::AuthKeys>,
+    refresh_ms: u64,
+    shutdown: Arc<AtomicBool>,
+) {
+    let refresh = Duration::from_millis(refresh_ms);
+    let mut last: Option<std::time::Instant> = None;
+    let mut warned = false;
+    loop {
+        let asked = keys.take_refetch();
+        if asked || !keys.loaded() || last.is_none_or(|t| t.elapsed() >= refresh) {
+            last = Some(std::time::Instant::now());
+            let url = format!("{base}/v1/auth/jwks");
+            match call::<felix_control::auth::Jwks>(http.get(&url)).await {
+                Ok(j) if j.keys.is_empty() => {
+                    if !warned {
+                        tracing::warn!("the control plane's key set is empty (is auth off there?); no token verifies");
+                    }
+                    warned = true;
+                }
+                Ok(j) => match keys.replace(&j) {
+                    Ok(()) => {
+                        if warned {
+                            tracing::info!(keys = j.keys.len(), "key set fetched");
+                        }
+                        warned = false;
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "the control plane's key set is unusable")
+                    }
+                },
+                Err(e) => {
+                    if !warned {
+                        tracing::warn!(error = %e, url = %url, "cannot fetch the key set; keeping the keys held");
+                    }
+                    warned = true;
+                }
+            }
+        }
+        if !sleep_unless_stopped(KEYS_POLL_MS, &shutdown).await {
+            return;
         }
     }
 }

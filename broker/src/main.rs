@@ -241,6 +241,7 @@ fn run(cfg: Config) -> Result<(), String> {
         ),
     }
     let auth = felix_broker::auth::setup(&cfg)?;
+    let node_token = felix_broker::auth::node_token(&cfg)?;
     let mut handles = Vec::new();
     for (i, (sock, peer_socks)) in sockets.into_iter().zip(peer_sockets).enumerate() {
         let mesh = mesh.clone();
@@ -314,6 +315,11 @@ fn run(cfg: Config) -> Result<(), String> {
                     None if l.ip().is_unspecified() => format!("127.0.0.1:{}", l.port()),
                     None => l.to_string(),
                 }),
+                token: node_token,
+                keys: auth
+                    .clone()
+                    .filter(|_| felix_broker::auth::mode(&cfg) == "controlplane"),
+                jwks_refresh_ms: cfg.auth_jwks_refresh_ms,
             },
             catalog.clone(),
             synced.clone(),
@@ -324,6 +330,7 @@ fn run(cfg: Config) -> Result<(), String> {
     let mut announced = false;
     let sig = loop {
         if !announced
+            && auth.as_ref().is_none_or(|k| k.loaded())
             && synced.load(Ordering::Acquire)
             && started.load(Ordering::Acquire) == cfg.cores
         {

@@ -340,3 +340,134 @@ async fn a_token_that_expires_on_a_live_connection_is_refused_until_refreshed() 
         .await
         .unwrap();
 }
+
+/// With a control plane, auth on everywhere by default: the broker presents the node
+/// credential `felixctl node enroll` printed, fetches the key set before it reports ready,
+/// and verifies the control plane's tokens; without the credential it does not start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_with_a_control_plane_verifies_its_tokens() {
+    use common::cp::{felixctl, read_admin_token, start_control_plane_auth};
+    let dir = tempfile::tempdir().unwrap();
+    let cp = start_control_plane_auth(&dir.path().join("admin.token"));
+    let admin = read_admin_token(&dir.path().join("admin.token"));
+    let ctl = |args: &[&str]| {
+        let mut v = vec!["--token", admin.as_str()];
+        v.extend_from_slice(args);
+        let o = felixctl(&cp, dir.path(), &v);
+        assert!(
+            o.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8(o.stdout).unwrap()
+    };
+    ctl(&["tenant", "create", "default"]);
+    ctl(&["namespace", "create", "default"]);
+    ctl(&["stream", "create", "events", "--shards", "1"]);
+    // Without a node credential the broker refuses to start, saying what it needs.
+    let r = Broker::try_start_env(
+        tempfile::tempdir().unwrap(),
+        1,
+        &[
+            "--controlplane-url",
+            &cp.url,
+            "--node-id",
+            "1",
+            "--auth",
+            "auto",
+        ],
+        &[],
+    );
+    let err = r.err().expect("no start without a node credential");
+    assert!(err.contains("controlplane_token_file"), "{err}");
+    // Another node's credential cannot register as node 1: the broker never becomes ready.
+    let other = ctl(&["node", "enroll", "2"]);
+    std::fs::write(dir.path().join("node2.token"), other.trim()).unwrap();
+    let mine = ctl(&["node", "enroll", "1", "--ttl", "1h"]);
+    std::fs::write(dir.path().join("node1.token"), mine.trim()).unwrap();
+    let b = Broker::start(
+        1,
+        &[
+            "--controlplane-url",
+            &cp.url,
+            "--node-id",
+            "1",
+            "--auth",
+            "auto",
+            "--controlplane-token-file",
+            dir.path().join("node1.token").to_str().unwrap(),
+        ],
+    );
+    let anon = connect(&b, None).await.unwrap();
+    assert_eq!(
+        code(
+            anon.publish_batch(&events(), ShardSelector::Shard(0), vec!["x"])
+                .await
+        ),
+        ErrorCode::Unauthenticated
+    );
+    let a = connect(&b, Some(admin.clone())).await.unwrap();
+    common::cp::eventually("the stream is served", || async {
+        a.publish_batch(&events(), ShardSelector::Shard(0), vec!["a"])
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    // A tenant token the control plane issued verifies at the broker; its scope holds.
+    let t = ctl(&[
+        "token",
+        "create",
+        "--allow",
+        "stream.publish:default/*",
+        "--ttl",
+        "10m",
+    ]);
+    let p = connect(&b, Some(t.trim().to_string())).await.unwrap();
+    p.publish_batch(&events(), ShardSelector::Shard(0), vec!["p"])
+        .await
+        .unwrap();
+    assert_eq!(
+        code(
+            p.subscribe(&events(), 0, felix_client::SubscribeOptions::default())
+                .await
+                .map(|_| ())
+        ),
+        ErrorCode::Forbidden
+    );
+    // A rotation: the broker learns the new key when a token names it.
+    ctl(&["key", "rotate"]);
+    let t2 = ctl(&["token", "create", "--allow", "stream.publish:default/*"]);
+    let t2 = t2.trim().to_string();
+    common::cp::eventually("a token of the new key verifies", || async {
+        let c = connect(&b, Some(t2.clone()))
+            .await
+            .map_err(|e| e.to_string())?;
+        c.publish_batch(&events(), ShardSelector::Shard(0), vec!["r"])
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    // Node 2's credential does not register as node 1.
+    let bad = Broker::try_start_env(
+        tempfile::tempdir().unwrap(),
+        1,
+        &[
+            "--controlplane-url",
+            &cp.url,
+            "--node-id",
+            "3",
+            "--auth",
+            "auto",
+            "--controlplane-token-file",
+            dir.path().join("node2.token").to_str().unwrap(),
+        ],
+        &[],
+    );
+    let err = bad
+        .err()
+        .expect("a broker with another node's credential became ready");
+    assert!(
+        err.contains("refused to register node 3") && err.contains("forbidden"),
+        "{err}"
+    );
+}

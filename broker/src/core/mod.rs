@@ -120,7 +120,7 @@ pub struct CoreSettings {
     /// Counts cores that have opened their durable logs and serve (readiness waits for all).
     pub started: Arc<std::sync::atomic::AtomicUsize>,
     /// Verifies tokens; `None`: auth is off (`--auth off`).
-    pub auth: Option<Arc<felix_control::auth::Verifier>>,
+    pub auth: Option<Arc<crate::auth::AuthKeys>>,
 }
 
 #[derive(Default)]

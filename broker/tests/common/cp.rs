@@ -32,9 +32,44 @@ pub fn start_control_plane(dead_after_ms: u64) -> ControlPlane {
     start_control_plane_settling(dead_after_ms, 0)
 }
 
+/// With auth on (its default): the admin token is written to `admin_token_file`.
+pub fn start_control_plane_auth(admin_token_file: &Path) -> ControlPlane {
+    spawn_control_plane(5_000, 0, Some(admin_token_file))
+}
+
+/// Wait (bounded) for the admin token the control plane writes.
+pub fn read_admin_token(path: &Path) -> String {
+    let t = Instant::now();
+    loop {
+        if let Ok(s) = std::fs::read_to_string(path) {
+            return s.trim().to_string();
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "no admin token at {}",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// With a placement settle window of `settle_ms` (0: shards are placed at once).
 pub fn start_control_plane_settling(dead_after_ms: u64, settle_ms: u64) -> ControlPlane {
-    let mut child = Command::new(sibling("felix-controlplane"))
+    spawn_control_plane(dead_after_ms, settle_ms, None)
+}
+
+fn spawn_control_plane(
+    dead_after_ms: u64,
+    settle_ms: u64,
+    admin_token_file: Option<&Path>,
+) -> ControlPlane {
+    let mut cmd = Command::new(sibling("felix-controlplane"));
+    match admin_token_file {
+        Some(f) => cmd.arg("--admin-token-file").arg(f),
+        // The suites test placement and forwarding; tests/auth.rs runs with auth on.
+        None => cmd.env("FELIX_CONTROLPLANE_AUTH", "off"),
+    };
+    let mut child = cmd
         .args(["--listen", "127.0.0.1:0"])
         .env("FELIX_CONTROLPLANE_HEARTBEAT_INTERVAL_MS", "100")
         .env(
@@ -45,7 +80,6 @@ pub fn start_control_plane_settling(dead_after_ms: u64, settle_ms: u64) -> Contr
         .env("FELIX_CONTROLPLANE_DELETE_GRACE_MS", "200")
         .env("FELIX_PLACEMENT_SETTLE_MS", settle_ms.to_string())
         .env("FELIX_LOG", "warn")
-        .env("FELIX_CONTROLPLANE_AUTH", "off")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()

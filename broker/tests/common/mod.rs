@@ -102,6 +102,9 @@ impl Broker {
             .arg(dir.path())
             .args(extra)
             .env("RUST_LOG", "warn")
+            // The suites test the data path; tests/auth.rs and the cluster's auth test run
+            // with auth on (a test's `--auth` flag beats this).
+            .env("FELIX_AUTH", "off")
             .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -122,6 +125,7 @@ impl Broker {
             .arg(dir.path())
             .args(extra)
             .env("RUST_LOG", "warn")
+            .env("FELIX_AUTH", "off")
             .env_remove("FELIX_CORES")
             .env_remove("FELIX_CPU_LIST")
             .env_remove("FELIX_CONFIG")

@@ -5,7 +5,7 @@
 
 use super::super::authz;
 use super::super::*;
-use felix_control::auth::{AuthError, Principal, Verifier};
+use felix_control::auth::{AuthError, Principal};
 use felix_quic::wire::PeerFrame;
 
 /// Verified forward principals one core keeps; past it the cache starts again empty.
@@ -138,7 +138,7 @@ impl CoreState {
     /// The principal of a token a forward carried, verified once and then kept.
     fn forward_principal(
         &mut self,
-        v: &Verifier,
+        v: &crate::auth::AuthKeys,
         token: &str,
         now: u64,
     ) -> Result<Principal, (ErrorCode, String)> {
