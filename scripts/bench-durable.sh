@@ -25,6 +25,7 @@ YAML
   local PID=$!
   for _ in $(seq 100); do grep -q ready "$D/out" 2>/dev/null && break; sleep 0.1; done
   local ADDR; ADDR=$(grep -o 'quic=[^ ]*' "$D/out" | cut -d= -f2)
+  FELIX_TOKEN="$(cat "$D/data/auth/admin.token" 2>/dev/null)" \
   timeout 200 taskset -c 1 "$T/felix-loadgen" --json --broker "$ADDR" --ca "$D/data/tls/dev-cert.pem" --max-secs 120 \
     --mode ingest --stream "$1" --payload "$PAYLOAD" --inflight "$INFLIGHT" --count "$2" >> "$OUT" || echo "FAILED felix $1" >&2
   kill "$PID"; wait "$PID" 2>/dev/null || true; rm -rf "$D"

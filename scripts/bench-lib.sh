@@ -21,7 +21,9 @@ felix_run() {
   for _ in $(seq 100); do grep -q ready "$D/out" 2>/dev/null && break; sleep 0.1; done
   local ADDR; ADDR=$(grep -o 'quic=[^ ]*' "$D/out" | cut -d= -f2)
   local R
-  R=$(timeout 200 taskset -c 1 "$T/felix-loadgen" --json --broker "$ADDR" --ca "$D/data/tls/dev-cert.pem" "${load[@]}") \
+  # Auth is on (standalone), as users run it: the load presents the admin token.
+  R=$(FELIX_TOKEN="$(cat "$D/data/auth/admin.token" 2>/dev/null)" \
+      timeout 200 taskset -c 1 "$T/felix-loadgen" --json --broker "$ADDR" --ca "$D/data/tls/dev-cert.pem" "${load[@]}") \
     && python3 -c 'import json,sys; d=json.loads(sys.argv[1]); d["case"]=sys.argv[2]; d["rev"]=sys.argv[3]; d["date"]=sys.argv[4]; print(json.dumps(d))' \
        "$R" "$case" "$(git rev-parse --short HEAD)" "$(date -u +%FT%TZ)" >> "$out" \
     || echo "FAILED $case" >&2
@@ -47,7 +49,8 @@ cluster_down() {
 # cluster (its CA), its result appended to OUT with "case", "rev" and "date".
 cluster_run() {
   local out=$1 case=$2 R; shift 2
-  R=$(timeout 200 taskset -c 1 "$T/felix-loadgen" --json --ca "$D/certs/ca.pem" "$@") \
+  R=$(FELIX_TOKEN="$(cat "$D/control/admin.token" 2>/dev/null)" \
+      timeout 200 taskset -c 1 "$T/felix-loadgen" --json --ca "$D/certs/ca.pem" "$@") \
     && python3 -c 'import json,sys; d=json.loads(sys.argv[1]); d["case"]=sys.argv[2]; d["rev"]=sys.argv[3]; d["date"]=sys.argv[4]; print(json.dumps(d))' \
        "$R" "$case" "$(git rev-parse --short HEAD)" "$(date -u +%FT%TZ)" >> "$out" \
     || echo "FAILED $case" >&2

@@ -54,17 +54,23 @@ for _ in $(seq 1 100); do
   sleep 0.1
 done
 curl -fsS "$URL/readyz" > /dev/null || { echo "felix-controlplane not ready at $URL" >&2; exit 1; }
+# Auth is on: the admin token the control plane wrote, and one node credential per broker.
+ADMIN_FILE="$DATA/control/admin.token"
+for _ in $(seq 1 100); do [ -s "$ADMIN_FILE" ] && break; sleep 0.1; done
+[ -s "$ADMIN_FILE" ] || { echo "felix-controlplane wrote no admin token at $ADMIN_FILE" >&2; exit 1; }
+ADMIN="$(cat "$ADMIN_FILE")"
 
 for i in $(seq 1 "$N"); do
   base=$((7410 + 10 * i))
   mkdir -p "$DATA/node-$i"
+  (umask 077 && "$BIN/felixctl" --controlplane "$URL" --token "$ADMIN" node enroll "$i" > "$DATA/node-$i/node.token")
   "$BIN/felix-broker" --node-id "$i" --cores 1 --spin-before-park-us 0 \
     --data-dir "$DATA/node-$i" --durable-storage-dir "$DATA/node-$i/durable" \
     --listen "127.0.0.1:$base" --metrics-listen "127.0.0.1:$((base + 1))" \
     --tls-cert "$DATA/certs/node-$i.pem" --tls-key "$DATA/certs/node-$i-key.pem" \
     --peer-listen "127.0.0.1:$((base + 2))" --peer-ca "$DATA/certs/ca.pem" \
     --peer-cert "$DATA/certs/node-$i.pem" --peer-key "$DATA/certs/node-$i-key.pem" \
-    --controlplane-url "$URL" \
+    --controlplane-url "$URL" --controlplane-token-file "$DATA/node-$i/node.token" \
     > "$DATA/node-$i.out" 2> >(sed -u "s/^/[node-$i] /" >&2) &
   PIDS+=($!)
 done
@@ -78,7 +84,7 @@ done
 
 ensure() {
   local err
-  if ! err=$("$BIN/felixctl" --controlplane "$URL" "$@" 2>&1 > /dev/null); then
+  if ! err=$("$BIN/felixctl" --controlplane "$URL" --token "$ADMIN" "$@" 2>&1 > /dev/null); then
     case "$err" in *already_exists*) ;; *) echo "$err" >&2; exit 1 ;; esac
   fi
 }
@@ -88,11 +94,11 @@ ensure stream create events --shards $((2 * N))
 ensure cache create kv --shards $((2 * N))
 # Ready once the settle window closed and the shards are placed.
 for _ in $(seq 1 600); do
-  curl -fsS "$URL/v1/catalog" | grep -q '"placement_held":false' && break
+  curl -fsS -H "Authorization: Bearer $ADMIN" "$URL/v1/catalog" | grep -q '"placement_held":false' && break
   sleep 0.1
 done
 "$BIN/felixctl" context set cluster --url "$URL" --broker 127.0.0.1:7420 \
-  --ca "$DATA/certs/ca.pem" > /dev/null
+  --ca "$DATA/certs/ca.pem" --token "$ADMIN" > /dev/null
 
 echo "control plane  $URL"
 for i in $(seq 1 "$N"); do

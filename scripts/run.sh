@@ -3,6 +3,9 @@
 # ./felix-data/control, REST on 127.0.0.1:7410) and felix-broker registered to it (QUIC on
 # 127.0.0.1:7400, /metrics /livez /readyz on 127.0.0.1:7401, durable logs under
 # ./felix-data/durable, dev TLS certificate generated on first start under ./felix-data/tls).
+# Auth is on: the control plane writes its admin token to ./felix-data/control/admin.token
+# (mode 0600) at the first start; the broker gets a node credential (felixctl node enroll)
+# at every start; felixctl's context "local" holds the admin token.
 # The default tenant and namespace, the stream default/default/events (4 shards) and the
 # in-memory cache default/default/kv (4 shards) are created if missing. Ctrl-C stops both.
 #
@@ -45,11 +48,15 @@ for _ in $(seq 1 100); do
   sleep 0.1
 done
 curl -fsS "$URL/readyz" > /dev/null || { echo "felix-controlplane not ready at $URL" >&2; exit 1; }
+ADMIN_FILE="$DATA/control/admin.token"
+for _ in $(seq 1 100); do [ -s "$ADMIN_FILE" ] && break; sleep 0.1; done
+[ -s "$ADMIN_FILE" ] || { echo "felix-controlplane wrote no admin token at $ADMIN_FILE" >&2; exit 1; }
+ADMIN="$(cat "$ADMIN_FILE")"
 
 # Create unless it exists already (a restart keeps the Raft store).
 ensure() {
   local err
-  if ! err=$("$BIN/felixctl" --controlplane "$URL" "$@" 2>&1 > /dev/null); then
+  if ! err=$("$BIN/felixctl" --controlplane "$URL" --token "$ADMIN" "$@" 2>&1 > /dev/null); then
     case "$err" in *already_exists*) ;; *) echo "$err" >&2; exit 1 ;; esac
   fi
 }
@@ -58,8 +65,12 @@ ensure namespace create default
 ensure stream create events --shards 4
 ensure cache create kv --shards 4
 
+# The broker's node credential (node id 1, the broker's default), private.
+(umask 077 && "$BIN/felixctl" --controlplane "$URL" --token "$ADMIN" node enroll 1 > "$DATA/node.token")
+
 export FELIX_CONTROLPLANE_URL="$URL"
-"$BIN/felix-broker" --data-dir "$DATA" --durable-storage-dir "$DATA/durable" "$@" &
+"$BIN/felix-broker" --data-dir "$DATA" --durable-storage-dir "$DATA/durable" \
+  --controlplane-token-file "$DATA/node.token" "$@" &
 BROKER_PID=$!
 stop_all() {
   if [ -n "$BROKER_PID" ]; then kill -TERM "$BROKER_PID" 2>/dev/null || true; wait "$BROKER_PID" 2>/dev/null || true; fi
@@ -87,7 +98,7 @@ for _ in $(seq 1 300); do
 done
 if [ -f "$DATA/tls/dev-cert.pem" ]; then
   "$BIN/felixctl" context set local --url "$URL" --broker "$BROKER_ADDR" \
-    --ca "$(cd "$DATA" && pwd)/tls/dev-cert.pem" > /dev/null ||
+    --ca "$(cd "$DATA" && pwd)/tls/dev-cert.pem" --token "$ADMIN" > /dev/null ||
     echo "run.sh: could not write felixctl's context (felixctl will look for ./felix-data/tls)" >&2
 fi
 

@@ -5,6 +5,11 @@
 # free loopback port per store (memory, then single-member raft in a temp dir). Bounded by
 # --max-time per store. The venv is cached outside the clone.
 #
+# Auth is on (the control plane's default): each store is run with the admin token it wrote,
+# then without a token, where every operation but health and the document must answer 401
+# (checked for each operation of the document, and by a shorter Schemathesis pass whose
+# answers must still conform to the document).
+#
 #   scripts/schemathesis.sh                 # both stores, 60 s each
 #   ST_MAX_TIME=20 scripts/schemathesis.sh
 set -euo pipefail
@@ -33,7 +38,7 @@ cleanup() {
 trap cleanup EXIT
 
 run_store() {
-  local name="$1"; shift
+  local name="$1" tokfile="$2"; shift 2
   : >"$WORK/out"
   FELIX_LOG=error "$BIN" --listen 127.0.0.1:0 --max-wait-ms 200 --write-timeout-ms 2000 "$@" >"$WORK/out" &
   PID=$!
@@ -48,19 +53,53 @@ run_store() {
     curl -fsS "http://$addr/readyz" >/dev/null 2>&1 && break
     sleep 0.05
   done
-  echo "== schemathesis against the $name store at $addr (max ${MAX_TIME}s)"
+  for _ in $(seq 1 200); do [ -s "$tokfile" ] && break; sleep 0.05; done
+  [ -s "$tokfile" ] || { echo "felix-controlplane ($name) wrote no admin token at $tokfile"; exit 1; }
+  local tok; tok="$(cat "$tokfile")"
+  echo "== schemathesis against the $name store at $addr, with the admin token (max ${MAX_TIME}s)"
   # Run from the temp dir: schemathesis leaves a .schemathesis/ cache in its working dir.
   # One worker: with two, hypothesis parses lambda sources from two threads and CPython 3.11.7
   # (this machine's) intermittently dies with "SystemError: AST constructor recursion depth
   # mismatch" (python/cpython#106905) — a tool crash, not a finding.
   (cd "$WORK" && "$VENV/bin/st" run "http://$addr/v1/openapi.json" \
+    -H "Authorization: Bearer $tok" \
     --checks not_a_server_error,status_code_conformance,response_schema_conformance,content_type_conformance \
     --max-time "$MAX_TIME" --workers 1 --max-failures 20 \
+    --suppress-health-check all --warnings off)
+  echo "== without a token: every operation but health and the document answers 401"
+  python3 - "$addr" <<'PY'
+import json, sys, urllib.request, urllib.error
+addr = sys.argv[1]
+doc = json.load(urllib.request.urlopen(f"http://{addr}/v1/openapi.json"))
+public = {"/livez", "/readyz", "/v1/openapi.json"}
+bad, n = [], 0
+for path, item in doc["paths"].items():
+    for method in ("get", "post", "put", "patch", "delete"):
+        if method not in item:
+            continue
+        url = "http://" + addr + path.replace("{", "x").replace("}", "")
+        req = urllib.request.Request(url, method=method.upper(), data=b"{}" if method in ("post", "put", "patch") else None,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            code = urllib.request.urlopen(req).status
+        except urllib.error.HTTPError as e:
+            code = e.code
+        n += 1
+        want = 200 if path in public else 401
+        if code != want:
+            bad.append(f"{method.upper()} {path}: {code}, expected {want}")
+if bad:
+    print("\n".join(bad)); sys.exit(1)
+print(f"{n} operations: 401 without a token, health and the document open")
+PY
+  (cd "$WORK" && "$VENV/bin/st" run "http://$addr/v1/openapi.json" \
+    --checks not_a_server_error,status_code_conformance,response_schema_conformance,content_type_conformance \
+    --max-time "$(( (MAX_TIME + 2) / 3 ))" --workers 1 --max-failures 20 \
     --suppress-health-check all --warnings off)
   kill "$PID"; wait "$PID" 2>/dev/null || true; PID=""
 }
 
-run_store memory --store memory
+run_store memory "$WORK/admin.token" --store memory --admin-token-file "$WORK/admin.token"
 mkdir -p "$WORK/raft"
-run_store raft --store raft --raft-data-dir "$WORK/raft"
+run_store raft "$WORK/raft/admin.token" --store raft --raft-data-dir "$WORK/raft"
 echo "schemathesis: no 5xx and no conformance failure on either store"

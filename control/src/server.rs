@@ -1296,12 +1296,56 @@ pub async fn serve(
 )]
 pub struct ApiDoc;
 
-/// Declares the bearer scheme every operation but health and this document needs.
+/// Declares the bearer scheme every operation but health and this document needs, and the
+/// 401 and 403 answers every such operation may give.
 struct BearerScheme;
+
+/// Paths served without a token.
+pub const PUBLIC_PATHS: [&str; 3] = ["/livez", "/readyz", "/v1/openapi.json"];
 
 impl utoipa::Modify for BearerScheme {
     fn modify(&self, api: &mut utoipa::openapi::OpenApi) {
-        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        use utoipa::openapi::content::ContentBuilder;
+        use utoipa::openapi::security::{
+            HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme,
+        };
+        use utoipa::openapi::{Ref, ResponseBuilder};
+        let answer = |what: &str| {
+            ResponseBuilder::new()
+                .description(what)
+                .content(
+                    "application/json",
+                    ContentBuilder::new()
+                        .schema(Some(Ref::from_schema_name("ErrorBody")))
+                        .build(),
+                )
+                .build()
+        };
+        let unauth = answer("No valid bearer token: unauthenticated or token_expired");
+        let forbidden = answer("The token lacks the permission the operation needs (forbidden)");
+        for (path, item) in api.paths.paths.iter_mut() {
+            let public = PUBLIC_PATHS.contains(&path.as_str());
+            for op in [
+                &mut item.get,
+                &mut item.post,
+                &mut item.put,
+                &mut item.patch,
+                &mut item.delete,
+            ]
+            .into_iter()
+            .flatten()
+            {
+                if public {
+                    op.security = Some(vec![SecurityRequirement::default()]);
+                    continue;
+                }
+                let r = &mut op.responses.responses;
+                r.entry("401".into())
+                    .or_insert_with(|| unauth.clone().into());
+                r.entry("403".into())
+                    .or_insert_with(|| forbidden.clone().into());
+            }
+        }
         let c = api.components.get_or_insert_with(Default::default);
         c.add_security_scheme(
             "bearer",
