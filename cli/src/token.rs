@@ -67,6 +67,22 @@ pub fn parse_ttl(s: &str) -> Result<u64, Fail> {
     n.checked_mul(mult).filter(|&v| v > 0).ok_or_else(bad)
 }
 
+/// A JSON array answer: one object per line with --json, else a table of `cells` per row.
+fn print_rows(g: &Globals, v: &Value, headers: &[&str], cells: impl Fn(&Value) -> Vec<String>) {
+    let rows = v.as_array().cloned().unwrap_or_default();
+    if g.json {
+        for r in rows {
+            println!("{r}");
+        }
+        return;
+    }
+    print_table(headers, rows.iter().map(cells).collect());
+}
+
+fn text(v: &Value) -> String {
+    v.as_str().unwrap_or("").to_string()
+}
+
 fn when(v: &Value) -> String {
     v.as_u64()
         .map(|s| s.to_string())
@@ -102,34 +118,27 @@ pub async fn token(api: &Api, g: &Globals, op: &TokenOp) -> Result<(), Fail> {
                 format!("/v1/tokens?tenant={}", crate::admin::seg(&g.tenant))
             };
             let v = api.get(&path).await?;
-            let rows = v.as_array().cloned().unwrap_or_default();
-            if g.json {
-                for r in rows {
-                    println!("{r}");
-                }
-                return Ok(());
-            }
-            print_table(
+            print_rows(
+                g,
+                &v,
                 &["ID", "SUBJECT", "TENANT", "EXPIRES_AT_S", "PERMISSIONS"],
-                rows.iter()
-                    .map(|r| {
-                        vec![
-                            r["jti"].as_str().unwrap_or("").into(),
-                            r["subject"].as_str().unwrap_or("").into(),
-                            r["tenant"].as_str().unwrap_or("").into(),
-                            when(&r["expires_at_s"]),
-                            r["perms"]
-                                .as_array()
-                                .map(|p| {
-                                    p.iter()
-                                        .filter_map(|x| x.as_str())
-                                        .collect::<Vec<_>>()
-                                        .join(",")
-                                })
-                                .unwrap_or_default(),
-                        ]
-                    })
-                    .collect(),
+                |r| {
+                    vec![
+                        text(&r["jti"]),
+                        text(&r["subject"]),
+                        text(&r["tenant"]),
+                        when(&r["expires_at_s"]),
+                        r["perms"]
+                            .as_array()
+                            .map(|p| {
+                                p.iter()
+                                    .filter_map(|x| x.as_str())
+                                    .collect::<Vec<_>>()
+                                    .join(",")
+                            })
+                            .unwrap_or_default(),
+                    ]
+                },
             );
             Ok(())
         }
@@ -154,25 +163,13 @@ pub async fn key(api: &Api, g: &Globals, op: &KeyOp) -> Result<(), Fail> {
             .await?
         }
     };
-    let rows = v.as_array().cloned().unwrap_or_default();
-    if g.json {
-        for r in rows {
-            println!("{r}");
-        }
-        return Ok(());
-    }
-    print_table(
-        &["KID", "CREATED_AT_S", "RETIRED_AT_S"],
-        rows.iter()
-            .map(|r| {
-                vec![
-                    r["kid"].as_str().unwrap_or("").into(),
-                    when(&r["created_at_s"]),
-                    when(&r["retired_at_s"]),
-                ]
-            })
-            .collect(),
-    );
+    print_rows(g, &v, &["KID", "CREATED_AT_S", "RETIRED_AT_S"], |r| {
+        vec![
+            text(&r["kid"]),
+            when(&r["created_at_s"]),
+            when(&r["retired_at_s"]),
+        ]
+    });
     Ok(())
 }
 
