@@ -341,6 +341,27 @@ async fn a_token_that_expires_on_a_live_connection_is_refused_until_refreshed() 
         .unwrap();
 }
 
+/// Start broker `node_id` against `cp` with auth left to `auto` and, if given, the node
+/// credential in `token_file`.
+fn start_enrolled(
+    cp: &common::cp::ControlPlane,
+    node_id: &str,
+    token_file: Option<&std::path::Path>,
+) -> Result<Broker, String> {
+    let mut args = vec![
+        "--controlplane-url",
+        cp.url.as_str(),
+        "--node-id",
+        node_id,
+        "--auth",
+        "auto",
+    ];
+    if let Some(f) = token_file {
+        args.extend(["--controlplane-token-file", f.to_str().unwrap()]);
+    }
+    Broker::try_start_env(tempfile::tempdir().unwrap(), 1, &args, &[])
+}
+
 /// With a control plane, auth on everywhere by default: the broker presents the node
 /// credential `felixctl node enroll` printed, fetches the key set before it reports ready,
 /// and verifies the control plane's tokens; without the credential it does not start.
@@ -365,19 +386,7 @@ async fn a_broker_with_a_control_plane_verifies_its_tokens() {
     ctl(&["namespace", "create", "default"]);
     ctl(&["stream", "create", "events", "--shards", "1"]);
     // Without a node credential the broker refuses to start, saying what it needs.
-    let r = Broker::try_start_env(
-        tempfile::tempdir().unwrap(),
-        1,
-        &[
-            "--controlplane-url",
-            &cp.url,
-            "--node-id",
-            "1",
-            "--auth",
-            "auto",
-        ],
-        &[],
-    );
+    let r = start_enrolled(&cp, "1", None);
     let err = r.err().expect("no start without a node credential");
     assert!(err.contains("controlplane_token_file"), "{err}");
     // Another node's credential cannot register as node 1: the broker never becomes ready.
@@ -385,19 +394,7 @@ async fn a_broker_with_a_control_plane_verifies_its_tokens() {
     std::fs::write(dir.path().join("node2.token"), other.trim()).unwrap();
     let mine = ctl(&["node", "enroll", "1", "--ttl", "1h"]);
     std::fs::write(dir.path().join("node1.token"), mine.trim()).unwrap();
-    let b = Broker::start(
-        1,
-        &[
-            "--controlplane-url",
-            &cp.url,
-            "--node-id",
-            "1",
-            "--auth",
-            "auto",
-            "--controlplane-token-file",
-            dir.path().join("node1.token").to_str().unwrap(),
-        ],
-    );
+    let b = start_enrolled(&cp, "1", Some(&dir.path().join("node1.token"))).unwrap();
     let anon = connect(&b, None).await.unwrap();
     assert_eq!(
         code(
@@ -447,22 +444,8 @@ async fn a_broker_with_a_control_plane_verifies_its_tokens() {
             .map_err(|e| e.to_string())
     })
     .await;
-    // Node 2's credential does not register as node 1.
-    let bad = Broker::try_start_env(
-        tempfile::tempdir().unwrap(),
-        1,
-        &[
-            "--controlplane-url",
-            &cp.url,
-            "--node-id",
-            "3",
-            "--auth",
-            "auto",
-            "--controlplane-token-file",
-            dir.path().join("node2.token").to_str().unwrap(),
-        ],
-        &[],
-    );
+    // Node 2's credential does not register as node 3: the broker stops, saying why.
+    let bad = start_enrolled(&cp, "3", Some(&dir.path().join("node2.token")));
     let err = bad
         .err()
         .expect("a broker with another node's credential became ready");
