@@ -194,6 +194,9 @@ pub enum AuthError {
     /// Signed by a key this verifier does not know (a broker refetches the JWKS once).
     #[error("unauthenticated: signed by unknown key {0:?}")]
     UnknownKey(String),
+    /// Valid, but its id, subject or tenant was revoked after it was issued.
+    #[error("revoked: {0}")]
+    Revoked(String),
 }
 
 /// The PKCS#8 wrapping of an Ed25519 seed (RFC 8410): what the signer takes.
@@ -398,6 +401,7 @@ pub fn node_claims(node_id: u64, jti: &str, now_s: u64, ttl_s: u64) -> Claims {
             format!("cluster.admin:brokers/{node_id}"),
             "cluster.admin:catalog".into(),
             "cluster.admin:jwks".into(),
+            "cluster.admin:revocations".into(),
         ],
         iat: now_s,
         nbf: now_s,
@@ -405,6 +409,9 @@ pub fn node_claims(node_id: u64, jti: &str, now_s: u64, ttl_s: u64) -> Claims {
         jti: jti.into(),
     }
 }
+
+mod revocation;
+pub use revocation::{Revocation, RevocationFeed, RevocationSet, RevokeKind};
 
 #[cfg(test)]
 mod tests;

@@ -181,6 +181,10 @@ pub struct Config {
     /// refuses until tokens expire.
     #[arg(long, env = "FELIX_AUTH_TOKENS_MAX", default_value_t = 10_000)]
     pub auth_tokens_max: usize,
+    /// Revocations in force at once (each is kept until every token it covers has expired);
+    /// past it, revoking refuses. Rotating the signing key retires many tokens at once.
+    #[arg(long, env = "FELIX_AUTH_REVOCATIONS_MAX", default_value_t = 10_000)]
+    pub auth_revocations_max: usize,
     /// Serve `/metrics` without a token (for a scraper on a trusted network). Default: it
     /// needs a token with `cluster.admin` on `metrics`.
     #[arg(long, env = "FELIX_METRICS_PUBLIC", default_value_t = false)]
@@ -250,6 +254,7 @@ file_layer! {
         admin_token_ttl_s: u64,
         token_ttl_max_s: u64,
         auth_tokens_max: usize,
+        auth_revocations_max: usize,
         metrics_public: bool,
     }
     opt {
@@ -302,9 +307,13 @@ impl Config {
         if self.auth == AuthSwitch::On && self.admin_token_path().is_none() {
             return Err("auth is on but there is nowhere to write the admin token: set --admin-token-file (or --raft-data-dir), or --auth off".into());
         }
-        if self.auth_tokens_max == 0 || self.token_ttl_max_s == 0 || self.admin_token_ttl_s == 0 {
+        if self.auth_tokens_max == 0
+            || self.auth_revocations_max == 0
+            || self.token_ttl_max_s == 0
+            || self.admin_token_ttl_s == 0
+        {
             return Err(
-                "auth_tokens_max, token_ttl_max_s and admin_token_ttl_s must be above 0".into(),
+                "auth_tokens_max, auth_revocations_max, token_ttl_max_s and admin_token_ttl_s must be above 0".into(),
             );
         }
         Ok(())

@@ -21,7 +21,7 @@ use utoipa::{IntoParams, OpenApi};
 
 pub mod rest_auth;
 use crate::catalog::auth_state::TokenRecord;
-use rest_auth::{Caller, CreateToken, IssuedToken, KeyInfo, NodeTokenRequest};
+use rest_auth::{Caller, CreateToken, IssuedToken, KeyInfo, NodeTokenRequest, RevokeRequest};
 
 // ------------------------------------------------------------------ errors and extractors
 
@@ -267,6 +267,8 @@ pub fn router(st: Arc<AppState>) -> Router {
             "/v1/tokens",
             get(rest_auth::list_tokens).post(rest_auth::create_token),
         )
+        .route("/v1/tokens/revoke", post(rest_auth::revoke))
+        .route("/v1/auth/revocations", get(rest_auth::revocations))
         .route("/v1/nodes/{node_id}/token", post(rest_auth::node_token))
         .route("/v1/auth/jwks", get(rest_auth::jwks))
         .route(
@@ -846,7 +848,21 @@ async fn changes(
     State(st): State<Arc<AppState>>,
     Query(q): Query<ChangesQuery>,
 ) -> Res<Json<ChangesPage>> {
-    let wait = q.wait_ms.unwrap_or(0);
+    let wait = check_wait_ms(&st, q.wait_ms)?;
+    let max = st.cfg.changes_page_max.max(1);
+    let limit = match q.limit {
+        None => max,
+        Some(0) => return Err(ApiError::invalid("limit must be at least 1").into()),
+        Some(l) => (l as usize).min(max),
+    };
+    // A `since` this member has not reached yet waits too.
+    long_poll(&st, wait, || st.read(|c| c.revision()) > q.since).await;
+    Ok(Json(st.read(|c| c.changes_since(q.since, limit))?))
+}
+
+/// `wait_ms` of a long poll, refused past the server's `max_wait_ms`.
+pub(crate) fn check_wait_ms(st: &AppState, wait_ms: Option<u64>) -> Res<u64> {
+    let wait = wait_ms.unwrap_or(0);
     if wait > st.cfg.max_wait_ms {
         return Err(ApiError::invalid(format!(
             "wait_ms must be at most {}, got {wait}",
@@ -854,31 +870,31 @@ async fn changes(
         ))
         .into());
     }
-    let max = st.cfg.changes_page_max.max(1);
-    let limit = match q.limit {
-        None => max,
-        Some(0) => return Err(ApiError::invalid("limit must be at least 1").into()),
-        Some(l) => (l as usize).min(max),
-    };
-    let deadline = tokio::time::Instant::now() + Duration::from_millis(wait);
+    Ok(wait)
+}
+
+/// Wait until `ready()` (checked at every applied change), `wait_ms` passes, or the server
+/// drains (a shutdown never waits out a poll).
+pub(crate) async fn long_poll(st: &AppState, wait_ms: u64, mut ready: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
     let mut rx = st.store.shared().watch();
     let mut drain = st.draining.subscribe();
     loop {
         rx.borrow_and_update();
-        let (rev, page) = st.read(|c| (c.revision(), c.changes_since(q.since, limit)));
-        // Nothing new (or a `since` this member has not reached yet): wait for a change,
-        // unless the server is draining (then answer now: a shutdown never waits out a poll).
-        if q.since >= rev && !*drain.borrow_and_update() {
-            let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let changed = tokio::select! {
-                r = tokio::time::timeout(remaining, rx.changed()) => r.is_ok_and(|r| r.is_ok()),
-                _ = drain.changed() => false,
-            };
-            if !remaining.is_zero() && changed {
-                continue;
-            }
+        if ready() || *drain.borrow_and_update() {
+            return;
         }
-        return Ok(Json(page?));
+        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if remaining.is_zero() {
+            return;
+        }
+        let changed = tokio::select! {
+            r = tokio::time::timeout(remaining, rx.changed()) => r.is_ok_and(|r| r.is_ok()),
+            _ = drain.changed() => false,
+        };
+        if !changed {
+            return;
+        }
     }
 }
 
@@ -1247,6 +1263,8 @@ pub async fn serve(
         cluster,
         rest_auth::create_token,
         rest_auth::list_tokens,
+        rest_auth::revoke,
+        rest_auth::revocations,
         rest_auth::node_token,
         rest_auth::jwks,
         rest_auth::list_keys,
@@ -1288,6 +1306,10 @@ pub async fn serve(
         TokenRecord,
         NodeTokenRequest,
         KeyInfo,
+        RevokeRequest,
+        crate::auth::Revocation,
+        crate::auth::RevocationFeed,
+        crate::auth::RevokeKind,
         crate::auth::Jwks,
         crate::auth::Jwk,
     )),

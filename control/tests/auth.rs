@@ -338,3 +338,127 @@ async fn the_bootstrap_happens_once_and_survives_a_restart() {
     let (st, b) = as_(&again, "GET", &s.url("/v1/tenants/t"), None).await;
     assert_eq!(st, 200, "{b}");
 }
+
+#[tokio::test]
+async fn a_revocation_refuses_what_it_names_at_once_and_the_feed_long_polls_for_it() {
+    let a = start_memory();
+    let admin = a.admin.clone();
+    for name in ["acme", "other"] {
+        let (st, b) = as_(
+            &admin,
+            "POST",
+            &a.s.url("/v1/tenants"),
+            Some(json!({"name": name})),
+        )
+        .await;
+        assert_eq!(st, 201, "{b}");
+    }
+    let mut tok = std::collections::HashMap::new();
+    for (who, subject, tenant) in [
+        ("lead", "lead", "acme"),
+        ("t1", "app1", "acme"),
+        ("t2", "app2", "acme"),
+        ("o1", "app1", "other"),
+    ] {
+        let (st, b) = mint(
+            &a,
+            &admin,
+            json!({"subject": subject, "tenant": tenant, "perms": ["manage:*"]}),
+        )
+        .await;
+        assert_eq!(st, 200, "{b}");
+        let t = b["token"].as_str().unwrap().to_string();
+        tok.insert(who, (t, b["record"]["jti"].as_str().unwrap().to_string()));
+    }
+    let feed = a.s.url("/v1/auth/revocations");
+    let (st, b) = as_(&admin, "GET", &format!("{feed}?since=0"), None).await;
+    assert_eq!(
+        (st, &b["revision"], &b["revocations"]),
+        (200, &json!(0), &json!([])),
+        "{b}"
+    );
+    let (st, b) = as_(&tok["lead"].0, "GET", &feed, None).await;
+    assert_eq!(
+        (st, code(&b)),
+        (403, "forbidden"),
+        "the feed is cluster scope: {b}"
+    );
+    let poll = {
+        let (admin, feed) = (admin.clone(), feed.clone());
+        tokio::spawn(async move {
+            as_(&admin, "GET", &format!("{feed}?since=0&wait_ms=4000"), None).await
+        })
+    };
+
+    // The tenant's manager revokes one of its tokens; nothing else.
+    let revoke = a.s.url("/v1/tokens/revoke");
+    let (st, b) = as_(
+        &tok["lead"].0,
+        "POST",
+        &revoke,
+        Some(json!({"jti": tok["t1"].1})),
+    )
+    .await;
+    assert_eq!((st, &b["kind"]), (200, &json!("jti")), "{b}");
+    let (st, b) = tokio::time::timeout(std::time::Duration::from_secs(10), poll)
+        .await
+        .expect("the long poll answers on the revocation")
+        .unwrap();
+    assert_eq!((st, &b["revision"]), (200, &json!(1)), "{b}");
+    assert_eq!(b["revocations"][0]["value"], json!(tok["t1"].1));
+    let acme = a.s.url("/v1/tenants/acme");
+    let (st, b) = as_(&tok["t1"].0, "GET", &acme, None).await;
+    assert_eq!((st, code(&b)), (401, "revoked"), "{b}");
+    let (st, b) = as_(&tok["t2"].0, "GET", &acme, None).await;
+    assert_eq!(st, 200, "another token of the tenant still works: {b}");
+
+    // What a tenant's manager may not revoke, and what nobody may.
+    for body in [
+        json!({"jti": tok["o1"].1}),
+        json!({"subject": "app2"}),
+        json!({"tenant": "acme"}),
+    ] {
+        let (st, b) = as_(&tok["lead"].0, "POST", &revoke, Some(body.clone())).await;
+        assert_eq!((st, code(&b)), (403, "forbidden"), "{body}: {b}");
+    }
+    for body in [
+        json!({"subject": "admin"}),
+        json!({"tenant": "*"}),
+        json!({"jti": "a", "subject": "b"}),
+        json!({}),
+        json!({"subject": ""}),
+    ] {
+        let (st, b) = as_(&admin, "POST", &revoke, Some(body.clone())).await;
+        assert_eq!((st, code(&b)), (400, "invalid_request"), "{body}: {b}");
+    }
+
+    // A subject across tenants, then a whole tenant; a token minted afterwards verifies.
+    let (st, b) = as_(&admin, "POST", &revoke, Some(json!({"subject": "app1"}))).await;
+    assert_eq!(st, 200, "{b}");
+    let (st, b) = as_(&tok["o1"].0, "GET", &a.s.url("/v1/tenants/other"), None).await;
+    assert_eq!((st, code(&b)), (401, "revoked"), "{b}");
+    let (st, b) = as_(&admin, "POST", &revoke, Some(json!({"tenant": "acme"}))).await;
+    assert_eq!(st, 200, "{b}");
+    for who in ["lead", "t2"] {
+        let (st, b) = as_(&tok[who].0, "GET", &acme, None).await;
+        assert_eq!((st, code(&b)), (401, "revoked"), "{who}: {b}");
+    }
+    let (st, b) = mint(
+        &a,
+        &admin,
+        json!({"subject": "app1", "tenant": "acme", "perms": ["manage:*"]}),
+    )
+    .await;
+    assert_eq!(st, 200, "{b}");
+    let fresh = b["token"].as_str().unwrap();
+    let (st, b) = as_(fresh, "GET", &acme, None).await;
+    assert_eq!(
+        st, 200,
+        "minted after the revocations, in the same second or not: {b}"
+    );
+    let (st, b) = as_(&admin, "GET", &format!("{feed}?since=1&wait_ms=0"), None).await;
+    assert_eq!((st, &b["revision"]), (200, &json!(3)), "{b}");
+    assert_eq!(b["revocations"].as_array().unwrap().len(), 3);
+    let (st, b) = as_(&admin, "GET", &format!("{feed}?wait_ms=99999999"), None).await;
+    assert_eq!((st, code(&b)), (400, "invalid_request"), "{b}");
+}

@@ -10,7 +10,7 @@
 //! the catalog there, and a token issued is not a catalog change.
 
 use crate::api::ApiError;
-use crate::auth::{Jwk, Jwks, SigningKey};
+use crate::auth::{Jwk, Jwks, Revocation, RevocationFeed, RevocationSet, SigningKey};
 use felix_quic::wire::ErrorCode;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
@@ -66,7 +66,8 @@ pub struct TokenRecord {
     pub expires_at_s: u64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(from = "AuthStateImage")]
 pub struct AuthState {
     #[serde(default)]
     pub keys: Vec<KeyRecord>,
@@ -74,6 +75,55 @@ pub struct AuthState {
     pub admin: Option<AdminRecord>,
     #[serde(default)]
     pub tokens: VecDeque<TokenRecord>,
+    /// The revocations in force (the feed brokers follow).
+    #[serde(default)]
+    pub revocations: Vec<Revocation>,
+    /// Goes up by one with every revocation recorded.
+    #[serde(default)]
+    pub revocation_revision: u64,
+    /// `revocations` indexed for the check on every REST call, rebuilt at each change.
+    #[serde(skip)]
+    revoked: RevocationSet,
+}
+
+impl PartialEq for AuthState {
+    fn eq(&self, o: &Self) -> bool {
+        // `revoked` is derived from `revocations`.
+        self.keys == o.keys
+            && self.admin == o.admin
+            && self.tokens == o.tokens
+            && self.revocations == o.revocations
+            && self.revocation_revision == o.revocation_revision
+    }
+}
+impl Eq for AuthState {}
+
+/// What a snapshot holds; [`AuthState`] is built from it with its index.
+#[derive(Deserialize)]
+struct AuthStateImage {
+    #[serde(default)]
+    keys: Vec<KeyRecord>,
+    #[serde(default)]
+    admin: Option<AdminRecord>,
+    #[serde(default)]
+    tokens: VecDeque<TokenRecord>,
+    #[serde(default)]
+    revocations: Vec<Revocation>,
+    #[serde(default)]
+    revocation_revision: u64,
+}
+
+impl From<AuthStateImage> for AuthState {
+    fn from(i: AuthStateImage) -> AuthState {
+        AuthState {
+            revoked: RevocationSet::new(&i.revocations),
+            keys: i.keys,
+            admin: i.admin,
+            tokens: i.tokens,
+            revocations: i.revocations,
+            revocation_revision: i.revocation_revision,
+        }
+    }
 }
 
 /// A write to the auth state.
@@ -103,6 +153,12 @@ pub enum AuthCommand {
     },
     /// Remove a retired key: tokens it signed stop verifying.
     RemoveKey { kid: String },
+    /// Revoke a token, a subject or a tenant. Revocations past their `until_s` are dropped
+    /// first; a list still full of live ones refuses.
+    Revoke {
+        revocation: Revocation,
+        revocations_max: usize,
+    },
 }
 
 /// Parse 64 hex digits into a seed.
@@ -145,6 +201,62 @@ impl AuthState {
                 .map(|k| k.signing_key().jwk())
                 .collect::<Vec<Jwk>>(),
         }
+    }
+
+    /// Why `p` is revoked, if it is.
+    pub fn revoked(&self, p: &crate::auth::Principal) -> Option<String> {
+        self.revoked.revoked(p)
+    }
+
+    /// When `value` was last revoked as a `kind`, if it is revoked.
+    pub fn revoked_at(&self, kind: crate::auth::RevokeKind, value: &str) -> Option<u64> {
+        self.revocations
+            .iter()
+            .filter(|r| r.kind == kind && r.value == value)
+            .map(|r| r.at_s)
+            .max()
+    }
+
+    /// The feed's answer: every revocation in force.
+    pub fn revocation_feed(&self) -> RevocationFeed {
+        RevocationFeed {
+            revision: self.revocation_revision,
+            revocations: self.revocations.clone(),
+        }
+    }
+
+    fn revoke(&mut self, r: &Revocation, revocations_max: usize) -> Result<(), ApiError> {
+        if r.value.is_empty() || r.until_s < r.at_s {
+            return Err(invalid("revoke: a value, and until_s at or after at_s"));
+        }
+        let now = r.at_s;
+        let same = |x: &Revocation| x.kind == r.kind && x.value == r.value;
+        let live = self
+            .revocations
+            .iter()
+            .filter(|x| x.until_s > now && !same(x))
+            .count();
+        // Count before pruning: a refusal changes nothing.
+        if live >= revocations_max {
+            return Err(ApiError::new(
+                ErrorCode::Conflict,
+                format!(
+                    "{revocations_max} revocations are in force (auth_revocations_max); rotate the signing key to retire many tokens at once"
+                ),
+            ));
+        }
+        // Revoked again: the later time holds (members' clocks may differ a little).
+        let mut r = r.clone();
+        for old in self.revocations.iter().filter(|x| same(x)) {
+            r.at_s = r.at_s.max(old.at_s);
+            r.until_s = r.until_s.max(old.until_s);
+        }
+        self.revocations.retain(|x| x.until_s > now && !same(x));
+        self.revocations.push(r);
+        self.revocation_revision += 1;
+        self.revoked = RevocationSet::new(&self.revocations);
+        debug_assert!(self.revocations.len() <= revocations_max);
+        Ok(())
     }
 
     /// A short-lived credential member `node_id` attaches to a write it forwards to the
@@ -266,6 +378,10 @@ impl AuthState {
                 self.keys.retain(|k| &k.kid != kid);
                 Ok(())
             }
+            AuthCommand::Revoke {
+                revocation,
+                revocations_max,
+            } => self.revoke(revocation, *revocations_max),
         }
     }
 }
@@ -350,6 +466,54 @@ mod tests {
         };
         a.apply(&later).unwrap();
         assert_eq!(a.tokens.len(), 1, "the expired ones made room");
+    }
+
+    #[test]
+    fn revocations_are_bounded_merge_per_target_and_expire() {
+        use crate::auth::{Principal, RevokeKind};
+        let mut a = AuthState::default();
+        let rev = |kind, value: &str, at_s, until_s| AuthCommand::Revoke {
+            revocation: Revocation {
+                kind,
+                value: value.into(),
+                at_s,
+                until_s,
+            },
+            revocations_max: 2,
+        };
+        let alice = |iat| Principal {
+            subject: "alice".into(),
+            tenant: "t".into(),
+            perms: vec![],
+            issued_at_s: iat,
+            expires_at_s: iat + 10,
+            jti: "j".into(),
+        };
+        a.apply(&rev(RevokeKind::Subject, "alice", 100, 200))
+            .unwrap();
+        assert!(a.revoked(&alice(100)).is_some());
+        assert!(a.revoked(&alice(101)).is_none());
+        assert_eq!(a.revocation_revision, 1);
+        // Again with an earlier clock: the later time holds, still one entry.
+        a.apply(&rev(RevokeKind::Subject, "alice", 90, 190))
+            .unwrap();
+        assert_eq!(a.revocations.len(), 1);
+        assert_eq!(a.revocations[0].at_s, 100);
+        a.apply(&rev(RevokeKind::Tenant, "t2", 110, 150)).unwrap();
+        let before = a.clone();
+        let full = a.apply(&rev(RevokeKind::Jti, "x", 120, 130));
+        assert_eq!(full.unwrap_err().code, ErrorCode::Conflict);
+        assert_eq!(a, before, "a refusal changes nothing");
+        // Past t2's until_s it makes room.
+        a.apply(&rev(RevokeKind::Jti, "x", 160, 170)).unwrap();
+        assert_eq!(a.revocations.len(), 2);
+        assert_eq!(a.revocation_feed().revision, 4);
+        // The index survives a snapshot round trip.
+        let back: AuthState = serde_json::from_str(&serde_json::to_string(&a).unwrap()).unwrap();
+        assert_eq!(back, a);
+        assert!(back.revoked(&alice(100)).is_some());
+        let bad = rev(RevokeKind::Jti, "", 1, 2);
+        assert_eq!(a.apply(&bad).unwrap_err().code, ErrorCode::InvalidRequest);
     }
 
     #[test]

@@ -4,15 +4,16 @@
 //!
 //! Resources of the `cluster.admin` action name what they guard: `tenants`, `catalog` (the
 //! catalog, its changes feed, the broker list, the cluster status), `brokers/N` (register and
-//! heartbeat as broker N, and its node token), `tokens`, `keys`, `jwks`, `metrics` and
+//! heartbeat as broker N, and its node token), `tokens`, `keys`, `jwks`, `revocations` (the
+//! revocation feed), `metrics` and
 //! `internal` (writes forwarded between members). `manage` resources are `*` for the tenant
 //! itself and its namespaces, `NS/` for a namespace and its collections, `NS/NAME` for a
 //! stream or cache.
 
 use super::*;
 use crate::auth::{
-    admin_claims, node_claims, Action, AuthError, Claims, Jwks, Permission, Principal, Verifier,
-    ANY_TENANT, ISSUER,
+    admin_claims, node_claims, Action, AuthError, Claims, Jwks, Permission, Principal, Revocation,
+    RevocationFeed, RevokeKind, Verifier, ANY_TENANT, ISSUER,
 };
 use crate::catalog::auth_state::{hex_of_seed, AuthCommand, AuthState, TokenRecord};
 use crate::config::AuthSwitch;
@@ -74,7 +75,8 @@ pub fn need(method: &Method, path: &str, metrics_public: bool) -> Need {
         ["v1", "brokers", _] => cluster("catalog"),
         ["v1", "brokers", id, "heartbeat"] => cluster(format!("brokers/{id}")),
         ["v1", "nodes", id, "token"] => cluster(format!("brokers/{id}")),
-        ["v1", "tokens"] => Need::InHandler,
+        ["v1", "tokens"] | ["v1", "tokens", "revoke"] => Need::InHandler,
+        ["v1", "auth", "revocations"] => cluster("revocations"),
         ["v1", "auth", "jwks"] => cluster("jwks"),
         ["v1", "auth", "keys"] | ["v1", "auth", "keys", _] => cluster("keys"),
         ["internal", "v1", "write"] => cluster("internal"),
@@ -120,6 +122,7 @@ pub fn now_s() -> u64 {
 fn refused(e: AuthError) -> Refusal {
     let code = match e {
         AuthError::Expired(_) => ErrorCode::TokenExpired,
+        AuthError::Revoked(_) => ErrorCode::Revoked,
         AuthError::Unauthenticated(_) | AuthError::UnknownKey(_) => ErrorCode::Unauthenticated,
     };
     ApiError::new(code, e.to_string()).into()
@@ -180,6 +183,9 @@ impl AppState {
     fn authenticate(&self, headers: &HeaderMap) -> Res<Caller> {
         let token = bearer(headers)?;
         let p = self.verifier()?.verify(token, now_s()).map_err(refused)?;
+        if let Some(why) = self.read(|c| c.auth().revoked(&p)) {
+            return Err(refused(AuthError::Revoked(why)));
+        }
         Ok(Caller {
             principal: Arc::new(p),
             token: token.into(),
@@ -261,7 +267,7 @@ pub fn admin_token(a: &AuthState) -> Option<String> {
     let k = a.keys.iter().find(|k| k.kid == r.kid)?;
     Some(
         k.signing_key()
-            .issue(&admin_claims("admin", &r.jti, r.issued_at_s, r.ttl_s)),
+            .issue(&admin_claims(ADMIN_SUBJECT, &r.jti, r.issued_at_s, r.ttl_s)),
     )
 }
 
@@ -411,8 +417,23 @@ fn check_grant(caller: &Option<Extension<Caller>>, tenant: &str, perms: &[Permis
 }
 
 /// Record a token in the register, then sign it.
-async fn issue(st: &AppState, claims: Claims) -> Res<IssuedToken> {
+async fn issue(st: &AppState, mut claims: Claims) -> Res<IssuedToken> {
     let key = st.signer()?;
+    // A revocation covers tokens issued in its second too (`iat` is whole seconds), so a token
+    // minted for a target revoked this very second is dated the second after.
+    let revoked_at_s = st.read(|c| {
+        let a = c.auth();
+        [
+            a.revoked_at(RevokeKind::Subject, &claims.sub),
+            a.revoked_at(RevokeKind::Tenant, &claims.tenant),
+        ]
+        .into_iter()
+        .flatten()
+        .max()
+    });
+    if let Some(at_s) = revoked_at_s {
+        claims.iat = claims.iat.max(at_s + 1);
+    }
     let record = TokenRecord {
         jti: claims.jti.clone(),
         subject: claims.sub.clone(),
@@ -492,6 +513,135 @@ pub(super) async fn list_tokens(
             .cloned()
             .collect()
     })))
+}
+
+/// What to revoke: exactly one of the three.
+#[derive(Debug, Default, Deserialize, Serialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RevokeRequest {
+    /// One token, by its id (`token ls` lists them). Its tenant's `manage` suffices.
+    #[serde(default)]
+    pub jti: Option<String>,
+    /// Every token of a subject issued until now (needs `cluster.admin` on `tokens`).
+    #[serde(default)]
+    pub subject: Option<String>,
+    /// Every token of a tenant issued until now (needs `cluster.admin` on `tokens`).
+    #[serde(default)]
+    pub tenant: Option<String>,
+}
+
+/// The subject of the bootstrap admin token.
+const ADMIN_SUBJECT: &str = "admin";
+
+/// Revoke a token, a subject or a tenant: every token of it issued until now is refused, on
+/// REST at once and on brokers within their feed's round trip (`revoked`), and their open
+/// subscriptions and watches end. Tokens minted afterwards verify.
+#[utoipa::path(post, path = "/v1/tokens/revoke", tag = "auth", request_body = RevokeRequest,
+    responses((status = 200, body = Revocation), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+              (status = 403, body = ErrorBody), (status = 409, body = ErrorBody), (status = 503, body = ErrorBody)))]
+pub(super) async fn revoke(
+    State(st): State<Arc<AppState>>,
+    caller: Option<Extension<Caller>>,
+    Json(req): Json<RevokeRequest>,
+) -> Res<Json<Revocation>> {
+    st.signer()?;
+    let (kind, value) = match (req.jti, req.subject, req.tenant) {
+        (Some(v), None, None) => (RevokeKind::Jti, v),
+        (None, Some(v), None) => (RevokeKind::Subject, v),
+        (None, None, Some(v)) => (RevokeKind::Tenant, v),
+        _ => return Err(invalid("name exactly one of jti, subject, tenant")),
+    };
+    if value.is_empty() || value.len() > SUBJECT_BYTES_MAX || value.chars().any(char::is_control) {
+        return Err(invalid(format!(
+            "{}: 1..={SUBJECT_BYTES_MAX} bytes without control characters",
+            kind.name()
+        )));
+    }
+    let (admin_jti, record) = st.read(|c| {
+        let a = c.auth();
+        (
+            a.admin.as_ref().map(|r| r.jti.clone()),
+            a.tokens.iter().find(|t| t.jti == value).cloned(),
+        )
+    });
+    // A token of one tenant may be revoked by that tenant's manager; the rest needs cluster
+    // scope (a subject or token id alone does not say which tenant it belongs to).
+    match (&kind, &record) {
+        (RevokeKind::Jti, Some(r)) if r.tenant != ANY_TENANT => {
+            permit(&caller, Action::Manage, &r.tenant, "*")?
+        }
+        _ => permit(&caller, Action::ClusterAdmin, ANY_TENANT, "tokens")?,
+    }
+    let locks_out_admin = match kind {
+        RevokeKind::Jti => admin_jti.as_deref() == Some(value.as_str()),
+        RevokeKind::Subject => value == ADMIN_SUBJECT,
+        RevokeKind::Tenant => value == ANY_TENANT,
+    };
+    if locks_out_admin {
+        return Err(invalid(format!(
+            "revoking {} {value:?} would revoke the bootstrap admin token, the way back in; rotate the signing key and remove the old one to retire every token instead",
+            kind.name()
+        )));
+    }
+    let now = now_s();
+    // Kept until no token it covers can be unexpired: a registered token's own expiry, else
+    // the longest lifetime this control plane grants.
+    let longest_s = st.cfg.token_ttl_max_s.max(st.cfg.admin_token_ttl_s);
+    let until_s = match (&kind, &record) {
+        (RevokeKind::Jti, Some(r)) => r.expires_at_s.max(now),
+        _ => now.saturating_add(longest_s),
+    };
+    st.write(Command::Auth {
+        cmd: AuthCommand::Revoke {
+            revocation: Revocation {
+                kind,
+                value: value.clone(),
+                at_s: now,
+                until_s,
+            },
+            revocations_max: st.cfg.auth_revocations_max,
+        },
+    })
+    .await?;
+    let stored = st.read(|c| {
+        c.auth()
+            .revocations
+            .iter()
+            .find(|r| r.kind == kind && r.value == value)
+            .cloned()
+    });
+    stored
+        .map(Json)
+        .ok_or_else(|| ApiError::new(ErrorCode::Internal, "the revocation was not kept").into())
+}
+
+/// Query of `GET /v1/auth/revocations`.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct RevocationQuery {
+    /// The revision the caller holds; the answer waits for a newer one (up to `wait_ms`).
+    #[serde(default)]
+    pub since: u64,
+    /// Wait up to this long for a revocation when none is newer (0 = answer at once). At most
+    /// the server's `max_wait_ms`.
+    pub wait_ms: Option<u64>,
+}
+
+/// Every revocation in force (the whole list, bounded by `auth_revocations_max`), long-polled:
+/// brokers follow it with their node credential.
+#[utoipa::path(get, path = "/v1/auth/revocations", tag = "auth", params(RevocationQuery),
+    responses((status = 200, body = RevocationFeed), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+              (status = 403, body = ErrorBody)))]
+pub(super) async fn revocations(
+    State(st): State<Arc<AppState>>,
+    Query(q): Query<RevocationQuery>,
+) -> Res<Json<RevocationFeed>> {
+    let wait = check_wait_ms(&st, q.wait_ms)?;
+    long_poll(&st, wait, || {
+        st.read(|c| c.auth().revocation_revision) != q.since
+    })
+    .await;
+    Ok(Json(st.read(|c| c.auth().revocation_feed())))
 }
 
 /// Issue broker `node_id`'s node credential: register and heartbeat as that broker, read the
@@ -643,6 +793,12 @@ mod tests {
             (&p, "/v1/tokens".into(), Need::InHandler),
             (&g, "/v1/tokens".into(), Need::InHandler),
             (&g, "/v1/auth/jwks".into(), allow(C, "*", "jwks")),
+            (&p, "/v1/tokens/revoke".into(), Need::InHandler),
+            (
+                &g,
+                "/v1/auth/revocations".into(),
+                allow(C, "*", "revocations"),
+            ),
             (&p, "/v1/auth/keys".into(), allow(C, "*", "keys")),
             (&d, "/v1/auth/keys/k1".into(), allow(C, "*", "keys")),
             (&p, "/internal/v1/write".into(), allow(C, "*", "internal")),

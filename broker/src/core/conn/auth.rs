@@ -20,6 +20,7 @@ fn now_s() -> u64 {
 fn refusal_of(e: AuthError) -> (ErrorCode, String) {
     match e {
         AuthError::Expired(m) => (ErrorCode::TokenExpired, m),
+        AuthError::Revoked(m) => (ErrorCode::Revoked, m),
         other => (ErrorCode::Unauthenticated, other.to_string()),
     }
 }
