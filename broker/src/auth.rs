@@ -16,13 +16,14 @@ use crate::config::Config;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use felix_control::auth::{
-    admin_claims, AuthError, Claims, Jwks, Permission, Principal, SigningKey, Verifier, ISSUER,
+    admin_claims, AuthError, Claims, Jwks, Permission, Principal, RevocationFeed, RevocationSet,
+    SigningKey, Verifier, ISSUER,
 };
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::sync::RwLock;
 
@@ -115,6 +116,16 @@ pub struct AuthKeys {
     loaded: AtomicBool,
     /// A token named an unknown key: the control link fetches the key set now.
     refetch: AtomicBool,
+    /// The revocations the control plane's feed last answered (empty standalone).
+    revoked: RwLock<Arc<RevocationSet>>,
+    /// The feed's revision held; the cores re-check their connections when it moves.
+    revocation_revision: AtomicU64,
+    /// Unix ms of the feed's last answer (0: never; standalone brokers have no feed).
+    revocations_synced_ms: AtomicU64,
+    /// Polls of the feed that failed.
+    revocation_feed_failures: AtomicU64,
+    /// Unix ms since when the feed has not answered (0 while it answers).
+    revocation_feed_lost_ms: AtomicU64,
 }
 
 impl AuthKeys {
@@ -123,6 +134,11 @@ impl AuthKeys {
             verifier: RwLock::new(Arc::new(Verifier::new(jwks)?)),
             loaded: AtomicBool::new(!jwks.keys.is_empty()),
             refetch: AtomicBool::new(false),
+            revoked: RwLock::new(Arc::new(RevocationSet::default())),
+            revocation_revision: AtomicU64::new(0),
+            revocations_synced_ms: AtomicU64::new(0),
+            revocation_feed_failures: AtomicU64::new(0),
+            revocation_feed_lost_ms: AtomicU64::new(0),
         })
     }
 
@@ -138,7 +154,91 @@ impl AuthKeys {
         if matches!(r, Err(AuthError::UnknownKey(_))) {
             self.refetch.store(true, Ordering::Release);
         }
-        r
+        let p = r?;
+        match self.revoked(&p) {
+            Some(why) => Err(AuthError::Revoked(why)),
+            None => Ok(p),
+        }
+    }
+
+    /// Why `p` is revoked, by the revocations held, if it is.
+    pub fn revoked(&self, p: &Principal) -> Option<String> {
+        self.revoked
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .revoked(p)
+    }
+
+    /// Install what the revocation feed answered (the whole list replaces the one held).
+    pub fn set_revocations(&self, feed: &RevocationFeed, now_ms: u64) {
+        let set = Arc::new(RevocationSet::new(&feed.revocations));
+        *self.revoked.write().unwrap_or_else(|e| e.into_inner()) = set;
+        // Stored after the set, so a core that sees the new revision checks the new set.
+        self.revocation_revision
+            .store(feed.revision, Ordering::Release);
+        self.revocations_synced_ms
+            .store(now_ms.max(1), Ordering::Release);
+        self.revocation_feed_lost_ms.store(0, Ordering::Release);
+    }
+
+    /// The revision of the revocations held (the feed's; 0 before any).
+    pub fn revocation_revision(&self) -> u64 {
+        self.revocation_revision.load(Ordering::Acquire)
+    }
+
+    /// A poll of the feed failed (the revocations held stay in force, and tokens that verify
+    /// are accepted: fail open). True when this starts an outage.
+    pub fn revocation_feed_failed(&self, now_ms: u64) -> bool {
+        self.revocation_feed_failures
+            .fetch_add(1, Ordering::Relaxed);
+        self.revocation_feed_lost_ms
+            .compare_exchange(0, now_ms.max(1), Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// For `/readyz`: how long the feed has not answered, if it has not.
+    pub fn revocation_feed_lost(&self, now_ms: u64) -> Option<String> {
+        let since = self.revocation_feed_lost_ms.load(Ordering::Acquire);
+        (since != 0).then(|| {
+            format!(
+                "revocation feed unreachable for {} s: revocations held stay in force and verified tokens are accepted (fail open)",
+                now_ms.saturating_sub(since) / 1000
+            )
+        })
+    }
+
+    /// Unix ms of the feed's last answer, 0 if none.
+    pub fn revocations_synced_ms(&self) -> u64 {
+        self.revocations_synced_ms.load(Ordering::Acquire)
+    }
+
+    /// The auth gauges and counters, as Prometheus text.
+    pub fn render(&self, out: &mut String) {
+        let held = self.revoked.read().unwrap_or_else(|e| e.into_inner()).len();
+        for (name, kind, help, v) in [
+            (
+                "felix_auth_revocations",
+                "gauge",
+                "revocations this broker holds (tokens, subjects, tenants)",
+                held as u64,
+            ),
+            (
+                "felix_auth_revocation_feed_last_success_seconds",
+                "gauge",
+                "Unix time of the revocation feed's last answer (0: never; a standalone broker has no feed)",
+                self.revocations_synced_ms() / 1000,
+            ),
+            (
+                "felix_auth_revocation_feed_failures_total",
+                "counter",
+                "polls of the revocation feed that failed (tokens already verified stay valid: fail open)",
+                self.revocation_feed_failures.load(Ordering::Relaxed),
+            ),
+        ] {
+            out.push_str(&format!(
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"
+            ));
+        }
     }
 
     /// Install a new key set (the old one is dropped once no verification holds it).

@@ -479,8 +479,15 @@ async fn run(
         tokio::spawn(follow_keys(
             http.clone(),
             base.clone(),
-            keys,
+            keys.clone(),
             cfg.jwks_refresh_ms,
+            shutdown.clone(),
+        ));
+        tokio::spawn(follow_revocations(
+            http.clone(),
+            base.clone(),
+            keys,
+            cfg.wait_ms,
             shutdown.clone(),
         ));
     }
@@ -693,6 +700,63 @@ async fn follow_keys(
         }
         if !sleep_unless_stopped(KEYS_POLL_MS, &shutdown).await {
             return;
+        }
+    }
+}
+
+/// How often an unreachable revocation feed is warned about.
+const REVOCATION_WARN_MS: u64 = 60_000;
+/// The pause after a failed poll of the revocation feed.
+const REVOCATION_RETRY_MS: u64 = 1_000;
+
+/// Keep `keys`' revocations equal to the control plane's: a long poll that answers as soon as
+/// a revocation is recorded, so the cores refuse it within one round trip plus their
+/// once-a-second sweep. While the feed is unreachable the revocations held stay in force and
+/// tokens that verify are accepted (fail open: an outage of the control plane must not stop
+/// the data plane); the gauge, a warning once a minute and `/readyz` say so.
+async fn follow_revocations(
+    http: reqwest::Client,
+    base: String,
+    keys: Arc<crate::auth::AuthKeys>,
+    wait_ms: u64,
+    shutdown: Arc<AtomicBool>,
+) {
+    let mut warned_at_ms = 0u64;
+    loop {
+        if shutdown.load(Ordering::Acquire) {
+            return;
+        }
+        let since = keys.revocation_revision();
+        let url = format!("{base}/v1/auth/revocations?since={since}&wait_ms={wait_ms}");
+        let now_ms = || felix_storage::log::now_ms();
+        match call::<felix_control::auth::RevocationFeed>(http.get(&url)).await {
+            Ok(feed) => {
+                if warned_at_ms != 0 {
+                    tracing::info!(
+                        revision = feed.revision,
+                        "the revocation feed answers again"
+                    );
+                    warned_at_ms = 0;
+                }
+                if feed.revision != since {
+                    tracing::info!(
+                        revision = feed.revision,
+                        revocations = feed.revocations.len(),
+                        "revocations updated"
+                    );
+                }
+                keys.set_revocations(&feed, now_ms());
+            }
+            Err(e) => {
+                keys.revocation_feed_failed(now_ms());
+                if now_ms().saturating_sub(warned_at_ms) >= REVOCATION_WARN_MS {
+                    warned_at_ms = now_ms();
+                    tracing::warn!(error = %e, url = %url, "the revocation feed is unreachable: revocations held stay in force, verified tokens are accepted (fail open)");
+                }
+                if !sleep_unless_stopped(REVOCATION_RETRY_MS, &shutdown).await {
+                    return;
+                }
+            }
         }
     }
 }

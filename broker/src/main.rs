@@ -214,10 +214,12 @@ fn run(cfg: Config) -> Result<(), String> {
         .map(|_| Arc::new(CoreCounters::default()))
         .collect();
     let shard_metrics = Arc::new(metrics::ShardMetrics::default());
+    let auth = felix_broker::auth::setup(&cfg)?;
     let ops = Arc::new(Ops {
         cores: counters.clone(),
         shards: shard_metrics.clone(),
         ready: AtomicBool::new(false),
+        auth: auth.clone(),
     });
     metrics::serve(metrics_listener, ops.clone());
 
@@ -240,7 +242,6 @@ fn run(cfg: Config) -> Result<(), String> {
             "more cores than allowed CPUs: executors run unpinned within the allowed set"
         ),
     }
-    let auth = felix_broker::auth::setup(&cfg)?;
     let node_token = felix_broker::auth::node_token(&cfg)?;
     let mut handles = Vec::new();
     for (i, (sock, peer_socks)) in sockets.into_iter().zip(peer_sockets).enumerate() {

@@ -113,8 +113,9 @@ counters! {
     forwards_served: "forwarded requests from other brokers served on this core",
     forwards_cancelled: "forwarded long polls cancelled at their owner (by the client, or because its connection closed)",
     auth_accepted: "tokens accepted on this core (Authenticate)",
-    auth_refused: "tokens refused on this core (unauthenticated, token_expired)",
-    auth_denied: "frames refused by the auth check on this core (unauthenticated, forbidden, token_expired)",
+    auth_refused: "tokens refused on this core (unauthenticated, token_expired, revoked)",
+    auth_denied: "frames refused by the auth check on this core (unauthenticated, forbidden, token_expired, revoked)",
+    auth_revoked_ended: "connections on this core whose subscriptions and watches were ended because their token was revoked",
     ;
     gauges {
         connections_open: "QUIC connections open on this core",
@@ -226,6 +227,8 @@ pub struct Ops {
     pub cores: Vec<Arc<CoreCounters>>,
     pub shards: Arc<ShardMetrics>,
     pub ready: AtomicBool,
+    /// The verifier (auth on), for its revocation gauges and the feed's readiness detail.
+    pub auth: Option<Arc<crate::auth::AuthKeys>>,
 }
 
 impl Ops {
@@ -233,7 +236,27 @@ impl Ops {
         let mut s = String::new();
         CoreCounters::render_all(&self.cores, &mut s);
         self.shards.render(&mut s);
+        if let Some(a) = &self.auth {
+            a.render(&mut s);
+        }
         s
+    }
+
+    /// The body of a ready `/readyz`: what is degraded, if anything.
+    fn ready_detail(&self) -> String {
+        let now_ms = felix_storage::log::now_ms();
+        let lost = [
+            crate::control_link::SOURCE.lost(),
+            self.auth
+                .as_ref()
+                .and_then(|a| a.revocation_feed_lost(now_ms)),
+        ];
+        let lost: Vec<String> = lost.into_iter().flatten().collect();
+        if lost.is_empty() {
+            "ready\n".to_string()
+        } else {
+            format!("ready; {}\n", lost.join("; "))
+        }
     }
 }
 
@@ -261,13 +284,9 @@ pub fn serve(listener: std::net::TcpListener, ops: Arc<Ops>) {
                     "/livez" => ("200 OK", "ok\n".to_string()),
                     // Still ready while the control plane is lost (the last catalog serves),
                     // but the body says so.
-                    "/readyz" if ops.ready.load(Ordering::Acquire) => (
-                        "200 OK",
-                        match crate::control_link::SOURCE.lost() {
-                            Some(l) => format!("ready; {l}\n"),
-                            None => "ready\n".to_string(),
-                        },
-                    ),
+                    "/readyz" if ops.ready.load(Ordering::Acquire) => {
+                        ("200 OK", ops.ready_detail())
+                    }
                     "/readyz" => ("503 Service Unavailable", "not ready\n".to_string()),
                     _ => ("404 Not Found", "not found\n".to_string()),
                 };

@@ -454,3 +454,154 @@ async fn a_broker_with_a_control_plane_verifies_its_tokens() {
         "{err}"
     );
 }
+
+/// Revocation reaches the broker through its feed: a revoked token's subscription and watch
+/// end `revoked` within the feed's round trip plus the cores' once-a-second sweep, its
+/// requests are refused `revoked`, and other principals carry on. With the control plane
+/// gone the broker fails open: verified tokens are still accepted, and the metric and
+/// `/readyz` say the feed is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revocation_ends_live_streams_and_a_feed_outage_fails_open() {
+    use common::cp::{felixctl, read_admin_token, start_control_plane_auth};
+    let dir = tempfile::tempdir().unwrap();
+    let mut cp = start_control_plane_auth(&dir.path().join("admin.token"));
+    let admin = read_admin_token(&dir.path().join("admin.token"));
+    let ctl = |cp: &common::cp::ControlPlane, args: &[&str]| {
+        let mut v = vec!["--token", admin.as_str(), "--yes"];
+        v.extend_from_slice(args);
+        let o = felixctl(cp, dir.path(), &v);
+        assert!(
+            o.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8(o.stdout).unwrap().trim().to_string()
+    };
+    ctl(&cp, &["tenant", "create", "default"]);
+    ctl(&cp, &["namespace", "create", "default"]);
+    ctl(&cp, &["stream", "create", "events", "--shards", "1"]);
+    ctl(&cp, &["cache", "create", "kv", "--shards", "1"]);
+    std::fs::write(
+        dir.path().join("node1.token"),
+        ctl(&cp, &["node", "enroll", "1"]),
+    )
+    .unwrap();
+    let b = start_enrolled(&cp, "1", Some(&dir.path().join("node1.token"))).unwrap();
+    let rw = [
+        "stream.publish:default/*",
+        "stream.subscribe:default/*",
+        "cache.read:default/*",
+    ];
+    let mint = |cp: &common::cp::ControlPlane, subject: &str| {
+        let mut a = vec!["token", "create", "--subject", subject, "--json"];
+        for p in &rw {
+            a.extend(["--allow", p]);
+        }
+        let v: serde_json::Value = serde_json::from_str(&ctl(cp, &a)).unwrap();
+        (
+            v["token"].as_str().unwrap().to_string(),
+            v["record"]["jti"].as_str().unwrap().to_string(),
+        )
+    };
+    let (bad, bad_jti) = mint(&cp, "leaked");
+    let (good, _) = mint(&cp, "fine");
+    let c = connect(&b, Some(bad.clone())).await.unwrap();
+    let mut sub = common::cp::eventually("the stream is served", || async {
+        c.subscribe(&events(), 0, felix_client::SubscribeOptions::default())
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    let mut watch = common::cp::eventually("the cache is served", || async {
+        c.cache_watch(
+            &kv(),
+            felix_quic::wire::WatchFilter::Key("k".into()),
+            felix_quic::wire::WatchStart::Latest,
+            felix_client::WatchOptions::default(),
+        )
+        .await
+        .map_err(|e| e.to_string())
+    })
+    .await;
+    let ok = connect(&b, Some(good.clone())).await.unwrap();
+    let mut kept = ok
+        .subscribe(&events(), 0, felix_client::SubscribeOptions::default())
+        .await
+        .unwrap();
+
+    let out = ctl(&cp, &["token", "revoke", "--jti", &bad_jti]);
+    assert!(out.contains(&bad_jti), "{out}");
+    // Bounded: the feed answers at once, the sweep runs every second.
+    match tokio::time::timeout(Duration::from_secs(5), sub.next()).await {
+        Ok(Some(felix_client::Event::End { code, .. })) => {
+            assert_eq!(code, ErrorCode::Revoked.number())
+        }
+        other => panic!("the subscription should end revoked: {other:?}"),
+    }
+    match tokio::time::timeout(Duration::from_secs(5), watch.next()).await {
+        Ok(Some(felix_client::WatchItem::End { code, .. })) => {
+            assert_eq!(code, ErrorCode::Revoked.number())
+        }
+        other => panic!("the watch should end revoked: {other:?}"),
+    }
+    assert_eq!(
+        code(
+            c.publish_batch(&events(), ShardSelector::Shard(0), vec!["x"])
+                .await
+        ),
+        ErrorCode::Revoked
+    );
+    assert_eq!(
+        code(c.authenticate(&bad).await.map(|_| ())),
+        ErrorCode::Revoked
+    );
+    assert_eq!(
+        code(connect(&b, Some(bad.clone())).await.map(|_| ())),
+        ErrorCode::Revoked
+    );
+    // The other principal's subscription still delivers.
+    ok.publish_batch(&events(), ShardSelector::Shard(0), vec!["still"])
+        .await
+        .unwrap();
+    match tokio::time::timeout(Duration::from_secs(5), kept.next()).await {
+        Ok(Some(felix_client::Event::Records { records, .. })) => {
+            assert_eq!(&records.iter().next().unwrap()[..], b"still")
+        }
+        other => panic!("the other subscription should deliver: {other:?}"),
+    }
+    let gauge = |b: &Broker, name: &str| -> u64 {
+        b.http_get("/metrics")
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} "))?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name}"))
+    };
+    assert_eq!(gauge(&b, "felix_auth_revocations"), 1);
+    assert!(gauge(&b, "felix_auth_revocation_feed_last_success_seconds") >= now_s() - 60);
+    assert_eq!(b.total("auth_revoked_ended"), 1);
+
+    // The control plane goes away: the broker keeps serving the tokens it can verify, and says
+    // the feed is lost.
+    let (fresh, _) = mint(&cp, "fresh");
+    let _ = cp.child.kill();
+    let _ = cp.child.wait();
+    common::cp::eventually("the feed outage shows", || async {
+        let failures = gauge(&b, "felix_auth_revocation_feed_failures_total");
+        let ready = b.http_get("/readyz");
+        if failures > 0 && ready.contains("revocation feed unreachable") && ready.contains("200 OK")
+        {
+            Ok(())
+        } else {
+            Err(format!("failures {failures}, {ready}"))
+        }
+    })
+    .await;
+    let f = connect(&b, Some(fresh)).await.unwrap();
+    f.publish_batch(&events(), ShardSelector::Shard(0), vec!["open"])
+        .await
+        .unwrap();
+    assert_eq!(
+        code(connect(&b, Some(bad)).await.map(|_| ())),
+        ErrorCode::Revoked,
+        "the revocations held stay in force"
+    );
+}

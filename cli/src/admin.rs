@@ -659,22 +659,27 @@ fn parse_enum<T: for<'de> Deserialize<'de>>(
 
 /// Ask at a terminal; elsewhere `--yes` is required.
 pub fn confirm(g: &Globals, what: &str) -> Result<(), Fail> {
+    confirm_to(g, "delete", what)
+}
+
+/// Ask before `verb what` (`--yes` skips it; without a terminal it refuses).
+pub fn confirm_to(g: &Globals, verb: &str, what: &str) -> Result<(), Fail> {
     if g.yes {
         return Ok(());
     }
     if !std::io::stdin().is_terminal() {
         return Err(Fail::Usage(format!(
-            "refusing to delete {what} without --yes (stdin is not a terminal)"
+            "refusing to {verb} {what} without --yes (stdin is not a terminal)"
         )));
     }
-    eprint!("delete {what}? [y/N] ");
+    eprint!("{verb} {what}? [y/N] ");
     let _ = std::io::stderr().flush();
     let mut line = String::new();
     let _ = std::io::stdin().read_line(&mut line);
     if matches!(line.trim(), "y" | "Y" | "yes") {
         Ok(())
     } else {
-        Err(Fail::Usage("not deleted".into()))
+        Err(Fail::Usage(format!("nothing done: {verb} not confirmed")))
     }
 }
 

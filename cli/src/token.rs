@@ -1,4 +1,4 @@
-//! Tokens and signing keys over the control plane's REST API: `token create|ls`,
+//! Tokens and signing keys over the control plane's REST API: `token create|ls|revoke`,
 //! `key ls|rotate|rm` and `node enroll` (a broker's node credential).
 
 use crate::admin::{print_table, Api, Globals};
@@ -27,6 +27,22 @@ pub enum TokenOp {
         /// Every tenant's (needs cluster scope).
         #[arg(long)]
         all: bool,
+    },
+    /// Revoke one token (--jti, with the tenant's manage), every token of a subject
+    /// (--subject) or every token of --tenant (--whole-tenant); the last two need cluster
+    /// scope and ask first. Tokens issued until now are refused at once over REST and within
+    /// a feed round trip on brokers, which end their subscriptions and watches `revoked`.
+    #[command(group(clap::ArgGroup::new("target").required(true).args(["jti", "subject", "whole_tenant"])))]
+    Revoke {
+        /// A token's id (`token ls` lists them).
+        #[arg(long)]
+        jti: Option<String>,
+        /// Every token of this subject, in every tenant.
+        #[arg(long)]
+        subject: Option<String>,
+        /// Every token of --tenant.
+        #[arg(long)]
+        whole_tenant: bool,
     },
 }
 
@@ -140,6 +156,44 @@ pub async fn token(api: &Api, g: &Globals, op: &TokenOp) -> Result<(), Fail> {
                     ]
                 },
             );
+            Ok(())
+        }
+        TokenOp::Revoke {
+            jti,
+            subject,
+            whole_tenant,
+        } => {
+            let body = match (jti, subject) {
+                (Some(j), _) => json!({ "jti": j }),
+                (None, Some(s)) => {
+                    crate::admin::confirm_to(
+                        g,
+                        "revoke",
+                        &format!("every token of subject {s:?} issued until now"),
+                    )?;
+                    json!({ "subject": s })
+                }
+                (None, None) => {
+                    debug_assert!(*whole_tenant, "clap requires one target");
+                    crate::admin::confirm_to(
+                        g,
+                        "revoke",
+                        &format!("every token of tenant {:?} issued until now", g.tenant),
+                    )?;
+                    json!({ "tenant": g.tenant })
+                }
+            };
+            let v = api.call(M::POST, "/v1/tokens/revoke", Some(body)).await?;
+            if g.json {
+                println!("{v}");
+            } else {
+                println!(
+                    "revoked {} {} (tokens issued at or before {})",
+                    text(&v["kind"]),
+                    text(&v["value"]),
+                    when(&v["at_s"])
+                );
+            }
             Ok(())
         }
     }

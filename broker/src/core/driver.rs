@@ -144,6 +144,7 @@ impl CoreState {
             gauges_at: Instant::now(),
             hello_waits: VecDeque::new(),
             forward_principals: HashMap::new(),
+            revocations_seen: 0,
             auth_checked_at: Instant::now(),
             closes_due: VecDeque::new(),
             links,

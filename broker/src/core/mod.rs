@@ -159,6 +159,9 @@ struct Session {
     /// Who the connection's token says it is (auth on), and the token itself (carried in
     /// the forwards made for it, so the owner checks the same principal).
     principal: Option<(felix_control::auth::Principal, Arc<str>)>,
+    /// Why the principal was taken away (its token was revoked): what its requests are
+    /// refused with until it authenticates with a token that verifies.
+    revoked: Option<String>,
 }
 
 impl Session {
@@ -267,6 +270,8 @@ struct CoreState {
     auth_checked_at: Instant,
     /// Principals of the tokens forwards carried, verified once (bounded; see `conn::auth`).
     forward_principals: HashMap<Arc<str>, felix_control::auth::Principal>,
+    /// The revocation revision the sessions were last checked against.
+    revocations_seen: u64,
     /// Connections closing after their Error frame, with the moment the close is forced even
     /// if the frame could not leave (FIFO: one grace period).
     closes_due: VecDeque<(Instant, ConnKey)>,

@@ -52,6 +52,7 @@ impl CoreState {
                 };
                 if let Some(s) = self.sessions.get_mut(&key) {
                     s.principal = Some((p, Arc::from(token.as_str())));
+                    s.revoked = None;
                 }
                 ok
             }),
@@ -86,6 +87,11 @@ impl CoreState {
         };
         if !session.peer_link {
             let principal = session.principal.as_ref().map(|(p, _)| p);
+            if let (None, Some(why)) = (principal, &session.revoked) {
+                if authz::need(frame) != authz::Need::Nothing {
+                    return Err((ErrorCode::Revoked, why.clone()));
+                }
+            }
             return authz::check(principal, now, &authz::need(frame));
         }
         // A peer link is mutual TLS; what it forwards is checked as its client's request.
@@ -102,36 +108,65 @@ impl CoreState {
     }
 
     /// About once a second: end the subscriptions and watches of connections whose token
-    /// expired unrefreshed (`token_expired`); their requests are refused already.
+    /// expired unrefreshed (`token_expired`) or, when the revocations changed, was revoked
+    /// (`revoked`: the principal is taken away too, so every request is refused until a token
+    /// that verifies is presented). An expired one's requests are refused already.
     pub(in crate::core) fn expire_principals(&mut self, now: Instant) {
-        if self.s.auth.is_none()
-            || now.duration_since(self.auth_checked_at) < timers::AUTH_EXPIRY_PERIOD
-        {
+        let Some(v) = self.s.auth.clone() else {
+            return;
+        };
+        if now.duration_since(self.auth_checked_at) < timers::AUTH_EXPIRY_PERIOD {
             return;
         }
         self.auth_checked_at = now;
+        let revision = v.revocation_revision();
+        let recheck = revision != self.revocations_seen;
+        if recheck {
+            self.revocations_seen = revision;
+            // Forwarded principals were verified against the old list.
+            self.forward_principals.clear();
+        }
         let now_s = now_s();
-        let due: Vec<(ConnKey, Vec<u64>, Vec<u64>, String)> = self
-            .sessions
-            .iter()
-            .filter_map(|(key, s)| {
-                let (p, _) = s.principal.as_ref()?;
-                let open = !s.subs.is_empty() || !s.watches.is_empty();
-                (open && p.expires_at_s <= now_s).then(|| {
+        // (connection, its subscriptions, its watches, why they end)
+        type Ending = (ConnKey, Vec<u64>, Vec<u64>, Refusal);
+        let mut due: Vec<Ending> = Vec::new();
+        for (key, s) in self.sessions.iter_mut() {
+            let Some((p, _)) = s.principal.as_ref() else {
+                continue;
+            };
+            let (code, why) = match recheck.then(|| v.revoked(p)).flatten() {
+                Some(why) => {
+                    s.principal = None;
+                    s.revoked = Some(why.clone());
+                    (ErrorCode::Revoked, why)
+                }
+                None if p.expires_at_s <= now_s => {
                     let why = format!(
                         "{}'s token {} expired at {}; authenticate again and subscribe again",
                         p.subject, p.jti, p.expires_at_s
                     );
-                    (*key, s.subs.clone(), s.watches.clone(), why)
-                })
-            })
-            .collect();
-        for (key, subs, watches, why) in due {
+                    (ErrorCode::TokenExpired, why)
+                }
+                None => continue,
+            };
+            if !s.subs.is_empty() || !s.watches.is_empty() {
+                due.push((
+                    *key,
+                    s.subs.clone(),
+                    s.watches.clone(),
+                    Refusal::new(code, why),
+                ));
+            }
+        }
+        for (key, subs, watches, end) in due {
+            if end.code == ErrorCode::Revoked {
+                CoreCounters::inc(&self.s.counters.auth_revoked_ended);
+            }
             for sid in subs {
-                self.remove_sub(sid, Some((ErrorCode::TokenExpired.number(), why.clone())));
+                self.remove_sub(sid, Some((end.code.number(), end.message.clone())));
             }
             for wid in watches {
-                self.end_watch(key, wid, Refusal::new(ErrorCode::TokenExpired, why.clone()));
+                self.end_watch(key, wid, end.clone());
             }
         }
     }
