@@ -727,7 +727,13 @@ async fn follow_revocations(
             return;
         }
         let since = keys.revocation_revision();
-        let url = format!("{base}/v1/auth/revocations?since={since}&wait_ms={wait_ms}");
+        // The first poll answers at once, so the gauge shows a sync from the start.
+        let wait = if keys.revocations_synced_ms() == 0 {
+            0
+        } else {
+            wait_ms
+        };
+        let url = format!("{base}/v1/auth/revocations?since={since}&wait_ms={wait}");
         let now_ms = || felix_storage::log::now_ms();
         match call::<felix_control::auth::RevocationFeed>(http.get(&url)).await {
             Ok(feed) => {
