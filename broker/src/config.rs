@@ -190,7 +190,7 @@ settings! {
         conn_unacked_max: u32 = 4096, "FELIX_CONN_UNACKED_MAX";
         /// Connection idle timeout, milliseconds.
         idle_timeout_ms: u64 = 30_000, "FELIX_IDLE_TIMEOUT_MS";
-        /// How long a new connection has to send its Hello before it is closed, milliseconds (the idle timeout, if shorter, applies instead).
+        /// How long a new connection has to send its Hello (and, with auth on, to present a token that verifies) before it is closed, milliseconds (the idle timeout, if shorter, applies instead).
         hello_timeout_ms: u64 = 10_000, "FELIX_HELLO_TIMEOUT_MS";
         /// Ceiling of QUIC packet (UDP payload) size, bytes, 1200..=16383; path MTU discovery finds what each path carries below it (1200 turns discovery off).
         udp_payload_max_bytes: usize = felix_quic::DEFAULT_UDP_PAYLOAD_MAX, "FELIX_UDP_PAYLOAD_MAX_BYTES";

@@ -605,3 +605,39 @@ async fn a_revocation_ends_live_streams_and_a_feed_outage_fails_open() {
         "the revocations held stay in force"
     );
 }
+
+/// With auth on, `hello_timeout_ms` covers Authenticate too: a connection that never presents
+/// a token is closed `unauthenticated`; one that did is left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_never_authenticates_is_closed_at_the_hello_deadline() {
+    let b = Broker::start(1, &["--auth", "standalone", "--hello-timeout-ms", "300"]);
+    let admin = std::fs::read_to_string(admin_token_path(b.dir.path())).unwrap();
+    let anon = connect(&b, None).await.unwrap();
+    let authed = connect(&b, Some(admin.trim().to_string())).await.unwrap();
+    // Bounded: the deadline, then the close's flight.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let closed = loop {
+        let r = anon
+            .publish_batch(&events(), ShardSelector::Shard(0), vec!["x"])
+            .await;
+        match r {
+            Err(Error::Broker {
+                code: ErrorCode::Unauthenticated,
+                ..
+            }) => {}
+            other => break other,
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the anonymous connection stayed open"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let why = format!("{closed:?}");
+    assert!(why.contains("no Authenticate within"), "{why}");
+    authed
+        .publish_batch(&events(), ShardSelector::Shard(0), vec!["ok"])
+        .await
+        .unwrap();
+    assert!(b.total("connections_closed_hello") >= 1);
+}

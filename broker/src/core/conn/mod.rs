@@ -216,7 +216,8 @@ impl CoreState {
         }
     }
 
-    /// Close the connections that said no Hello within `hello_timeout_ms`.
+    /// Close the connections that said no Hello within `hello_timeout_ms` or, with auth on,
+    /// presented no token by then.
     pub(in crate::core) fn expire_hellos(&mut self, now: Instant) {
         self.force_due_closes(now);
         while let Some(&(at, key)) = self.hello_waits.front() {
@@ -224,10 +225,22 @@ impl CoreState {
                 break;
             }
             self.hello_waits.pop_front();
-            if self.sessions.get(&key).is_some_and(|s| !s.hello_done) {
-                let ms = self.hello_wait_ms();
+            let Some(s) = self.sessions.get(&key) else {
+                continue;
+            };
+            let ms = self.hello_wait_ms();
+            if !s.hello_done {
                 let msg = format!("no Hello within {ms} ms (hello_timeout_ms) of the connection's first packet; the connection is closed");
                 self.close_with(key, 0, ErrorCode::InvalidRequest, msg);
+            } else if self.s.auth.is_some()
+                && !s.peer_link
+                && s.principal.is_none()
+                && s.revoked.is_none()
+            {
+                // With auth on nothing is served without a token, so a connection that never
+                // authenticates only holds a slot: the same deadline covers Authenticate.
+                let msg = format!("no Authenticate within {ms} ms (hello_timeout_ms) of the connection's first packet, and auth is on; the connection is closed");
+                self.close_with(key, 0, ErrorCode::Unauthenticated, msg);
             }
         }
     }
