@@ -354,16 +354,20 @@ fn invalid(msg: impl Into<String>) -> Refusal {
     ApiError::new(ErrorCode::InvalidRequest, msg).into()
 }
 
-/// Validate a request to mint and return its parsed permissions.
-fn check_create(st: &AppState, req: &CreateToken) -> Res<(Vec<Permission>, u64)> {
-    if req.subject.is_empty()
-        || req.subject.len() > SUBJECT_BYTES_MAX
-        || req.subject.chars().any(|c| c.is_control())
-    {
+/// A subject (or another name a token carries, as a revocation names it): 1..=128 bytes
+/// without control characters.
+fn check_label(what: &str, value: &str) -> Res<()> {
+    if value.is_empty() || value.len() > SUBJECT_BYTES_MAX || value.chars().any(char::is_control) {
         return Err(invalid(format!(
-            "subject: 1..={SUBJECT_BYTES_MAX} bytes without control characters"
+            "{what}: 1..={SUBJECT_BYTES_MAX} bytes without control characters"
         )));
     }
+    Ok(())
+}
+
+/// Validate a request to mint and return its parsed permissions.
+fn check_create(st: &AppState, req: &CreateToken) -> Res<(Vec<Permission>, u64)> {
+    check_label("subject", &req.subject)?;
     if req.tenant != ANY_TENANT {
         felix_quic::wire::validate_name(&req.tenant).map_err(|e| {
             Refusal::from(ApiError::new(
@@ -551,12 +555,7 @@ pub(super) async fn revoke(
         (None, None, Some(v)) => (RevokeKind::Tenant, v),
         _ => return Err(invalid("name exactly one of jti, subject, tenant")),
     };
-    if value.is_empty() || value.len() > SUBJECT_BYTES_MAX || value.chars().any(char::is_control) {
-        return Err(invalid(format!(
-            "{}: 1..={SUBJECT_BYTES_MAX} bytes without control characters",
-            kind.name()
-        )));
-    }
+    check_label(kind.name(), &value)?;
     let (admin_jti, record) = st.read(|c| {
         let a = c.auth();
         (
