@@ -187,13 +187,16 @@ impl AuthKeys {
     }
 
     /// A poll of the feed failed (the revocations held stay in force, and tokens that verify
-    /// are accepted: fail open). True when this starts an outage.
-    pub fn revocation_feed_failed(&self, now_ms: u64) -> bool {
+    /// are accepted: fail open). The outage counts from the first failure.
+    pub fn revocation_feed_failed(&self, now_ms: u64) {
         self.revocation_feed_failures
             .fetch_add(1, Ordering::Relaxed);
-        self.revocation_feed_lost_ms
-            .compare_exchange(0, now_ms.max(1), Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
+        let _ = self.revocation_feed_lost_ms.compare_exchange(
+            0,
+            now_ms.max(1),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
     }
 
     /// For `/readyz`: how long the feed has not answered, if it has not.
