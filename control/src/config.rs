@@ -185,6 +185,11 @@ pub struct Config {
     /// past it, revoking refuses. Rotating the signing key retires many tokens at once.
     #[arg(long, env = "FELIX_AUTH_REVOCATIONS_MAX", default_value_t = 10_000)]
     pub auth_revocations_max: usize,
+    /// A file holding the secret every Raft member sends on the member protocol (`/raft/*`,
+    /// `/internal/v1/{identity,assign,rejoin}`): 32..=1024 visible ASCII bytes, the same on
+    /// every member (`openssl rand -hex 32`). Needed with auth on and more than one member.
+    #[arg(long, env = "FELIX_MEMBER_SECRET_FILE")]
+    pub member_secret_file: Option<PathBuf>,
     /// Serve `/metrics` without a token (for a scraper on a trusted network). Default: it
     /// needs a token with `cluster.admin` on `metrics`.
     #[arg(long, env = "FELIX_METRICS_PUBLIC", default_value_t = false)]
@@ -261,6 +266,7 @@ file_layer! {
         store: StoreKind,
         raft_data_dir: PathBuf,
         admin_token_file: PathBuf,
+        member_secret_file: PathBuf,
     }
 }
 
@@ -306,6 +312,14 @@ impl Config {
     pub fn check(&self) -> Result<(), String> {
         if self.auth == AuthSwitch::On && self.admin_token_path().is_none() {
             return Err("auth is on but there is nowhere to write the admin token: set --admin-token-file (or --raft-data-dir), or --auth off".into());
+        }
+        let members = self.peers().map(|p| p.len()).unwrap_or(1);
+        if self.auth == AuthSwitch::On
+            && self.store_kind() == StoreKind::Raft
+            && members > 1
+            && self.member_secret_file.is_none()
+        {
+            return Err(format!("auth is on and the Raft group has {members} members, so the member protocol needs a shared secret: set --member-secret-file (FELIX_MEMBER_SECRET_FILE) to the same file on every member (`openssl rand -hex 32`), or --auth off"));
         }
         if self.auth_tokens_max == 0
             || self.auth_revocations_max == 0
@@ -466,6 +480,32 @@ mod tests {
         assert!(e.contains("line 2"), "{e}");
         let e = Config::load_from(["cp", "--config", "/nonexistent/cp.yaml"]).unwrap_err();
         assert!(e.contains("/nonexistent/cp.yaml"), "{e}");
+    }
+
+    #[test]
+    fn a_raft_group_with_auth_on_needs_the_member_secret() {
+        let three = [
+            "cp",
+            "--raft-data-dir",
+            "/tmp/x",
+            "--raft-node-id",
+            "1",
+            "--raft-peers",
+            "1=127.0.0.1:1,2=127.0.0.1:2,3=127.0.0.1:3",
+        ];
+        let e = Config::load_from(three).unwrap().check().unwrap_err();
+        assert!(e.contains("--member-secret-file"), "{e}");
+        let with: Vec<&str> = three
+            .iter()
+            .copied()
+            .chain(["--member-secret-file", "/tmp/s"])
+            .collect();
+        assert_eq!(Config::load_from(with).unwrap().check(), Ok(()));
+        let off: Vec<&str> = three.iter().copied().chain(["--auth", "off"]).collect();
+        assert_eq!(Config::load_from(off).unwrap().check(), Ok(()));
+        // A single member has no peer to authenticate.
+        let one = ["cp", "--raft-data-dir", "/tmp/x"];
+        assert_eq!(Config::load_from(one).unwrap().check(), Ok(()));
     }
 
     #[test]

@@ -23,7 +23,12 @@ struct Cluster {
     peers: String,
     nodes: Vec<Option<Server>>,
     auth: bool,
+    /// With auth on, the member secret file every member is given.
+    secret: Option<tempfile::TempDir>,
 }
+
+/// The member secret the auth clusters share.
+const MEMBER_SECRET: &str = "0123456789abcdef0123456789abcdef-test-only";
 
 impl Cluster {
     fn start() -> Cluster {
@@ -46,6 +51,12 @@ impl Cluster {
             peers,
             nodes: vec![None, None, None],
             auth,
+            secret: auth.then(|| {
+                let d = tempdir();
+                std::fs::write(d.path().join("member.secret"), format!("{MEMBER_SECRET}\n"))
+                    .unwrap();
+                d
+            }),
         };
         for i in 0..3 {
             c.up(i);
@@ -72,6 +83,12 @@ impl Cluster {
             "--raft-snapshot-logs".into(),
             "40".into(),
         ]);
+        if let Some(d) = &self.secret {
+            args.extend([
+                "--member-secret-file".into(),
+                p(&d.path().join("member.secret")),
+            ]);
+        }
         self.nodes[i] = Some(Server::start_exact(args));
     }
 
@@ -261,6 +278,41 @@ async fn with_auth_every_member_holds_the_same_keys_and_followers_forward() {
     assert_eq!(
         st, 401,
         "the internal endpoint needs a member credential: {b}"
+    );
+    // The member protocol needs the member secret: without it, or with another, a stranger
+    // can neither learn identities nor vote; even the admin token is not enough.
+    let member = format!("/raft/{}/vote", (follower as u64 + 1) << 32);
+    let vote = json!({"vote": {"leader_id": {"term": 99, "node_id": 7}, "committed": false}, "last_log_id": null});
+    for secret in [None, Some("0123456789abcdef0123456789abcdef-guessed!!")] {
+        for (method, path, body) in [
+            ("GET", "/internal/v1/identity", None),
+            ("POST", member.as_str(), Some(vote.clone())),
+            ("POST", "/internal/v1/assign", Some(json!(7u64 << 32))),
+        ] {
+            let mut rb = c.request(method.parse().unwrap(), cl.url(follower, path));
+            if let Some(s) = secret {
+                rb = rb.header("x-felix-member-secret", s);
+            }
+            if let Some(b) = &body {
+                rb = rb.json(b);
+            }
+            let r = rb.send().await.unwrap();
+            let st = r.status().as_u16();
+            let b: Value = r.json().await.unwrap_or_default();
+            assert_eq!(st, 401, "{method} {path} with {secret:?}: {b}");
+            assert_eq!(b["code"], "unauthenticated", "{b}");
+        }
+    }
+    let r = c
+        .get(cl.url(follower, "/internal/v1/identity"))
+        .header("x-felix-member-secret", MEMBER_SECRET)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status().as_u16(),
+        200,
+        "a member's own secret is accepted"
     );
 }
 

@@ -10,7 +10,10 @@
 //! * Writes on a follower are forwarded to the leader (`/internal/v1/write`) and answered as if
 //!   local.
 
+mod member_auth;
 mod storage;
+
+pub use member_auth::MemberSecret;
 
 use crate::api::{ApiError, ClusterStatus, Member};
 use crate::catalog::{Catalog, Command, Outcome};
@@ -208,8 +211,18 @@ pub async fn open(cfg: Arc<Config>) -> Result<(Arc<dyn MetadataStore>, Router), 
         .ok_or("the raft store needs --raft-data-dir (FELIX_RAFT_DATA_DIR)")?;
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let peers = cfg.peers()?;
+    let secret = cfg
+        .member_secret_file
+        .as_deref()
+        .map(MemberSecret::load)
+        .transpose()?;
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Some(s) = &secret {
+        headers.insert(member_auth::HEADER, s.header_value());
+    }
     let http = reqwest::Client::builder()
         .timeout(Duration::from_millis(cfg.raft_rpc_timeout_ms.max(100)))
+        .default_headers(headers)
         .build()
         .map_err(|e| e.to_string())?;
     let st = Arc::new(RaftStore {
@@ -250,7 +263,7 @@ pub async fn open(cfg: Arc<Config>) -> Result<(Arc<dyn MetadataStore>, Router), 
         }
         Err(e) => return Err(format!("{}: {e}", ident_path.display())),
     }
-    let routes = Router::new()
+    let mut routes = Router::new()
         .route("/raft/{member}/append", post(rpc_append))
         .route("/raft/{member}/vote", post(rpc_vote))
         .route("/raft/{member}/snapshot", post(rpc_snapshot))
@@ -259,6 +272,14 @@ pub async fn open(cfg: Arc<Config>) -> Result<(Arc<dyn MetadataStore>, Router), 
         .route("/internal/v1/assign", post(assign))
         .layer(DefaultBodyLimit::max(64 << 20))
         .with_state(st.clone());
+    // With a secret configured it is checked whether or not bearer auth is on: a member that
+    // has one must not take votes or appends from a process that does not.
+    if let Some(s) = secret {
+        routes = routes.layer(axum::middleware::from_fn_with_state(
+            member_auth::Guard::new(s),
+            member_auth::require,
+        ));
+    }
     Ok((st, routes))
 }
 
@@ -335,6 +356,7 @@ impl RaftStore {
             .map(|(i, a)| (*i, a.clone()))
             .collect();
         let mut last_log = Instant::now();
+        let mut refused_by: Option<String> = None;
         loop {
             if self.node.get().is_some() {
                 return; // assigned by the founder
@@ -354,6 +376,10 @@ impl RaftStore {
                         Ok(_) => {}
                         Err(_) => all_answered = false,
                     },
+                    Ok(r) if r.status() == reqwest::StatusCode::UNAUTHORIZED => {
+                        all_answered = false;
+                        refused_by = Some(addr.clone());
+                    }
                     _ => all_answered = false,
                 }
             }
@@ -378,6 +404,9 @@ impl RaftStore {
                 return;
             }
             if last_log.elapsed() > Duration::from_secs(5) {
+                if let Some(peer) = refused_by.take() {
+                    tracing::error!(%peer, "a peer refused this member's secret: start every member with the same --member-secret-file");
+                }
                 tracing::warn!(
                     "empty data dir: waiting for the peers (to form the group, or to rejoin it)"
                 );
