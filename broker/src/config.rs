@@ -273,6 +273,10 @@ settings! {
         auth_jwks_refresh_ms: u64 = 30_000, "FELIX_AUTH_JWKS_REFRESH_MS";
         /// Lifetime of the admin token a standalone broker writes at each start, seconds.
         auth_admin_token_ttl_s: u64 = 30 * 24 * 3600, "FELIX_AUTH_ADMIN_TOKEN_TTL_S";
+        /// Serve `/metrics` without a token (for a scraper on a trusted network). With auth
+        /// on it otherwise needs a bearer token with `cluster.admin` on `metrics`; `/livez`
+        /// and `/readyz` never need one.
+        metrics_public: bool = false, "FELIX_METRICS_PUBLIC";
     }
     optional {
         /// CPUs to pin the executors to, in the kernel's list syntax (`2-3`, `0,2`): executor i runs on the i-th CPU listed. Each must be in the process's allowed set. Default: the allowed set itself.

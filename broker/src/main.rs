@@ -220,6 +220,7 @@ fn run(cfg: Config) -> Result<(), String> {
         shards: shard_metrics.clone(),
         ready: AtomicBool::new(false),
         auth: auth.clone(),
+        metrics_public: cfg.metrics_public,
     });
     metrics::serve(metrics_listener, ops.clone());
 

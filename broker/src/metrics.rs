@@ -227,8 +227,44 @@ pub struct Ops {
     pub cores: Vec<Arc<CoreCounters>>,
     pub shards: Arc<ShardMetrics>,
     pub ready: AtomicBool,
-    /// The verifier (auth on), for its revocation gauges and the feed's readiness detail.
+    /// The verifier (auth on), for its revocation gauges and the feed's readiness detail,
+    /// and to check the token `/metrics` needs.
     pub auth: Option<Arc<crate::auth::AuthKeys>>,
+    /// Serve `/metrics` without a token even with auth on (`metrics_public`).
+    pub metrics_public: bool,
+}
+
+/// What `/metrics` needs, from the request head: nothing with auth off or `metrics_public`,
+/// else a bearer token with `cluster.admin` on `metrics` (what the control plane's `/metrics`
+/// needs, so one scraper credential serves both). Err: the status line and a body naming the
+/// refusal's code. Why a token: the counters name streams, shards and tenants' traffic.
+pub fn metrics_access(
+    auth: Option<&crate::auth::AuthKeys>,
+    public: bool,
+    head: &str,
+    now_s: u64,
+) -> Result<(), (&'static str, String)> {
+    use felix_control::auth::{Action, AuthError, ANY_TENANT};
+    let Some(v) = auth.filter(|_| !public) else {
+        return Ok(());
+    };
+    let unauth = |why: String| ("401 Unauthorized", why);
+    let token = head
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .filter_map(|l| l.split_once(':'))
+        .find(|(k, _)| k.trim().eq_ignore_ascii_case("authorization"))
+        .and_then(|(_, v)| v.trim().strip_prefix("Bearer ").map(str::trim))
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| {
+            unauth("unauthenticated: /metrics needs `Authorization: Bearer TOKEN` with cluster.admin on metrics (or start the broker with metrics_public)\n".into())
+        })?;
+    let p = v
+        .verify(token, now_s)
+        .map_err(|e: AuthError| unauth(format!("{e}\n")))?;
+    p.check(Action::ClusterAdmin, ANY_TENANT, "metrics")
+        .map_err(|why| ("403 Forbidden", format!("forbidden: {why}\n")))
 }
 
 impl Ops {
@@ -279,8 +315,15 @@ pub fn serve(listener: std::net::TcpListener, ops: Arc<Ops>) {
                 }
                 let req = String::from_utf8_lossy(&buf);
                 let path = req.split_whitespace().nth(1).unwrap_or("/");
+                let now_s = felix_storage::log::now_ms() / 1000;
                 let (status, body) = match path {
-                    "/metrics" => ("200 OK", ops.render()),
+                    "/metrics" => {
+                        match metrics_access(ops.auth.as_deref(), ops.metrics_public, &req, now_s)
+                        {
+                            Ok(()) => ("200 OK", ops.render()),
+                            Err(refused) => refused,
+                        }
+                    }
                     "/livez" => ("200 OK", "ok\n".to_string()),
                     // Still ready while the control plane is lost (the last catalog serves),
                     // but the body says so.

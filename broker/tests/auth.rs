@@ -194,6 +194,43 @@ async fn tokens_decide_who_may_do_what() {
     assert!(refused >= 5, "auth_denied {refused}");
 }
 
+#[test]
+fn metrics_need_a_cluster_admin_token_unless_public() {
+    let b = Broker::start(1, &["--auth", "standalone"]);
+    let status = |r: String| r.lines().next().unwrap_or("").to_string();
+    let anon = b.http_get_as("/metrics", None);
+    assert!(status(anon.clone()).contains("401"), "{anon}");
+    assert!(
+        anon.contains("unauthenticated") && !anon.contains("felix_"),
+        "{anon}"
+    );
+    let r = b.http_get_as("/metrics", Some("garbage"));
+    assert!(status(r.clone()).contains("401"), "{r}");
+    let tenant = token(&b, "acme", &["manage:*", "stream.subscribe:*"]);
+    let r = b.http_get_as("/metrics", Some(&tenant));
+    assert!(status(r.clone()).contains("403"), "{r}");
+    assert!(
+        r.contains("cluster.admin:metrics"),
+        "names the missing permission: {r}"
+    );
+    let scraper = token(&b, "*", &["cluster.admin:metrics"]);
+    let r = b.http_get_as("/metrics", Some(&scraper));
+    assert!(
+        status(r.clone()).contains("200") && r.contains("felix_"),
+        "{r}"
+    );
+    // Health never needs a token.
+    assert!(status(b.http_get_as("/livez", None)).contains("200"));
+    assert!(status(b.http_get_as("/readyz", None)).contains("200"));
+    drop(b);
+    let open = Broker::start(1, &["--auth", "standalone", "--metrics-public", "true"]);
+    let r = open.http_get_as("/metrics", None);
+    assert!(
+        status(r.clone()).contains("200") && r.contains("felix_"),
+        "{r}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_tokens_are_refused_at_connect_and_the_broker_carries_on() {
     let b = Broker::start(1, &["--auth", "standalone"]);
@@ -487,6 +524,7 @@ async fn a_revocation_ends_live_streams_and_a_feed_outage_fails_open() {
     )
     .unwrap();
     let b = start_enrolled(&cp, "1", Some(&dir.path().join("node1.token"))).unwrap();
+    *b.metrics_token.lock().unwrap() = Some(admin.clone());
     let rw = [
         "stream.publish:default/*",
         "stream.subscribe:default/*",
@@ -610,7 +648,9 @@ async fn a_revocation_ends_live_streams_and_a_feed_outage_fails_open() {
 /// a token is closed `unauthenticated`; one that did is left alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_that_never_authenticates_is_closed_at_the_hello_deadline() {
-    let b = Broker::start(1, &["--auth", "standalone", "--hello-timeout-ms", "300"]);
+    // Long enough that the authenticated connection's handshake fits under a loaded test
+    // run (it failed once at 300 ms with seven brokers starting at once).
+    let b = Broker::start(1, &["--auth", "standalone", "--hello-timeout-ms", "1000"]);
     let admin = std::fs::read_to_string(admin_token_path(b.dir.path())).unwrap();
     let anon = connect(&b, None).await.unwrap();
     let authed = connect(&b, Some(admin.trim().to_string())).await.unwrap();

@@ -1147,6 +1147,9 @@ async fn forwards_carry_the_clients_principal() {
         })
     };
     let admin = key.issue(&admin_claims("admin", "a", now, 600));
+    for n in [&n1, &n2] {
+        *n.metrics_token.lock().unwrap() = Some(admin.clone());
+    }
     let connect = |b: &Broker, t: String| {
         let mut cfg = b.client_config();
         cfg.token = Some(t);

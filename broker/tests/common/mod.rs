@@ -20,6 +20,9 @@ pub struct Broker {
     /// The peer listener, when started with `--peer-listen`.
     pub peer: Option<SocketAddr>,
     pub dir: tempfile::TempDir,
+    /// The bearer `/metrics` is read with (auth on); unset, a standalone broker's own admin
+    /// token from its data dir.
+    pub metrics_token: std::sync::Mutex<Option<String>>,
 }
 
 impl Drop for Broker {
@@ -192,6 +195,7 @@ impl Broker {
             peer,
             child,
             dir,
+            metrics_token: std::sync::Mutex::new(None),
         })
     }
 
@@ -245,8 +249,21 @@ impl Broker {
 
     /// GET a path from the ops listener; the whole HTTP response.
     pub fn http_get(&self, path: &str) -> String {
+        let token = self.metrics_token.lock().unwrap().clone().or_else(|| {
+            std::fs::read_to_string(self.dir.path().join("auth/admin.token"))
+                .ok()
+                .map(|t| t.trim().to_string())
+        });
+        self.http_get_as(path, token.as_deref())
+    }
+
+    /// GET `path` from the ops listener with `token` as the bearer, if any.
+    pub fn http_get_as(&self, path: &str, token: Option<&str>) -> String {
+        let auth = token
+            .map(|t| format!("Authorization: Bearer {t}\r\n"))
+            .unwrap_or_default();
         let mut s = std::net::TcpStream::connect(self.metrics).unwrap();
-        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n{auth}\r\n").as_bytes())
             .unwrap();
         let mut out = String::new();
         s.read_to_string(&mut out).unwrap();

@@ -81,8 +81,8 @@ pub fn need(method: &Method, path: &str, metrics_public: bool) -> Need {
         ["v1", "auth", "keys"] | ["v1", "auth", "keys", _] => cluster("keys"),
         ["internal", "v1", "write"] => cluster("internal"),
         // The member protocol below Raft: a wiped or new member asks for its identity before
-        // it holds any key, so these cannot carry a credential derived from the keys. Member
-        // authentication there is not built yet (docs/security.md).
+        // it holds any key, so these cannot carry a credential derived from the keys. The Raft
+        // router checks the member secret there instead (raft/member_auth.rs).
         ["internal", "v1", "identity" | "rejoin" | "assign"] | ["raft", ..] => Need::Public,
         ["internal", ..] => cluster("internal"),
         _ => cluster("*"),
