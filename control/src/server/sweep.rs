@@ -1,0 +1,137 @@
+//! The leader's sweep: turns time into commands for the deterministic state machine (broker
+//! liveness, delete completion), so the catalog itself never reads a clock.
+
+use super::*;
+
+// ------------------------------------------------------------------ sweep
+
+/// The leader's periodic decisions. Returns when `stop` fires.
+pub async fn sweep(st: Arc<AppState>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let period = Duration::from_millis(st.cfg.sweep_interval_ms.max(10));
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(period) => {}
+            _ = stop.changed() => return,
+        }
+        if *stop.borrow() {
+            return;
+        }
+        rest_auth::keep_admin_token_file(&st);
+        for cmd in sweep_once(&st) {
+            // Failures (lost leadership, timeouts) are retried on the next pass.
+            let _ = st.write(cmd).await;
+        }
+    }
+}
+
+/// One pass: which commands the clock calls for now.
+fn sweep_once(st: &AppState) -> Vec<Command> {
+    let status = st.store.status();
+    let mut soft = st.soft.lock().unwrap_or_else(|e| e.into_inner());
+    if !status.is_leader {
+        *soft = Soft::default();
+        return vec![];
+    }
+    let now = Instant::now();
+    soft.leader_since.get_or_insert(now);
+    let mut cmds = Vec::new();
+    let dead_after = Duration::from_millis(st.cfg.dead_after_ms);
+    let grace = Duration::from_millis(st.cfg.delete_grace_ms);
+    let (initialized, held, brokers, deleting) = st.read(|c| {
+        let brokers: Vec<Broker> = c.brokers().cloned().collect();
+        let mut del = Vec::new();
+        for s in c
+            .all_streams()
+            .filter(|s| s.state == ResourceState::Deleting)
+        {
+            del.push((
+                false,
+                s.tenant.clone(),
+                s.namespace.clone(),
+                s.name.clone(),
+                s.revision,
+            ));
+        }
+        for s in c
+            .all_caches()
+            .filter(|s| s.state == ResourceState::Deleting)
+        {
+            del.push((
+                true,
+                s.tenant.clone(),
+                s.namespace.clone(),
+                s.name.clone(),
+                s.revision,
+            ));
+        }
+        (c.initialized(), c.placement_held(), brokers, del)
+    });
+    if let Some(cmd) = rest_auth::bootstrap(st).filter(|_| initialized) {
+        cmds.push(cmd);
+    }
+    if !initialized {
+        cmds.push(Command::Init {
+            catalog_id: format!(
+                "{:016x}{:016x}",
+                rand::random::<u64>(),
+                rand::random::<u64>()
+            ),
+            hold_placement: st.cfg.placement_settle_ms > 0,
+        });
+        return cmds;
+    }
+    // The settle window runs from the first broker this leader sees registered (a cluster
+    // whose control plane starts long before its brokers still spreads them).
+    if held && !brokers.is_empty() {
+        let first = *soft.first_broker.get_or_insert(now);
+        if now.duration_since(first) >= Duration::from_millis(st.cfg.placement_settle_ms) {
+            cmds.push(Command::ReleasePlacement);
+        }
+    }
+    for b in brokers.iter().filter(|b| b.live) {
+        let seen = soft
+            .last_seen
+            .entry(b.node_id)
+            .or_insert((b.incarnation, now));
+        if seen.0 != b.incarnation {
+            *seen = (b.incarnation, now);
+        }
+        if now.duration_since(seen.1) > dead_after {
+            cmds.push(Command::SetBrokerLive {
+                node_id: b.node_id,
+                live: false,
+            });
+        }
+    }
+    let live: Vec<u64> = brokers
+        .iter()
+        .filter(|b| b.live)
+        .map(|b| b.node_id)
+        .collect();
+    soft.deleting.retain(|k, _| deleting.contains(k));
+    for k in deleting {
+        let first = *soft.deleting.entry(k.clone()).or_insert(now);
+        let caught_up = live
+            .iter()
+            .all(|id| soft.reported.get(id).is_some_and(|r| *r >= k.4));
+        if caught_up || now.duration_since(first) >= grace {
+            let (is_cache, tenant, namespace, name, revision) = k;
+            cmds.push(if is_cache {
+                Command::FinishCacheDelete {
+                    tenant,
+                    namespace,
+                    name,
+                    revision,
+                }
+            } else {
+                Command::FinishStreamDelete {
+                    tenant,
+                    namespace,
+                    name,
+                    revision,
+                }
+            });
+        }
+    }
+    cmds
+}
