@@ -194,6 +194,49 @@ pub struct Config {
     /// needs a token with `cluster.admin` on `metrics`.
     #[arg(long, env = "FELIX_METRICS_PUBLIC", default_value_t = false)]
     pub metrics_public: bool,
+
+    /// HTTPS on the REST listener (which also carries the member protocol): `on` or `off`.
+    /// On without `--tls-cert-file`: a development CA and certificate (for `localhost` and
+    /// the loopback addresses) are made once under `tls/` in the Raft data dir (or beside the
+    /// admin token file); clients trust `tls/ca.pem`.
+    #[arg(
+        long,
+        env = "FELIX_CONTROLPLANE_TLS",
+        value_enum,
+        default_value = "off"
+    )]
+    pub tls: TlsSwitch,
+    /// The server's certificate chain (PEM, leaf first), with `--tls on`.
+    #[arg(long, env = "FELIX_CONTROLPLANE_TLS_CERT_FILE")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// The server certificate's private key (PEM), with `--tls-cert-file`.
+    #[arg(long, env = "FELIX_CONTROLPLANE_TLS_KEY_FILE")]
+    pub tls_key_file: Option<PathBuf>,
+    /// The CA (PEM) this member trusts when it calls the other members [default: the
+    /// development CA when the development certificate is served, else the system's roots].
+    #[arg(long, env = "FELIX_CONTROLPLANE_TLS_CA_FILE")]
+    pub tls_ca_file: Option<PathBuf>,
+    /// A connection whose TLS handshake has not finished by then is closed.
+    #[arg(
+        long,
+        env = "FELIX_CONTROLPLANE_TLS_HANDSHAKE_TIMEOUT_MS",
+        default_value_t = 10_000
+    )]
+    pub tls_handshake_timeout_ms: u64,
+    /// TLS handshakes in progress at once; past it, new connections wait to be accepted.
+    #[arg(
+        long,
+        env = "FELIX_CONTROLPLANE_TLS_HANDSHAKES_MAX",
+        default_value_t = 1024
+    )]
+    pub tls_handshakes_max: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TlsSwitch {
+    On,
+    Off,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
@@ -261,12 +304,18 @@ file_layer! {
         auth_tokens_max: usize,
         auth_revocations_max: usize,
         metrics_public: bool,
+        tls: TlsSwitch,
+        tls_handshake_timeout_ms: u64,
+        tls_handshakes_max: usize,
     }
     opt {
         store: StoreKind,
         raft_data_dir: PathBuf,
         admin_token_file: PathBuf,
         member_secret_file: PathBuf,
+        tls_cert_file: PathBuf,
+        tls_key_file: PathBuf,
+        tls_ca_file: PathBuf,
     }
 }
 
@@ -308,8 +357,66 @@ impl Config {
             .or_else(|| self.raft_data_dir.as_ref().map(|d| d.join("admin.token")))
     }
 
+    /// Where the development TLS files live: `tls/` in the Raft data dir, else beside the
+    /// admin token file.
+    pub fn tls_dir(&self) -> Option<PathBuf> {
+        self.raft_data_dir
+            .as_ref()
+            .map(|d| d.join("tls"))
+            .or_else(|| {
+                self.admin_token_file
+                    .as_ref()
+                    .and_then(|f| f.parent())
+                    .map(|d| d.join("tls"))
+            })
+    }
+
+    /// The scheme of this control plane's URLs (and of the other members').
+    pub fn scheme(&self) -> &'static str {
+        match self.tls {
+            TlsSwitch::On => "https",
+            TlsSwitch::Off => "http",
+        }
+    }
+
+    /// The CA a member trusts when it calls the others, if not only the system's roots.
+    pub fn member_ca(&self) -> Option<PathBuf> {
+        if self.tls == TlsSwitch::Off {
+            return None;
+        }
+        self.tls_ca_file.clone().or_else(|| {
+            if self.tls_cert_file.is_none() {
+                self.tls_dir().map(|d| d.join("ca.pem"))
+            } else {
+                None
+            }
+        })
+    }
+
+    fn check_tls(&self) -> Result<(), String> {
+        let files = self.tls_cert_file.is_some() || self.tls_key_file.is_some();
+        match self.tls {
+            TlsSwitch::Off if files || self.tls_ca_file.is_some() => Err(
+                "--tls-cert-file, --tls-key-file and --tls-ca-file need --tls on".into(),
+            ),
+            TlsSwitch::On
+                if self.tls_cert_file.is_some() != self.tls_key_file.is_some() =>
+            {
+                Err("--tls-cert-file and --tls-key-file go together".into())
+            }
+            TlsSwitch::On if !files && self.tls_dir().is_none() => Err("--tls on without --tls-cert-file makes a development certificate, which needs a directory: set --raft-data-dir or --admin-token-file, or give --tls-cert-file and --tls-key-file".into()),
+            TlsSwitch::On
+                if self.tls_handshake_timeout_ms == 0 || self.tls_handshakes_max == 0 =>
+            {
+                Err("tls_handshake_timeout_ms and tls_handshakes_max must be above 0".into())
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Settings that cannot work together, refused at start.
     pub fn check(&self) -> Result<(), String> {
+        self.check_tls()?;
         if self.auth == AuthSwitch::On && self.admin_token_path().is_none() {
             return Err("auth is on but there is nowhere to write the admin token: set --admin-token-file (or --raft-data-dir), or --auth off".into());
         }

@@ -16,6 +16,8 @@ pub mod placement;
 #[cfg(feature = "server")]
 pub mod config;
 #[cfg(feature = "server")]
+pub mod https;
+#[cfg(feature = "server")]
 pub mod raft;
 #[cfg(feature = "server")]
 pub mod server;

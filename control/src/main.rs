@@ -42,6 +42,13 @@ async fn main() {
 }
 
 async fn run(cfg: Arc<Config>) -> i32 {
+    let tls = match felix_control::https::prepare(&cfg) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("felix-controlplane: {e}");
+            return 2;
+        }
+    };
     let listener = match tokio::net::TcpListener::bind(cfg.listen).await {
         Ok(l) => l,
         Err(e) => {
@@ -89,7 +96,7 @@ async fn run(cfg: Arc<Config>) -> i32 {
     if cfg.auth == felix_control::config::AuthSwitch::Off {
         tracing::warn!("auth is off (--auth off): anyone who reaches {} may read and change every tenant, broker and token", cfg.listen);
     }
-    tracing::info!(listen = %cfg.listen, store = ?cfg.store_kind(), "felix-controlplane serving");
+    tracing::info!(listen = %cfg.listen, scheme = cfg.scheme(), store = ?cfg.store_kind(), "felix-controlplane serving");
     // Machine-readable line for tests and scripts.
     println!(
         "listening {}",
@@ -98,7 +105,19 @@ async fn run(cfg: Arc<Config>) -> i32 {
             .map(|a| a.to_string())
             .unwrap_or_default()
     );
-    let r = serve(listener, st, extra, stop_rx).await;
+    let r = match tls {
+        None => serve(listener, st, extra, stop_rx).await,
+        Some(server) => {
+            let limits = felix_control::https::HandshakeLimits {
+                timeout: std::time::Duration::from_millis(cfg.tls_handshake_timeout_ms),
+                in_flight_max: cfg.tls_handshakes_max,
+            };
+            match felix_control::https::TlsListener::new(listener, server, limits) {
+                Ok(l) => serve(l, st, extra, stop_rx).await,
+                Err(e) => Err(e),
+            }
+        }
+    };
     store.shutdown().await;
     match r {
         Ok(()) => 0,

@@ -178,7 +178,10 @@ struct Soft {
 
 impl AppState {
     pub fn new(store: Arc<dyn MetadataStore>, cfg: Arc<Config>) -> Arc<Self> {
-        let http = reqwest::Client::builder()
+        // Forwarding to the leader trusts what the member protocol trusts; `Config::check`
+        // and `https::prepare` ran before, so a bad CA file has been refused already.
+        let http = crate::https::client_builder(cfg.member_ca().as_deref())
+            .expect("the member CA was checked at start")
             .timeout(cfg.write_timeout())
             .build()
             .expect("http client");
@@ -448,6 +451,11 @@ async fn metrics(State(st): State<Arc<AppState>>) -> impl IntoResponse {
         r.sum_us.load(Relaxed) as f64 / 1e6
     );
     let _ = writeln!(o, "felix_controlplane_request_seconds_count {count}");
+    let _ = write!(
+        o,
+        "# HELP felix_controlplane_tls_handshake_failures_total TLS handshakes on the REST listener that failed or timed out\n# TYPE felix_controlplane_tls_handshake_failures_total counter\nfelix_controlplane_tls_handshake_failures_total {}\n",
+        crate::https::HANDSHAKE_FAILURES.load(Relaxed)
+    );
     (
         [(
             axum::http::header::CONTENT_TYPE,
@@ -635,7 +643,7 @@ async fn heartbeat(
     match st.store.route() {
         Route::Local => local_heartbeat(&st, id, hb).await.map(Json),
         Route::Leader(addr) => {
-            let url = format!("http://{addr}/v1/brokers/{id}/heartbeat");
+            let url = format!("{}://{addr}/v1/brokers/{id}/heartbeat", st.cfg.scheme());
             // The leader checks the broker's own credential again (every member verifies
             // with the same keys).
             let mut rb = st.http.post(url).json(&hb);
@@ -740,12 +748,15 @@ fn unexpected(r: Reply) -> Refusal {
 // ------------------------------------------------------------------ serve
 
 /// Serve until `stop` fires: REST (+ the store's internal routes) and the sweep.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
+pub async fn serve<L>(
+    listener: L,
     st: Arc<AppState>,
     extra: Router,
     stop: tokio::sync::watch::Receiver<bool>,
-) -> std::io::Result<()> {
+) -> std::io::Result<()>
+where
+    L: axum::serve::Listener<Addr = std::net::SocketAddr>,
+{
     let app = router(st.clone()).merge(extra);
     let sweeper = tokio::spawn(sweep(st.clone(), stop.clone()));
     let mut s2 = stop.clone();

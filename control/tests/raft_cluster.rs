@@ -5,6 +5,7 @@ mod common;
 use common::*;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -23,7 +24,8 @@ struct Cluster {
     peers: String,
     nodes: Vec<Option<Server>>,
     auth: bool,
-    /// With auth on, the member secret file every member is given.
+    /// With auth on, the member secret file every member is given, and (the auth clusters
+    /// also serve HTTPS) the shared certificate, key and CA under `tls/`.
     secret: Option<tempfile::TempDir>,
 }
 
@@ -55,6 +57,7 @@ impl Cluster {
                 let d = tempdir();
                 std::fs::write(d.path().join("member.secret"), format!("{MEMBER_SECRET}\n"))
                     .unwrap();
+                felix_quic::tls::ensure_server_cert(&d.path().join("tls"), "controlplane").unwrap();
                 d
             }),
         };
@@ -84,16 +87,39 @@ impl Cluster {
             "40".into(),
         ]);
         if let Some(d) = &self.secret {
+            let tls = d.path().join("tls");
             args.extend([
                 "--member-secret-file".into(),
                 p(&d.path().join("member.secret")),
+                "--tls".into(),
+                "on".into(),
+                "--tls-cert-file".into(),
+                p(&tls.join("controlplane.pem")),
+                "--tls-key-file".into(),
+                p(&tls.join("controlplane-key.pem")),
+                "--tls-ca-file".into(),
+                p(&tls.join("ca.pem")),
             ]);
         }
         self.nodes[i] = Some(Server::start_exact(args));
     }
 
     fn url(&self, i: usize, path: &str) -> String {
-        format!("http://{}{}", self.addrs[i], path)
+        let scheme = if self.secret.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://{}{}", self.addrs[i], path)
+    }
+
+    /// The CA the HTTPS (auth) clusters' certificate is signed by.
+    fn ca(&self) -> PathBuf {
+        self.secret
+            .as_ref()
+            .expect("an auth cluster")
+            .path()
+            .join("tls/ca.pem")
     }
 
     fn kill(&mut self, i: usize) {
@@ -237,8 +263,9 @@ async fn three_members_forward_writes_to_the_leader() {
 /// Continuous writes through every member while the leader is SIGKILLed, a member is
 /// stopped and restarted, and a member's data dir is wiped (it rejoins under a new
 /// generation). No acknowledged write may be lost.
-/// With auth on: the keys are created once through Raft (every member writes the same admin
-/// token), and a follower forwards a write to the leader with its member credential.
+/// With auth on (and HTTPS, members' calls included): the keys are created once through Raft
+/// (every member writes the same admin token), and a follower forwards a write to the leader
+/// with its member credential.
 #[tokio::test]
 async fn with_auth_every_member_holds_the_same_keys_and_followers_forward() {
     let cl = Cluster::start_as(true);
@@ -249,7 +276,9 @@ async fn with_auth_every_member_holds_the_same_keys_and_followers_forward() {
         tokens.iter().all(|t| *t == tokens[0]),
         "one bootstrap, one admin token"
     );
-    let c = client_with(&tokens[0]);
+    // Every call, members' included, is HTTPS: the group formed and forwards over it.
+    let c = client_tls(Some(&tokens[0]), &cl.ca());
+    let anonymous = client_tls(None, &cl.ca());
     let leader = settled(&c, &cl, 30).await;
     let follower = (leader + 1) % 3;
     let (st, b) = call(
@@ -261,7 +290,7 @@ async fn with_auth_every_member_holds_the_same_keys_and_followers_forward() {
     .await;
     assert_eq!(st, 201, "a forwarded write: {b}");
     let (st, b) = call(
-        &client(),
+        &anonymous,
         "POST",
         &cl.url(follower, "/v1/tenants"),
         Some(json!({"name": "u"})),
@@ -269,7 +298,7 @@ async fn with_auth_every_member_holds_the_same_keys_and_followers_forward() {
     .await;
     assert_eq!(st, 401, "{b}");
     let (st, b) = call(
-        &client(),
+        &anonymous,
         "POST",
         &cl.url(follower, "/internal/v1/write"),
         Some(json!({"op": "delete_tenant", "name": "t"})),

@@ -49,21 +49,33 @@ pub fn ensure_dev_cert(dir: &Path) -> Result<(CertPaths, bool), TlsError> {
     if paths.cert.exists() && paths.key.exists() {
         return Ok((paths, false));
     }
-    let io = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| TlsError::Io { path, source }
-    };
     std::fs::create_dir_all(dir).map_err(io(dir))?;
     let (cert_pem, key_pem) = generate_self_signed(&["localhost"], &["127.0.0.1", "::1"])?;
-    // Key first with owner-only permissions, written to a temp name and renamed, so a crash
-    // never leaves a certificate without its key.
-    let tmp_key = dir.join("dev-key.pem.tmp");
-    write_private(&tmp_key, &key_pem).map_err(io(&tmp_key))?;
-    std::fs::rename(&tmp_key, &paths.key).map_err(io(&paths.key))?;
-    let tmp_cert = dir.join("dev-cert.pem.tmp");
-    std::fs::write(&tmp_cert, &cert_pem).map_err(io(&tmp_cert))?;
-    std::fs::rename(&tmp_cert, &paths.cert).map_err(io(&paths.cert))?;
+    write_pair(&paths, &cert_pem, &key_pem)?;
     Ok((paths, true))
+}
+
+/// Write a certificate and its key: the key first with owner-only permissions, each to a
+/// temp name and renamed, so a crash never leaves a certificate without its key.
+fn write_pair(paths: &CertPaths, cert_pem: &[u8], key_pem: &[u8]) -> Result<(), TlsError> {
+    let tmp = |p: &Path| {
+        let mut t = p.as_os_str().to_owned();
+        t.push(".tmp");
+        PathBuf::from(t)
+    };
+    let tmp_key = tmp(&paths.key);
+    write_private(&tmp_key, key_pem).map_err(io(&tmp_key))?;
+    std::fs::rename(&tmp_key, &paths.key).map_err(io(&paths.key))?;
+    let tmp_cert = tmp(&paths.cert);
+    std::fs::write(&tmp_cert, cert_pem).map_err(io(&tmp_cert))?;
+    std::fs::rename(&tmp_cert, &paths.cert).map_err(io(&paths.cert))?;
+    Ok(())
+}
+
+/// The error of a file operation on `path`.
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> TlsError {
+    let path = path.to_path_buf();
+    move |source| TlsError::Io { path, source }
 }
 
 fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
@@ -120,22 +132,7 @@ pub struct PeerTls {
 /// certificate names `node-<id>`, `localhost` and the loopback addresses, for client and
 /// server use. An existing CA is reused (adding a node to a cluster); node files are rewritten.
 pub fn generate_cluster_certs(dir: &Path, nodes: &[u64]) -> Result<Vec<PeerTls>, TlsError> {
-    let io = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| TlsError::Io { path, source }
-    };
-    std::fs::create_dir_all(dir).map_err(io(dir))?;
-    let (ca_path, ca_key_path) = (dir.join("ca.pem"), dir.join("ca-key.pem"));
-    let (ca, ca_key) = if ca_path.exists() && ca_key_path.exists() {
-        let c = std::fs::read(&ca_path).map_err(io(&ca_path))?;
-        let k = std::fs::read(&ca_key_path).map_err(io(&ca_key_path))?;
-        (X509::from_pem(&c)?, PKey::private_key_from_pem(&k)?)
-    } else {
-        let (c, k) = generate_self_signed(&[], &[])?;
-        write_private(&ca_key_path, &k).map_err(io(&ca_key_path))?;
-        std::fs::write(&ca_path, &c).map_err(io(&ca_path))?;
-        (X509::from_pem(&c)?, PKey::private_key_from_pem(&k)?)
-    };
+    let (ca_path, ca, ca_key) = ensure_ca(dir)?;
     let mut out = Vec::new();
     for &id in nodes {
         let name = node_name(id);
@@ -150,6 +147,57 @@ pub fn generate_cluster_certs(dir: &Path, nodes: &[u64]) -> Result<Vec<PeerTls>,
         });
     }
     Ok(out)
+}
+
+/// The CA under `dir` (`ca.pem`, and `ca-key.pem` 0600), made on first use and reused after.
+fn ensure_ca(dir: &Path) -> Result<(PathBuf, X509, PKey<boring::pkey::Private>), TlsError> {
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    let (ca_path, ca_key_path) = (dir.join("ca.pem"), dir.join("ca-key.pem"));
+    if ca_path.exists() && ca_key_path.exists() {
+        let c = std::fs::read(&ca_path).map_err(io(&ca_path))?;
+        let k = std::fs::read(&ca_key_path).map_err(io(&ca_key_path))?;
+        return Ok((
+            ca_path,
+            X509::from_pem(&c)?,
+            PKey::private_key_from_pem(&k)?,
+        ));
+    }
+    let (c, k) = generate_self_signed(&[], &[])?;
+    // Key first and the certificate last: a crash between them leaves no CA to reuse (the
+    // next start makes a new one) rather than a CA without its key.
+    write_private(&ca_key_path, &k).map_err(io(&ca_key_path))?;
+    std::fs::write(&ca_path, &c).map_err(io(&ca_path))?;
+    Ok((
+        ca_path,
+        X509::from_pem(&c)?,
+        PKey::private_key_from_pem(&k)?,
+    ))
+}
+
+/// A development server identity under `dir` for `name` (the control plane's HTTPS): the CA
+/// of [`generate_cluster_certs`] (made on first use) and `<name>.pem` / `<name>-key.pem`
+/// signed by it, for `name`, `localhost` and the loopback addresses. Clients trust `ca.pem`.
+/// Unlike the broker's self-signed dev certificate, the leaf is not a CA: rustls (the HTTPS
+/// side) refuses a CA certificate used as a server's own. Existing files are kept, so a
+/// restart serves the same certificate; the `bool` says whether it was made now.
+pub fn ensure_server_cert(dir: &Path, name: &str) -> Result<(PeerTls, bool), TlsError> {
+    let (ca_path, ca, ca_key) = ensure_ca(dir)?;
+    let paths = CertPaths {
+        cert: dir.join(format!("{name}.pem")),
+        key: dir.join(format!("{name}-key.pem")),
+    };
+    let made = !(paths.cert.exists() && paths.key.exists());
+    if made {
+        let (cert_pem, key_pem) = issue_node_cert(&ca, &ca_key, name)?;
+        write_pair(&paths, &cert_pem, &key_pem)?;
+    }
+    Ok((
+        PeerTls {
+            cert: paths,
+            ca: ca_path,
+        },
+        made,
+    ))
 }
 
 /// A fresh EC P-256 key, the subject `CN=common_name`, and a v3 certificate builder with a

@@ -69,6 +69,8 @@ pub fn split_member(m: u64) -> (u64, u32) {
 pub struct NetFactory {
     http: reqwest::Client,
     timeout: Duration,
+    /// `http` or `https`, as every member serves.
+    scheme: &'static str,
 }
 
 impl RaftNetworkFactory<TypeConfig> for NetFactory {
@@ -80,6 +82,7 @@ impl RaftNetworkFactory<TypeConfig> for NetFactory {
             addr: node.addr.clone(),
             http: self.http.clone(),
             timeout: self.timeout,
+            scheme: self.scheme,
         }
     }
 }
@@ -89,6 +92,7 @@ pub struct Net {
     addr: String,
     http: reqwest::Client,
     timeout: Duration,
+    scheme: &'static str,
 }
 
 impl Net {
@@ -103,7 +107,10 @@ impl Net {
         R: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,
     {
-        let url = format!("http://{}/raft/{}/{kind}", self.addr, self.target);
+        let url = format!(
+            "{}://{}/raft/{}/{kind}",
+            self.scheme, self.addr, self.target
+        );
         let ttl = opt
             .hard_ttl()
             .min(self.timeout)
@@ -220,7 +227,7 @@ pub async fn open(cfg: Arc<Config>) -> Result<(Arc<dyn MetadataStore>, Router), 
     if let Some(s) = &secret {
         headers.insert(member_auth::HEADER, s.header_value());
     }
-    let http = reqwest::Client::builder()
+    let http = crate::https::client_builder(cfg.member_ca().as_deref())?
         .timeout(Duration::from_millis(cfg.raft_rpc_timeout_ms.max(100)))
         .default_headers(headers)
         .build()
@@ -305,6 +312,7 @@ impl RaftStore {
         let net = NetFactory {
             http: self.http.clone(),
             timeout: Duration::from_millis(self.cfg.raft_rpc_timeout_ms.max(100)),
+            scheme: self.cfg.scheme(),
         };
         let raft = Raft::new(member, Arc::new(rc), net, log, sm)
             .await
@@ -366,7 +374,10 @@ impl RaftStore {
             for (_, addr) in &others {
                 match self
                     .http
-                    .get(format!("http://{addr}/internal/v1/identity"))
+                    .get(format!(
+                        "{}://{addr}/internal/v1/identity",
+                        self.cfg.scheme()
+                    ))
                     .timeout(Duration::from_millis(500))
                     .send()
                     .await
@@ -421,7 +432,7 @@ impl RaftStore {
         for (id, addr) in others {
             let r = self
                 .http
-                .post(format!("http://{addr}/internal/v1/assign"))
+                .post(format!("{}://{addr}/internal/v1/assign", self.cfg.scheme()))
                 .timeout(Duration::from_secs(5))
                 .json(&member_id(*id, 0))
                 .send()
@@ -462,7 +473,7 @@ impl RaftStore {
             for (_, addr) in others {
                 let r = self
                     .http
-                    .post(format!("http://{addr}/internal/v1/rejoin"))
+                    .post(format!("{}://{addr}/internal/v1/rejoin", self.cfg.scheme()))
                     .timeout(Duration::from_secs(30))
                     .json(&req)
                     .send()
@@ -510,7 +521,7 @@ impl RaftStore {
             .unwrap_or(0);
         let mut rb = self
             .http
-            .post(format!("http://{addr}/internal/v1/write"))
+            .post(format!("{}://{addr}/internal/v1/write", self.cfg.scheme()))
             .timeout(self.cfg.write_timeout())
             .json(cmd);
         if let Some(t) = self
@@ -665,7 +676,7 @@ impl MetadataStore for RaftStore {
                     Route::Leader(addr) => {
                         let ok = self
                             .http
-                            .get(format!("http://{addr}/livez"))
+                            .get(format!("{}://{addr}/livez", self.cfg.scheme()))
                             .timeout(Duration::from_millis(500))
                             .send()
                             .await

@@ -86,6 +86,24 @@ pub fn client_with(token: &str) -> reqwest::Client {
         .unwrap()
 }
 
+/// A client that trusts `ca` (PEM) and sends `token`, if any, as its bearer.
+pub fn client_tls(token: Option<&str>, ca: &Path) -> reqwest::Client {
+    let mut h = reqwest::header::HeaderMap::new();
+    if let Some(t) = token {
+        h.insert(
+            reqwest::header::AUTHORIZATION,
+            format!("Bearer {t}").parse().unwrap(),
+        );
+    }
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(ca).unwrap()).unwrap();
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .default_headers(h)
+        .add_root_certificate(ca)
+        .build()
+        .unwrap()
+}
+
 impl Server {
     /// Start with `--listen 127.0.0.1:0` and wait for its "listening ADDR" line.
     pub fn start(extra: &[String]) -> Server {
@@ -125,7 +143,12 @@ impl Server {
     }
 
     pub fn url(&self, path: &str) -> String {
-        format!("http://{}{}", self.addr, path)
+        let tls = self
+            .args
+            .windows(2)
+            .any(|w| w[0] == "--tls" && w[1] == "on");
+        let scheme = if tls { "https" } else { "http" };
+        format!("{scheme}://{}{}", self.addr, path)
     }
 
     pub fn pid(&self) -> i32 {
