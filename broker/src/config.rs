@@ -293,7 +293,7 @@ settings! {
         durable_retention_bytes: u64, "FELIX_DURABLE_RETENTION_BYTES";
         /// Default retention of durable streams by age, seconds (off when unset).
         durable_retention_seconds: u64, "FELIX_DURABLE_RETENTION_SECONDS";
-        /// Control plane base URL (e.g. http://127.0.0.1:7500): register there and serve its
+        /// Control plane base URL (e.g. https://127.0.0.1:7410): register there and serve its
         /// catalog instead of the standalone one.
         controlplane_url: String, "FELIX_CONTROLPLANE_URL";
         /// host:port clients dial to reach this broker (registered with the control plane);
@@ -315,6 +315,9 @@ settings! {
         /// This broker's node credential (`felixctl node enroll N` prints it): presented to
         /// the control plane to register, heartbeat and read the catalog and key set.
         controlplane_token_file: PathBuf, "FELIX_CONTROLPLANE_TOKEN_FILE";
+        /// The CA (PEM) an `https://` control plane's certificate is signed by, trusted besides
+        /// the system's roots (`tls/ca.pem` in a control plane's data dir with `--tls on`).
+        controlplane_ca: PathBuf, "FELIX_CONTROLPLANE_CA";
     }
 }
 
@@ -497,10 +500,13 @@ impl Config {
         if c.controlplane_url.is_some() && c.catalog.is_some() {
             return Err("catalog and controlplane_url are exclusive: the catalog comes from the control plane when it is set".into());
         }
+        if c.controlplane_ca.is_some() && c.controlplane_url.is_none() {
+            return Err("controlplane_ca needs controlplane_url".into());
+        }
         if let Some(u) = &c.controlplane_url {
             if !(u.starts_with("http://") || u.starts_with("https://")) {
                 return Err(format!(
-                    "controlplane_url must be an http:// URL, got {u:?}"
+                    "controlplane_url must be an http:// or https:// URL, got {u:?}"
                 ));
             }
         }

@@ -245,6 +245,23 @@ pub struct LinkConfig {
     pub keys: Option<Arc<crate::auth::AuthKeys>>,
     /// How often the key set is fetched again.
     pub jwks_refresh_ms: u64,
+    /// CA certificates trusted for an `https://` control plane, besides the system's roots.
+    pub ca: Vec<reqwest::Certificate>,
+}
+
+/// The certificates of a PEM file (`controlplane_ca`); errors name the file.
+pub fn load_ca(path: &std::path::Path) -> Result<Vec<reqwest::Certificate>, String> {
+    let pem =
+        std::fs::read(path).map_err(|e| format!("controlplane_ca {}: {e}", path.display()))?;
+    let certs = reqwest::Certificate::from_pem_bundle(&pem)
+        .map_err(|e| format!("controlplane_ca {}: {e}", path.display()))?;
+    if certs.is_empty() {
+        return Err(format!(
+            "controlplane_ca {}: no PEM certificate in it",
+            path.display()
+        ));
+    }
+    Ok(certs)
 }
 
 /// Shared between the feed and heartbeat tasks (never held across an await).
@@ -353,11 +370,24 @@ impl std::fmt::Display for CallError {
     }
 }
 
+/// An error and its causes, outermost first: reqwest's own text ("error sending request")
+/// hides the reason (a refused connection, an untrusted certificate).
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        src = c.source();
+    }
+    s
+}
+
 async fn call<T: serde::de::DeserializeOwned>(rb: reqwest::RequestBuilder) -> Result<T, CallError> {
     let r = rb
         .send()
         .await
-        .map_err(|e| CallError::Transport(e.to_string()))?;
+        .map_err(|e| CallError::Transport(with_causes(&e)))?;
     let status = r.status().as_u16();
     if r.status().is_success() {
         return r
@@ -468,7 +498,11 @@ async fn run(
             ),
         }
     }
-    let http = reqwest::Client::builder()
+    let mut http = reqwest::Client::builder();
+    for c in &cfg.ca {
+        http = http.add_root_certificate(c.clone());
+    }
+    let http = http
         .connect_timeout(Duration::from_secs(2))
         .timeout(Duration::from_millis(cfg.wait_ms + 10_000))
         .default_headers(headers)
@@ -519,6 +553,14 @@ async fn run(
                 eprintln!(
                     "felix-broker: the control plane at {base} refused to register node {}: {} ({}); check controlplane_token_file (felixctl node enroll {} prints one)",
                     cfg.node_id, b.message, b.code, cfg.node_id
+                );
+                std::process::exit(2);
+            }
+            // So is a certificate this broker does not trust.
+            Err(CallError::Transport(e)) if e.to_ascii_lowercase().contains("certificate") => {
+                tracing::error!(error = %e, "the control plane's certificate is not trusted");
+                eprintln!(
+                    "felix-broker: the control plane at {base} presented a certificate this broker does not trust ({e}); set controlplane_ca (FELIX_CONTROLPLANE_CA) to the CA that signs it"
                 );
                 std::process::exit(2);
             }

@@ -244,6 +244,11 @@ fn run(cfg: Config) -> Result<(), String> {
         ),
     }
     let node_token = felix_broker::auth::node_token(&cfg)?;
+    let controlplane_ca = cfg
+        .controlplane_ca
+        .as_deref()
+        .map(felix_broker::control_link::load_ca)
+        .transpose()?;
     let mut handles = Vec::new();
     for (i, (sock, peer_socks)) in sockets.into_iter().zip(peer_sockets).enumerate() {
         let mesh = mesh.clone();
@@ -322,6 +327,7 @@ fn run(cfg: Config) -> Result<(), String> {
                     .clone()
                     .filter(|_| felix_broker::auth::mode(&cfg) == "controlplane"),
                 jwks_refresh_ms: cfg.auth_jwks_refresh_ms,
+                ca: controlplane_ca.unwrap_or_default(),
             },
             catalog.clone(),
             synced.clone(),

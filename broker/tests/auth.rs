@@ -396,6 +396,9 @@ fn start_enrolled(
     if let Some(f) = token_file {
         args.extend(["--controlplane-token-file", f.to_str().unwrap()]);
     }
+    if let Some(ca) = &cp.ca {
+        args.extend(["--controlplane-ca", ca.to_str().unwrap()]);
+    }
     Broker::try_start_env(tempfile::tempdir().unwrap(), 1, &args, &[])
 }
 
@@ -431,7 +434,38 @@ async fn a_broker_with_a_control_plane_verifies_its_tokens() {
     std::fs::write(dir.path().join("node2.token"), other.trim()).unwrap();
     let mine = ctl(&["node", "enroll", "1", "--ttl", "1h"]);
     std::fs::write(dir.path().join("node1.token"), mine.trim()).unwrap();
-    let b = start_enrolled(&cp, "1", Some(&dir.path().join("node1.token"))).unwrap();
+    // The control plane serves HTTPS: a broker or a felixctl that does not trust its CA
+    // stops, saying what to set.
+    let token_file = dir.path().join("node1.token");
+    let err = Broker::try_start_env(
+        tempfile::tempdir().unwrap(),
+        1,
+        &[
+            "--controlplane-url",
+            cp.url.as_str(),
+            "--node-id",
+            "1",
+            "--controlplane-token-file",
+            token_file.to_str().unwrap(),
+        ],
+        &[],
+    )
+    .err()
+    .expect("no start without trusting the control plane's certificate");
+    assert!(err.contains("controlplane_ca"), "{err}");
+    let nowhere = tempfile::tempdir().unwrap();
+    let o = std::process::Command::new(common::cp::sibling("felixctl"))
+        .args(["--controlplane", &cp.url, "--token", &admin, "tenant", "ls"])
+        .env_remove("FELIX_CONTROLPLANE_CA")
+        .env_remove("FELIX_CONTEXT")
+        .env("FELIX_DATA_DIR", nowhere.path())
+        .env("FELIX_CONTEXT_FILE", nowhere.path().join("none.json"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{stderr}");
+    assert!(stderr.contains("--controlplane-ca"), "{stderr}");
+    let b = start_enrolled(&cp, "1", Some(&token_file)).unwrap();
     let anon = connect(&b, None).await.unwrap();
     assert_eq!(
         code(

@@ -31,6 +31,8 @@ pub struct Globals {
     pub timeout: Duration,
     /// Bearer token for the control plane, if any.
     pub token: Option<String>,
+    /// CA (PEM) trusted for an `https://` control plane, besides the system's roots.
+    pub controlplane_ca: Option<PathBuf>,
 }
 
 // ------------------------------------------------------------------ config file
@@ -54,6 +56,9 @@ pub struct Context {
     /// CA certificate that signs the broker's certificate (absolute path).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca: Option<PathBuf>,
+    /// CA certificate that signs the control plane's HTTPS certificate (absolute path).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub controlplane_ca: Option<PathBuf>,
     /// Token presented to the control plane and the brokers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
@@ -213,6 +218,11 @@ fn http_failure(url: &str, e: &reqwest::Error) -> Fail {
     let cause = cause.unwrap_or_else(|| e.to_string());
     if e.is_builder() {
         Fail::Usage(format!("bad control-plane URL {url}: {cause}"))
+    } else if cause.to_ascii_lowercase().contains("certificate") {
+        Fail::unreachable(
+            "tls",
+            format!("the control plane at {url} presented a certificate felixctl does not trust ({cause}); give its CA with --controlplane-ca (FELIX_CONTROLPLANE_CA, or a context's --controlplane-ca)"),
+        )
     } else if e.is_timeout() {
         Fail::unreachable(
             "timeout",
@@ -441,6 +451,24 @@ pub fn confirm_to(g: &Globals, verb: &str, what: &str) -> Result<(), Fail> {
 
 // ------------------------------------------------------------------ dispatch
 
+/// The REST client: the chosen CA trusted besides the system's roots.
+fn http_client(g: &Globals) -> Result<reqwest::Client, Fail> {
+    let mut b = reqwest::Client::builder().timeout(g.timeout);
+    if let Some(p) = &g.controlplane_ca {
+        let bad = |e: String| Fail::Usage(format!("control-plane CA {}: {e}", p.display()));
+        let pem = std::fs::read(p).map_err(|e| bad(e.to_string()))?;
+        let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| bad(e.to_string()))?;
+        if certs.is_empty() {
+            return Err(bad("no PEM certificate in it".into()));
+        }
+        for c in certs {
+            b = b.add_root_certificate(c);
+        }
+    }
+    b.build()
+        .map_err(|e| Fail::refused("internal", e.to_string()))
+}
+
 /// Run an admin command.
 pub async fn run(cmd: &AdminCmd, g: &Globals) -> Result<(), Fail> {
     use reqwest::Method as M;
@@ -456,10 +484,7 @@ pub async fn run(cmd: &AdminCmd, g: &Globals) -> Result<(), Fail> {
 
     let api = Api {
         base: resolve_url(g).map_err(Fail::Usage)?,
-        http: reqwest::Client::builder()
-            .timeout(g.timeout)
-            .build()
-            .map_err(|e| Fail::refused("internal", e.to_string()))?,
+        http: http_client(g)?,
         token: g.token.clone(),
     };
     let (t, n) = (seg(&g.tenant), seg(&g.namespace));
@@ -741,6 +766,7 @@ fn context(op: &ContextOp, g: &Globals) -> Result<(), Fail> {
                     println!(
                         "{}",
                         serde_json::json!({"name": n, "url": c.url, "broker": c.broker, "ca": c.ca,
+                            "controlplane_ca": c.controlplane_ca,
                             "current": cfg.current_context.as_deref() == Some(n)})
                     );
                 }
@@ -783,6 +809,7 @@ fn context(op: &ContextOp, g: &Globals) -> Result<(), Fail> {
             url,
             broker,
             ca,
+            controlplane_ca,
             token,
         } => {
             let exists = cfg.contexts.contains_key(name);
@@ -798,13 +825,16 @@ fn context(op: &ContextOp, g: &Globals) -> Result<(), Fail> {
             if let Some(b) = broker {
                 felix_client::resolve_broker(b).map_err(|e| Fail::Usage(e.to_string()))?;
             }
-            let ca = match ca {
-                Some(p) => Some(
-                    std::fs::canonicalize(p)
-                        .map_err(|e| Fail::Usage(format!("--ca {}: {e}", p.display())))?,
-                ),
-                None => None,
+            let absolute = |flag: &str, p: &Option<PathBuf>| -> Result<Option<PathBuf>, Fail> {
+                p.as_ref()
+                    .map(|p| {
+                        std::fs::canonicalize(p)
+                            .map_err(|e| Fail::Usage(format!("{flag} {}: {e}", p.display())))
+                    })
+                    .transpose()
             };
+            let ca = absolute("--ca", ca)?;
+            let controlplane_ca = absolute("--controlplane-ca", controlplane_ca)?;
             let c = cfg.contexts.entry(name.clone()).or_default();
             if url.is_some() {
                 c.url = url.clone();
@@ -814,6 +844,9 @@ fn context(op: &ContextOp, g: &Globals) -> Result<(), Fail> {
             }
             if ca.is_some() {
                 c.ca = ca;
+            }
+            if controlplane_ca.is_some() {
+                c.controlplane_ca = controlplane_ca;
             }
             if let Some(t) = token {
                 c.token = Some(t.trim().to_string());

@@ -84,6 +84,12 @@ struct Cli {
     /// Control-plane REST URL [default: the context's URL, else http://127.0.0.1:7410].
     #[arg(long, env = "FELIX_CONTROLPLANE_URL", global = true, help_heading = GLOBAL)]
     controlplane: Option<String>,
+    /// CA certificate (PEM) that signs an https:// control plane's certificate, trusted
+    /// besides the system's roots [default: the context's, else
+    /// felix-data/control/tls/ca.pem under $FELIX_DATA_DIR or the current directory when it
+    /// exists (scripts/run.sh)].
+    #[arg(long, env = "FELIX_CONTROLPLANE_CA", global = true, help_heading = GLOBAL)]
+    controlplane_ca: Option<PathBuf>,
     /// Context to use (control plane, broker and CA, from the context file) [default: the
     /// current context].
     #[arg(long, env = "FELIX_CONTEXT", global = true, help_heading = GLOBAL)]
@@ -193,6 +199,7 @@ async fn run(cli: Cli) -> Result<(), Fail> {
             yes: cli.yes,
             timeout: Duration::from_millis(cli.timeout_ms),
             token: token_choice(&cli)?,
+            controlplane_ca: controlplane_ca_choice(&cli)?,
         };
         return interruptible(admin::run(a, &g)).await;
     }
@@ -241,10 +248,7 @@ fn ca_choice(cli: &Cli, ctx: &Option<(String, admin::Context)>) -> Option<(PathB
         return Some((PathBuf::from(p), "FELIX_CA".into()));
     }
     // A local run (scripts/run.sh) keeps its dev certificate in its data dir.
-    let local = std::env::var_os("FELIX_DATA_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("felix-data"))
-        .join("tls/dev-cert.pem");
+    let local = local_data_dir().join("tls/dev-cert.pem");
     local
         .exists()
         .then(|| (local, "the local data dir".to_string()))
@@ -280,6 +284,30 @@ fn client_config(cli: &Cli) -> Result<ClientConfig, Fail> {
 
 /// The token to present: --token / $FELIX_TOKEN, else the context's, else a local admin
 /// token (the control plane's of scripts/run.sh, then a standalone broker's).
+/// The control plane's CA: the flag (or its environment variable), the context's, else a
+/// local run's development CA when it exists.
+fn controlplane_ca_choice(cli: &Cli) -> Result<Option<PathBuf>, Fail> {
+    if let Some(p) = &cli.controlplane_ca {
+        return Ok(Some(p.clone()));
+    }
+    if let Some((_, c)) =
+        admin::active_context(&cli.context, &cli.context_file).map_err(Fail::Usage)?
+    {
+        if let Some(p) = c.controlplane_ca {
+            return Ok(Some(p));
+        }
+    }
+    let local = local_data_dir().join("control/tls/ca.pem");
+    Ok(local.exists().then_some(local))
+}
+
+/// A local run's data dir: $FELIX_DATA_DIR, else ./felix-data (as scripts/run.sh).
+fn local_data_dir() -> PathBuf {
+    std::env::var_os("FELIX_DATA_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("felix-data"))
+}
+
 fn token_choice(cli: &Cli) -> Result<Option<String>, Fail> {
     if let Some(t) = &cli.token {
         return Ok(Some(t.trim().to_string()));
@@ -291,9 +319,7 @@ fn token_choice(cli: &Cli) -> Result<Option<String>, Fail> {
             return Ok(Some(t));
         }
     }
-    let data = std::env::var_os("FELIX_DATA_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("felix-data"));
+    let data = local_data_dir();
     for local in [
         data.join("control/admin.token"),
         data.join("auth/admin.token"),

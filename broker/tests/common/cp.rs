@@ -19,6 +19,8 @@ pub fn sibling(bin: &str) -> PathBuf {
 pub struct ControlPlane {
     pub child: Child,
     pub url: String,
+    /// With HTTPS: the CA its certificate is signed by.
+    pub ca: Option<PathBuf>,
 }
 
 impl Drop for ControlPlane {
@@ -32,7 +34,8 @@ pub fn start_control_plane(dead_after_ms: u64) -> ControlPlane {
     start_control_plane_settling(dead_after_ms, 0)
 }
 
-/// With auth on (its default): the admin token is written to `admin_token_file`.
+/// With auth on (its default) and HTTPS (a development certificate under `tls/` beside
+/// the token file): the admin token is written to `admin_token_file`.
 pub fn start_control_plane_auth(admin_token_file: &Path) -> ControlPlane {
     spawn_control_plane(5_000, 0, Some(admin_token_file))
 }
@@ -65,7 +68,7 @@ fn spawn_control_plane(
 ) -> ControlPlane {
     let mut cmd = Command::new(sibling("felix-controlplane"));
     match admin_token_file {
-        Some(f) => cmd.arg("--admin-token-file").arg(f),
+        Some(f) => cmd.arg("--admin-token-file").arg(f).args(["--tls", "on"]),
         // The suites test placement and forwarding; tests/auth.rs runs with auth on.
         None => cmd.env("FELIX_CONTROLPLANE_AUTH", "off"),
     };
@@ -92,15 +95,20 @@ fn spawn_control_plane(
         .strip_prefix("listening ")
         .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
         .to_string();
+    let ca = admin_token_file.map(|f| f.parent().unwrap().join("tls/ca.pem"));
     ControlPlane {
         child,
-        url: format!("http://{addr}"),
+        url: format!("{}://{addr}", if ca.is_some() { "https" } else { "http" }),
+        ca,
     }
 }
 
 pub fn felixctl(cp: &ControlPlane, cfg_dir: &Path, args: &[&str]) -> Output {
-    Command::new(sibling("felixctl"))
-        .args(["--controlplane", &cp.url])
+    let mut cmd = Command::new(sibling("felixctl"));
+    if let Some(ca) = &cp.ca {
+        cmd.env("FELIX_CONTROLPLANE_CA", ca);
+    }
+    cmd.args(["--controlplane", &cp.url])
         .arg("--context-file")
         .arg(cfg_dir.join("felixctl.json"))
         .args(args)

@@ -229,8 +229,8 @@ pub enum ContextOp {
         /// The context's name.
         name: String,
     },
-    /// Create or change a context: where its control plane and broker are, and the CA that
-    /// signs the broker's certificate.
+    /// Create or change a context: where its control plane and broker are, and the CAs that
+    /// sign their certificates.
     Set {
         /// The context's name.
         name: String,
@@ -243,6 +243,10 @@ pub enum ContextOp {
         /// CA certificate (PEM) that signs the broker's certificate; kept as an absolute path.
         #[arg(long)]
         ca: Option<PathBuf>,
+        /// CA certificate (PEM) that signs the control plane's HTTPS certificate; kept as an
+        /// absolute path.
+        #[arg(long)]
+        controlplane_ca: Option<PathBuf>,
         /// Token presented to the control plane and the brokers (the file is kept 0600).
         #[arg(long)]
         token: Option<String>,
