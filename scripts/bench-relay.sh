@@ -14,7 +14,8 @@ RUNS="${2:-5}"
 . scripts/bench-lib.sh
 cluster_up 2
 # events has 4 shards: 0 and 2 on node 1, 1 and 3 on node 2 (the settle window spread them).
-owner=$(curl -fsS http://127.0.0.1:7409/v1/tenants/default/namespaces/default/streams/events \
+owner=$(curl -fsS --cacert "$D/control/tls/ca.pem" -H "Authorization: Bearer $(cat "$D/control/admin.token")" \
+  https://127.0.0.1:7409/v1/tenants/default/namespaces/default/streams/events \
   | python3 -c 'import json,sys; print(json.load(sys.stdin)["placement"][0]["owner"])')
 [ "$owner" = 1 ] || { echo "shard 0 is on node $owner, expected 1" >&2; exit 1; }
 LOAD=(--mode ingest --shard 0 --payload 128 --inflight 64 --count 200000)

@@ -40,20 +40,23 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 CP_LISTEN="${FELIX_CONTROLPLANE_LISTEN:-127.0.0.1:7409}"
-URL="http://$CP_LISTEN"
+URL="https://$CP_LISTEN"
+# The CA felixctl, curl and the brokers trust for the control plane's certificate (made once
+# under $DATA/control/tls by --tls on).
+export FELIX_CONTROLPLANE_CA="$(mkdir -p "$DATA/control" && cd "$DATA/control" && pwd)/tls/ca.pem"
 mkdir -p "$DATA/control"
 # The brokers start together: shards are placed once they all registered (3 s settle window
 # here, FELIX_PLACEMENT_SETTLE_MS; the control plane's default is 10 s).
 "$BIN/felix-controlplane" --listen "$CP_LISTEN" --store raft --raft-data-dir "$DATA/control" \
-  --placement-settle-ms "${FELIX_PLACEMENT_SETTLE_MS:-3000}" \
+  --placement-settle-ms "${FELIX_PLACEMENT_SETTLE_MS:-3000}" --tls on \
   > "$DATA/controlplane.out" 2> >(sed -u 's/^/[controlplane] /' >&2) &
 PIDS+=($!)
 for _ in $(seq 1 100); do
-  curl -fsS "$URL/readyz" > /dev/null 2>&1 && break
+  curl -fsS --cacert "$FELIX_CONTROLPLANE_CA" "$URL/readyz" > /dev/null 2>&1 && break
   kill -0 "${PIDS[0]}" 2>/dev/null || { echo "felix-controlplane exited; see above" >&2; exit 1; }
   sleep 0.1
 done
-curl -fsS "$URL/readyz" > /dev/null || { echo "felix-controlplane not ready at $URL" >&2; exit 1; }
+curl -fsS --cacert "$FELIX_CONTROLPLANE_CA" "$URL/readyz" > /dev/null || { echo "felix-controlplane not ready at $URL" >&2; exit 1; }
 # Auth is on: the admin token the control plane wrote, and one node credential per broker.
 ADMIN_FILE="$DATA/control/admin.token"
 for _ in $(seq 1 100); do [ -s "$ADMIN_FILE" ] && break; sleep 0.1; done
@@ -94,11 +97,11 @@ ensure stream create events --shards $((2 * N))
 ensure cache create kv --shards $((2 * N))
 # Ready once the settle window closed and the shards are placed.
 for _ in $(seq 1 600); do
-  curl -fsS -H "Authorization: Bearer $ADMIN" "$URL/v1/catalog" | grep -q '"placement_held":false' && break
+  curl -fsS --cacert "$FELIX_CONTROLPLANE_CA" -H "Authorization: Bearer $ADMIN" "$URL/v1/catalog" | grep -q '"placement_held":false' && break
   sleep 0.1
 done
 "$BIN/felixctl" context set cluster --url "$URL" --broker 127.0.0.1:7420 \
-  --ca "$DATA/certs/ca.pem" --token "$ADMIN" > /dev/null
+  --ca "$DATA/certs/ca.pem" --controlplane-ca "$FELIX_CONTROLPLANE_CA" --token "$ADMIN" > /dev/null
 
 echo "control plane  $URL"
 for i in $(seq 1 "$N"); do

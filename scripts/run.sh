@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Starts Felix with embedded defaults: felix-controlplane (single-member Raft under
-# ./felix-data/control, REST on 127.0.0.1:7410) and felix-broker registered to it (QUIC on
+# ./felix-data/control, REST over HTTPS on 127.0.0.1:7410 with a development CA and
+# certificate made once under ./felix-data/control/tls) and felix-broker registered to it (QUIC on
 # 127.0.0.1:7400, /metrics /livez /readyz on 127.0.0.1:7401, durable logs under
 # ./felix-data/durable, dev TLS certificate generated on first start under ./felix-data/tls).
 # Auth is on: the control plane writes its admin token to ./felix-data/control/admin.token
@@ -37,17 +38,19 @@ CP_LISTEN="${FELIX_CONTROLPLANE_LISTEN:-127.0.0.1:7410}"
 mkdir -p "$DATA/control"
 # One broker: no placement settle window (FELIX_PLACEMENT_SETTLE_MS sets one).
 "$BIN/felix-controlplane" --listen "$CP_LISTEN" --store raft --raft-data-dir "$DATA/control" \
-  --placement-settle-ms "${FELIX_PLACEMENT_SETTLE_MS:-0}" \
+  --placement-settle-ms "${FELIX_PLACEMENT_SETTLE_MS:-0}" --tls on \
   > "$DATA/controlplane.out" 2> >(sed -u 's/^/[controlplane] /' >&2) &
 CP_PID=$!
 trap 'kill "$CP_PID" 2>/dev/null || true; wait "$CP_PID" 2>/dev/null || true' EXIT
-URL="http://$CP_LISTEN"
+URL="https://$CP_LISTEN"
+# The CA felixctl, curl and the broker trust for the control plane's certificate.
+export FELIX_CONTROLPLANE_CA="$(cd "$DATA/control" && pwd)/tls/ca.pem"
 for _ in $(seq 1 100); do
-  if curl -fsS "$URL/readyz" > /dev/null 2>&1; then break; fi
+  if curl -fsS --cacert "$FELIX_CONTROLPLANE_CA" "$URL/readyz" > /dev/null 2>&1; then break; fi
   kill -0 "$CP_PID" 2>/dev/null || { echo "felix-controlplane exited; see above" >&2; exit 1; }
   sleep 0.1
 done
-curl -fsS "$URL/readyz" > /dev/null || { echo "felix-controlplane not ready at $URL" >&2; exit 1; }
+curl -fsS --cacert "$FELIX_CONTROLPLANE_CA" "$URL/readyz" > /dev/null || { echo "felix-controlplane not ready at $URL" >&2; exit 1; }
 ADMIN_FILE="$DATA/control/admin.token"
 for _ in $(seq 1 100); do [ -s "$ADMIN_FILE" ] && break; sleep 0.1; done
 [ -s "$ADMIN_FILE" ] || { echo "felix-controlplane wrote no admin token at $ADMIN_FILE" >&2; exit 1; }
@@ -98,7 +101,8 @@ for _ in $(seq 1 300); do
 done
 if [ -f "$DATA/tls/dev-cert.pem" ]; then
   "$BIN/felixctl" context set local --url "$URL" --broker "$BROKER_ADDR" \
-    --ca "$(cd "$DATA" && pwd)/tls/dev-cert.pem" --token "$ADMIN" > /dev/null ||
+    --ca "$(cd "$DATA" && pwd)/tls/dev-cert.pem" --controlplane-ca "$FELIX_CONTROLPLANE_CA" \
+    --token "$ADMIN" > /dev/null ||
     echo "run.sh: could not write felixctl's context (felixctl will look for ./felix-data/tls)" >&2
 fi
 
