@@ -601,7 +601,7 @@ mod tests {
     fn the_global_options_have_their_own_heading() {
         let c = Cli::command();
         let globals: Vec<_> = c.get_arguments().filter(|a| a.is_global_set()).collect();
-        assert_eq!(globals.len(), 14, "the fourteen global options");
+        assert_eq!(globals.len(), 15, "the fifteen global options");
         assert!(globals.iter().all(|a| a.get_help_heading() == Some(GLOBAL)));
         c.debug_assert();
     }
