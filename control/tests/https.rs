@@ -33,14 +33,7 @@ fn start_tls(dir: &std::path::Path, extra: &[&str]) -> Server {
 
 /// The handshake-failure counter from `/metrics`.
 async fn handshake_failures(c: &reqwest::Client, s: &Server) -> u64 {
-    let text = c
-        .get(s.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = get_text(c, &s.url("/metrics")).await;
     text.lines()
         .find_map(|l| l.strip_prefix("felix_controlplane_tls_handshake_failures_total "))
         .unwrap_or_else(|| panic!("no handshake counter in /metrics:\n{text}"))

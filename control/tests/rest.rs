@@ -133,14 +133,7 @@ async fn metrics_count_requests_and_show_raft_state() {
     let c = client();
     wait_ready(&c, &s).await;
     let scrape = || async {
-        let text = c
-            .get(s.url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let text = get_text(&c, &s.url("/metrics")).await;
         let lines = text.lines().map(|l| Ok(l.to_string()));
         prometheus_parse::Scrape::parse(lines).expect("Prometheus text")
     };

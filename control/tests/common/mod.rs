@@ -199,6 +199,17 @@ pub fn client() -> reqwest::Client {
         .unwrap()
 }
 
+/// The body of a GET that must succeed at the transport level, as text.
+pub async fn get_text(c: &reqwest::Client, url: &str) -> String {
+    c.get(url)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("GET {url}: {e}"))
+        .text()
+        .await
+        .unwrap()
+}
+
 /// (status, JSON body or Null).
 pub async fn call(
     c: &reqwest::Client,
