@@ -14,7 +14,9 @@
 #     limits, disjoint CPUAffinity=), and the shipped configuration loads: felix-broker
 #     --print-config with broker.env and broker.yaml under the unit's CPUAffinity= runs one
 #     core per allowed CPU; felix-controlplane --print-config with controlplane.env; each
-#     unit's TimeoutStopSec exceeds its process's drain deadline.
+#     unit's TimeoutStopSec exceeds its process's drain deadline; the broker's control-plane
+#     URL, CA and node credential match the control plane's HTTPS and auth (checked against
+#     a broken copy too).
 # Needs python3 (3.11+, tomllib) and systemd-analyze (installs the systemd package if
 # missing). Run after `cargo build --workspace`.
 set -euo pipefail
@@ -205,6 +207,34 @@ else
 fi
 ccfg=$(env -i PATH="$PATH" "${cenv[@]}" timeout 30 "$BIN/felix-controlplane" --print-config) \
   || fail "felix-controlplane does not start on the shipped controlplane.env"
+# The shipped broker reaches the shipped control plane: the same scheme (HTTPS unless the
+# control plane turns it off), the dev CA the control plane writes, and a node credential when
+# the control plane checks tokens. A broker config pointed at http:// must be refused, so a
+# check that accepts everything cannot pass unnoticed.
+reaches() { # broker print-config JSON, control-plane print-config JSON
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+b, c = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+url = b.get("controlplane_url") or ""
+scheme = "https" if c["tls"] == "on" else "http"
+bad = []
+if not url.startswith(scheme + "://"):
+    bad.append(f"controlplane_url {url!r} is not {scheme}:// (control plane tls = {c['tls']})")
+if c["tls"] == "on" and not c.get("tls_cert_file"):
+    want = c["raft_data_dir"].rstrip("/") + "/tls/ca.pem"
+    if b.get("controlplane_ca") != want:
+        bad.append(f"controlplane_ca {b.get('controlplane_ca')!r} is not the dev CA {want}")
+if c["auth"] == "on" and not b.get("controlplane_token_file"):
+    bad.append("no controlplane_token_file, and the control plane checks tokens")
+for m in bad:
+    print("check-packaging:", m, file=sys.stderr)
+sys.exit(1 if bad else 0)
+PY
+}
+reaches "$cfg" "$ccfg" || fail "the shipped broker.yaml does not reach the shipped control plane"
+if reaches "${cfg//https:/http:}" "$ccfg" 2>/dev/null; then
+  fail "the broker-to-control-plane check accepted an http:// URL against an HTTPS control plane"
+fi
 drain() { python3 -c 'import json,sys; print(json.load(sys.stdin)["drain_timeout_ms"])'; }
 bdrain=$(drain <<<"$cfg")
 cdrain=$(drain <<<"$ccfg")

@@ -5,7 +5,7 @@
 # free loopback port per store (memory, then single-member raft in a temp dir). Bounded by
 # --max-time per store. The venv is cached outside the clone.
 #
-# Auth is on (the control plane's default): each store is run with the admin token it wrote,
+# Auth and HTTPS are on (the control plane's defaults): each store is run with the admin token it wrote,
 # then without a token, where every operation but health and the document must answer 401
 # (checked for each operation of the document, and by a shorter Schemathesis pass whose
 # answers must still conform to the document).
@@ -38,7 +38,10 @@ cleanup() {
 trap cleanup EXIT
 
 run_store() {
+  # The control plane serves HTTPS (its default) with the development CA it writes beside
+  # the admin token: every client here verifies it.
   local name="$1" tokfile="$2"; shift 2
+  local ca; ca="$(dirname "$tokfile")/tls/ca.pem"
   : >"$WORK/out"
   FELIX_LOG=error "$BIN" --listen 127.0.0.1:0 --max-wait-ms 200 --write-timeout-ms 2000 "$@" >"$WORK/out" &
   PID=$!
@@ -50,7 +53,7 @@ run_store() {
   done
   [ -n "$addr" ] || { echo "felix-controlplane ($name) did not start"; exit 1; }
   for _ in $(seq 1 200); do
-    curl -fsS "http://$addr/readyz" >/dev/null 2>&1 && break
+    curl -fsS --cacert "$ca" "https://$addr/readyz" >/dev/null 2>&1 && break
     sleep 0.05
   done
   for _ in $(seq 1 200); do [ -s "$tokfile" ] && break; sleep 0.05; done
@@ -61,27 +64,28 @@ run_store() {
   # One worker: with two, hypothesis parses lambda sources from two threads and CPython 3.11.7
   # (this machine's) intermittently dies with "SystemError: AST constructor recursion depth
   # mismatch" (python/cpython#106905) — a tool crash, not a finding.
-  (cd "$WORK" && "$VENV/bin/st" run "http://$addr/v1/openapi.json" \
+  (cd "$WORK" && "$VENV/bin/st" run "https://$addr/v1/openapi.json" --tls-verify "$ca" \
     -H "Authorization: Bearer $tok" \
     --checks not_a_server_error,status_code_conformance,response_schema_conformance,content_type_conformance \
     --max-time "$MAX_TIME" --workers 1 --max-failures 20 \
     --suppress-health-check all --warnings off)
   echo "== without a token: every operation but health and the document answers 401"
-  python3 - "$addr" <<'PY'
-import json, sys, urllib.request, urllib.error
-addr = sys.argv[1]
-doc = json.load(urllib.request.urlopen(f"http://{addr}/v1/openapi.json"))
+  python3 - "$addr" "$ca" <<'PY'
+import json, ssl, sys, urllib.request, urllib.error
+addr, ca = sys.argv[1], sys.argv[2]
+tls = ssl.create_default_context(cafile=ca)
+doc = json.load(urllib.request.urlopen(f"https://{addr}/v1/openapi.json", context=tls))
 public = {"/livez", "/readyz", "/v1/openapi.json"}
 bad, n = [], 0
 for path, item in doc["paths"].items():
     for method in ("get", "post", "put", "patch", "delete"):
         if method not in item:
             continue
-        url = "http://" + addr + path.replace("{", "x").replace("}", "")
+        url = "https://" + addr + path.replace("{", "x").replace("}", "")
         req = urllib.request.Request(url, method=method.upper(), data=b"{}" if method in ("post", "put", "patch") else None,
                                      headers={"Content-Type": "application/json"})
         try:
-            code = urllib.request.urlopen(req).status
+            code = urllib.request.urlopen(req, context=tls).status
         except urllib.error.HTTPError as e:
             code = e.code
         n += 1
@@ -92,7 +96,7 @@ if bad:
     print("\n".join(bad)); sys.exit(1)
 print(f"{n} operations: 401 without a token, health and the document open")
 PY
-  (cd "$WORK" && "$VENV/bin/st" run "http://$addr/v1/openapi.json" \
+  (cd "$WORK" && "$VENV/bin/st" run "https://$addr/v1/openapi.json" --tls-verify "$ca" \
     --checks not_a_server_error,status_code_conformance,response_schema_conformance,content_type_conformance \
     --max-time "$(( (MAX_TIME + 2) / 3 ))" --workers 1 --max-failures 20 \
     --suppress-health-check all --warnings off)

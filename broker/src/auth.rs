@@ -296,10 +296,14 @@ pub fn node_token(cfg: &Config) -> Result<Option<Secret>, String> {
         return Ok(None);
     };
     let t = std::fs::read_to_string(p)
-        .map_err(|e| format!("controlplane_token_file {}: {e}", p.display()))?;
+        .map_err(|e| format!("controlplane_token_file {}: {e} (felixctl node enroll {} prints this node's credential)", p.display(), cfg.node_id))?;
     let t = t.trim();
     if t.is_empty() {
-        return Err(format!("controlplane_token_file {} is empty", p.display()));
+        return Err(format!(
+            "controlplane_token_file {} is empty (felixctl node enroll {} prints this node's credential)",
+            p.display(),
+            cfg.node_id
+        ));
     }
     Ok(Some(Secret(t.to_string())))
 }

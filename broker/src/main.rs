@@ -50,7 +50,24 @@ fn main() {
         println!("{}", serde_json::to_string_pretty(&cfg).unwrap());
         return;
     }
-    if let Err(e) = run(cfg) {
+    // A missing or unreadable credential or CA is a configuration error: exit 2, which the
+    // packaged unit does not restart (it would fail the same way every 2 s).
+    let creds = felix_broker::auth::node_token(&cfg).and_then(|t| {
+        let ca = cfg
+            .controlplane_ca
+            .as_deref()
+            .map(felix_broker::control_link::load_ca)
+            .transpose()?;
+        Ok((t, ca))
+    });
+    let creds = match creds {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("felix-broker: invalid configuration: {e}");
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = run(cfg, creds) {
         eprintln!("felix-broker: {e}");
         std::process::exit(1);
     }
@@ -92,7 +109,13 @@ fn dev_certs(args: &[String]) -> i32 {
     }
 }
 
-fn run(cfg: Config) -> Result<(), String> {
+/// The node credential and the control plane's CA, read before anything starts.
+type Credentials = (
+    Option<felix_broker::auth::Secret>,
+    Option<Vec<reqwest::Certificate>>,
+);
+
+fn run(cfg: Config, (node_token, controlplane_ca): Credentials) -> Result<(), String> {
     let cfg = Arc::new(cfg);
     let standalone = cfg.controlplane_url.is_none();
     let catalog = match &cfg.catalog {
@@ -243,12 +266,6 @@ fn run(cfg: Config) -> Result<(), String> {
             "more cores than allowed CPUs: executors run unpinned within the allowed set"
         ),
     }
-    let node_token = felix_broker::auth::node_token(&cfg)?;
-    let controlplane_ca = cfg
-        .controlplane_ca
-        .as_deref()
-        .map(felix_broker::control_link::load_ca)
-        .transpose()?;
     let mut handles = Vec::new();
     for (i, (sock, peer_socks)) in sockets.into_iter().zip(peer_sockets).enumerate() {
         let mesh = mesh.clone();

@@ -429,6 +429,12 @@ async fn a_broker_with_a_control_plane_verifies_its_tokens() {
     let r = start_enrolled(&cp, "1", None);
     let err = r.err().expect("no start without a node credential");
     assert!(err.contains("controlplane_token_file"), "{err}");
+    // A credential file that is not there yet is a configuration error too (exit 2, which the
+    // packaged unit does not restart), naming the command that makes it.
+    let r = start_enrolled(&cp, "1", Some(&dir.path().join("absent.token")));
+    let err = r.err().expect("no start without the credential file");
+    assert!(err.contains("invalid configuration"), "{err}");
+    assert!(err.contains("felixctl node enroll 1"), "{err}");
     // Another node's credential cannot register as node 1: the broker never becomes ready.
     let other = ctl(&["node", "enroll", "2"]);
     std::fs::write(dir.path().join("node2.token"), other.trim()).unwrap();

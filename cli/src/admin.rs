@@ -14,7 +14,7 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub const DEFAULT_URL: &str = "http://127.0.0.1:7410";
+pub const DEFAULT_URL: &str = "https://127.0.0.1:7410";
 
 mod cmds;
 pub use cmds::*;
@@ -856,5 +856,30 @@ fn context(op: &ContextOp, g: &Globals) -> Result<(), Fail> {
             }
             save_config(&path, &cfg).map_err(|e| Fail::refused("io", e))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// With no flag and no context, felixctl talks to a local control plane over HTTPS, its
+    /// default (docs/cli.md, "Control plane").
+    #[test]
+    fn the_default_url_is_https() {
+        let dir = tempfile::tempdir().unwrap();
+        let g = Globals {
+            url: None,
+            context: None,
+            config: Some(dir.path().join("none.json")),
+            tenant: "default".into(),
+            namespace: "default".into(),
+            json: false,
+            yes: false,
+            timeout: Duration::from_secs(1),
+            token: None,
+            controlplane_ca: None,
+        };
+        assert_eq!(resolve_url(&g).unwrap(), "https://127.0.0.1:7410");
     }
 }

@@ -81,7 +81,7 @@ struct Cli {
     /// How long to wait for the connection and for each answer, milliseconds.
     #[arg(long, default_value_t = 10_000, global = true, help_heading = GLOBAL)]
     timeout_ms: u64,
-    /// Control-plane REST URL [default: the context's URL, else http://127.0.0.1:7410].
+    /// Control-plane REST URL [default: the context's URL, else https://127.0.0.1:7410].
     #[arg(long, env = "FELIX_CONTROLPLANE_URL", global = true, help_heading = GLOBAL)]
     controlplane: Option<String>,
     /// CA certificate (PEM) that signs an https:// control plane's certificate, trusted

@@ -26,6 +26,9 @@ fn start_control_plane_with(admin_token_file: Option<std::path::PathBuf>) -> Str
             tx.send(l.local_addr().unwrap().to_string()).unwrap();
             let mut cfg = Config::defaults();
             cfg.sweep_interval_ms = 50;
+            // `serve` is handed a plain listener here (HTTPS is felix-controlplane's main
+            // wrapping it), so the members' scheme must say so.
+            cfg.tls = felix_control::config::TlsSwitch::Off;
             match admin_token_file {
                 Some(f) => cfg.admin_token_file = Some(f),
                 None => cfg.auth = felix_control::config::AuthSwitch::Off,

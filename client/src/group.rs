@@ -251,7 +251,7 @@ impl Client {
         let t = wait + self.inner.cfg.request_timeout;
         match tokio::time::timeout(t, rx).await {
             Err(_) => Err(Error::Timeout(t)),
-            Ok(Err(_)) => Err(Error::Closed("connection task ended".into())),
+            Ok(Err(_)) => Err(self.inner.ended()),
             Ok(Ok(r)) => r,
         }
     }
@@ -567,10 +567,11 @@ impl<H: std::ops::Deref<Target = Client>> GroupConsumer<H> {
         let limit = wait + client.inner.cfg.request_timeout;
         self.outstanding.insert((shard, rid), !wait.is_zero());
         let tx = self.answers_tx.clone();
+        let inner = client.inner.clone();
         tokio::spawn(async move {
             let r = match tokio::time::timeout(limit, rx).await {
                 Err(_) => Err(Error::Timeout(limit)),
-                Ok(Err(_)) => Err(Error::Closed("connection task ended".into())),
+                Ok(Err(_)) => Err(inner.ended()),
                 Ok(Ok(r)) => r,
             };
             let _ = tx.send((shard, rid, sent, r));

@@ -403,6 +403,9 @@ struct ConnHandler {
     /// The watch mux's state (`mux.rs`).
     mux: mux::MuxState,
     keepalive: Option<Duration>,
+    /// Why the connection closed, kept for requests made after it: they would otherwise
+    /// only see their channel gone ("connection task ended") and lose the broker's reason.
+    close_reason: Arc<std::sync::OnceLock<String>>,
 }
 
 /// Poll cancels remembered for their late `not_found` answers.
@@ -785,6 +788,7 @@ impl Handler for ConnHandler {
         }
     }
     fn on_closed(&mut self, reason: String) {
+        let _ = self.close_reason.set(reason.clone());
         for (_, done) in self.flushing.drain(..) {
             let _ = done.send(Err(Error::Closed(reason.clone())));
         }
@@ -815,9 +819,19 @@ struct Inner {
     next_lane: AtomicU64,
     fire_errors: Arc<FireErrors>,
     fire_backlog: Arc<AtomicU64>,
+    close_reason: Arc<std::sync::OnceLock<String>>,
 }
 
 impl Inner {
+    /// A request that found the connection gone: the reason it closed, when it said one.
+    fn ended(&self) -> Error {
+        Error::Closed(
+            self.close_reason
+                .get()
+                .cloned()
+                .unwrap_or_else(|| "connection task ended".into()),
+        )
+    }
     /// A `Publish` frame with a fresh request id; refuses an empty batch.
     fn publish_frame<P: Into<Bytes>>(
         &self,
@@ -846,15 +860,13 @@ impl Inner {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
     fn send(&self, cmd: Cmd) -> Result<(), Error> {
-        self.tx
-            .send(cmd)
-            .map_err(|_| Error::Closed("connection task ended".into()))
+        self.tx.send(cmd).map_err(|_| self.ended())
     }
     async fn wait_result(&self, rx: oneshot::Receiver<Result<(), Error>>) -> Result<(), Error> {
         let t = self.cfg.request_timeout;
         match tokio::time::timeout(t, rx).await {
             Err(_) => Err(Error::Timeout(t)),
-            Ok(Err(_)) => Err(Error::Closed("connection task ended".into())),
+            Ok(Err(_)) => Err(self.ended()),
             Ok(Ok(r)) => r,
         }
     }
@@ -862,7 +874,7 @@ impl Inner {
         let t = self.cfg.request_timeout;
         match tokio::time::timeout(t, rx).await {
             Err(_) => Err(Error::Timeout(t)),
-            Ok(Err(_)) => Err(Error::Closed("connection task ended".into())),
+            Ok(Err(_)) => Err(self.ended()),
             Ok(Ok(r)) => r,
         }
     }
@@ -999,7 +1011,9 @@ impl Client {
         let (htx, hrx) = oneshot::channel();
         let fire_errors = Arc::new(FireErrors::default());
         let fire_backlog = Arc::new(AtomicU64::new(0));
+        let close_reason = Arc::new(std::sync::OnceLock::new());
         let handler = ConnHandler {
+            close_reason: close_reason.clone(),
             established: Some(etx),
             hello: Some(htx),
             pending: HashMap::new(),
@@ -1066,6 +1080,7 @@ impl Client {
                     next_lane: AtomicU64::new(1),
                     fire_errors,
                     fire_backlog,
+                    close_reason,
                 }),
                 limits,
                 core,

@@ -199,12 +199,7 @@ pub struct Config {
     /// On without `--tls-cert-file`: a development CA and certificate (for `localhost` and
     /// the loopback addresses) are made once under `tls/` in the Raft data dir (or beside the
     /// admin token file); clients trust `tls/ca.pem`.
-    #[arg(
-        long,
-        env = "FELIX_CONTROLPLANE_TLS",
-        value_enum,
-        default_value = "off"
-    )]
+    #[arg(long, env = "FELIX_CONTROLPLANE_TLS", value_enum, default_value = "on")]
     pub tls: TlsSwitch,
     /// The server's certificate chain (PEM, leaf first), with `--tls on`.
     #[arg(long, env = "FELIX_CONTROLPLANE_TLS_CERT_FILE")]
@@ -404,7 +399,7 @@ impl Config {
             {
                 Err("--tls-cert-file and --tls-key-file go together".into())
             }
-            TlsSwitch::On if !files && self.tls_dir().is_none() => Err("--tls on without --tls-cert-file makes a development certificate, which needs a directory: set --raft-data-dir or --admin-token-file, or give --tls-cert-file and --tls-key-file".into()),
+            TlsSwitch::On if !files && self.tls_dir().is_none() => Err("--tls on without --tls-cert-file makes a development certificate, which needs a directory: set --raft-data-dir or --admin-token-file, give --tls-cert-file and --tls-key-file, or serve plain HTTP with --tls off".into()),
             TlsSwitch::On
                 if self.tls_handshake_timeout_ms == 0 || self.tls_handshakes_max == 0 =>
             {

@@ -739,6 +739,7 @@ async fn suite(s: &Server) {
 fn print_config_shows_effective_settings() {
     let out = std::process::Command::new(common::BIN)
         .args(["--print-config", "--dead-after-ms", "7777", "--auth", "off"])
+        .args(["--tls", "off"])
         .env("FELIX_CONTROLPLANE_DEAD_AFTER_MS", "1234")
         .env("FELIX_CONTROLPLANE_MAX_SHARDS", "99")
         .output()
@@ -757,6 +758,29 @@ fn print_config_shows_effective_settings() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--admin-token-file"));
+    // HTTPS is the default: its development certificate needs a directory too, and the
+    // refusal names the way out.
+    let out = std::process::Command::new(common::BIN)
+        .args(["--print-config", "--store", "memory", "--auth", "off"])
+        .env_remove("FELIX_RAFT_DATA_DIR")
+        .env_remove("FELIX_CONTROLPLANE_TLS")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--tls off"));
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(common::BIN)
+        .args(["--print-config", "--store", "memory", "--admin-token-file"])
+        .arg(dir.path().join("admin.token"))
+        .env_remove("FELIX_CONTROLPLANE_TLS")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (v["tls"].as_str(), v["auth"].as_str()),
+        (Some("on"), Some("on"))
+    );
 }
 
 /// SIGTERM drains: a changes long poll waiting 30 s is answered at once (200, an empty

@@ -69,8 +69,11 @@ fn spawn_control_plane(
     let mut cmd = Command::new(sibling("felix-controlplane"));
     match admin_token_file {
         Some(f) => cmd.arg("--admin-token-file").arg(f).args(["--tls", "on"]),
-        // The suites test placement and forwarding; tests/auth.rs runs with auth on.
-        None => cmd.env("FELIX_CONTROLPLANE_AUTH", "off"),
+        // The suites test placement and forwarding; tests/auth.rs runs with auth and HTTPS
+        // on (both the defaults).
+        None => cmd
+            .env("FELIX_CONTROLPLANE_AUTH", "off")
+            .env("FELIX_CONTROLPLANE_TLS", "off"),
     };
     let mut child = cmd
         .args(["--listen", "127.0.0.1:0"])

@@ -119,6 +119,10 @@ impl Server {
             .args(&args)
             .env("FELIX_LOG", "warn,openraft=off")
             .env_remove("FELIX_RAFT_PEERS")
+            // HTTPS is the default; the REST suites speak plain HTTP to test the API itself,
+            // and a test that wants HTTPS passes `--tls on` (a flag beats the environment).
+            // tests/https.rs and the Raft auth cluster run it.
+            .env("FELIX_CONTROLPLANE_TLS", "off")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
