@@ -295,15 +295,17 @@ pub fn node_token(cfg: &Config) -> Result<Option<Secret>, String> {
         }
         return Ok(None);
     };
-    let t = std::fs::read_to_string(p)
-        .map_err(|e| format!("controlplane_token_file {}: {e} (felixctl node enroll {} prints this node's credential)", p.display(), cfg.node_id))?;
-    let t = t.trim();
-    if t.is_empty() {
-        return Err(format!(
-            "controlplane_token_file {} is empty (felixctl node enroll {} prints this node's credential)",
+    let why = |e: &str| {
+        format!(
+            "controlplane_token_file {}: {e} (felixctl node enroll {} prints this node's credential)",
             p.display(),
             cfg.node_id
-        ));
+        )
+    };
+    let t = std::fs::read_to_string(p).map_err(|e| why(&e.to_string()))?;
+    let t = t.trim();
+    if t.is_empty() {
+        return Err(why("empty"));
     }
     Ok(Some(Secret(t.to_string())))
 }

@@ -248,12 +248,9 @@ impl Client {
         rx: oneshot::Receiver<Result<Frame, Error>>,
         wait: Duration,
     ) -> Result<Frame, Error> {
-        let t = wait + self.inner.cfg.request_timeout;
-        match tokio::time::timeout(t, rx).await {
-            Err(_) => Err(Error::Timeout(t)),
-            Ok(Err(_)) => Err(self.inner.ended()),
-            Ok(Ok(r)) => r,
-        }
+        self.inner
+            .answer(rx, wait + self.inner.cfg.request_timeout)
+            .await
     }
 
     /// Answer claims (of any shards): one request per shard; one result per claim, in
@@ -569,11 +566,7 @@ impl<H: std::ops::Deref<Target = Client>> GroupConsumer<H> {
         let tx = self.answers_tx.clone();
         let inner = client.inner.clone();
         tokio::spawn(async move {
-            let r = match tokio::time::timeout(limit, rx).await {
-                Err(_) => Err(Error::Timeout(limit)),
-                Ok(Err(_)) => Err(inner.ended()),
-                Ok(Ok(r)) => r,
-            };
+            let r = inner.answer(rx, limit).await;
             let _ = tx.send((shard, rid, sent, r));
         });
         Ok(())

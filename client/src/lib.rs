@@ -863,17 +863,20 @@ impl Inner {
         self.tx.send(cmd).map_err(|_| self.ended())
     }
     async fn wait_result(&self, rx: oneshot::Receiver<Result<(), Error>>) -> Result<(), Error> {
-        let t = self.cfg.request_timeout;
-        match tokio::time::timeout(t, rx).await {
-            Err(_) => Err(Error::Timeout(t)),
-            Ok(Err(_)) => Err(self.ended()),
-            Ok(Ok(r)) => r,
-        }
+        self.answer(rx, self.cfg.request_timeout).await
     }
     async fn wait(&self, rx: oneshot::Receiver<Result<Frame, Error>>) -> Result<Frame, Error> {
-        let t = self.cfg.request_timeout;
-        match tokio::time::timeout(t, rx).await {
-            Err(_) => Err(Error::Timeout(t)),
+        self.answer(rx, self.cfg.request_timeout).await
+    }
+    /// The answer the connection task sends, within `limit`; a dropped sender means the
+    /// connection is gone ([`Inner::ended`]).
+    async fn answer<T>(
+        &self,
+        rx: oneshot::Receiver<Result<T, Error>>,
+        limit: Duration,
+    ) -> Result<T, Error> {
+        match tokio::time::timeout(limit, rx).await {
+            Err(_) => Err(Error::Timeout(limit)),
             Ok(Err(_)) => Err(self.ended()),
             Ok(Ok(r)) => r,
         }
