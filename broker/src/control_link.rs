@@ -251,17 +251,7 @@ pub struct LinkConfig {
 
 /// The certificates of a PEM file (`controlplane_ca`); errors name the file.
 pub fn load_ca(path: &std::path::Path) -> Result<Vec<reqwest::Certificate>, String> {
-    let pem =
-        std::fs::read(path).map_err(|e| format!("controlplane_ca {}: {e}", path.display()))?;
-    let certs = reqwest::Certificate::from_pem_bundle(&pem)
-        .map_err(|e| format!("controlplane_ca {}: {e}", path.display()))?;
-    if certs.is_empty() {
-        return Err(format!(
-            "controlplane_ca {}: no PEM certificate in it",
-            path.display()
-        ));
-    }
-    Ok(certs)
+    felix_control::ca_bundle::load(path).map_err(|e| format!("controlplane_ca {e}"))
 }
 
 /// Shared between the feed and heartbeat tasks (never held across an await).

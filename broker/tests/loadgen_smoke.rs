@@ -408,3 +408,62 @@ fn summary_for_people_duration_and_host_names() {
     );
     assert!(out.stdout.is_empty());
 }
+
+/// `--mode connect`: every sample is its own connection, with auth off and with auth on (the
+/// standalone broker's admin token); against auth on, no token is refused, not measured.
+#[test]
+fn connect_mode_opens_one_connection_per_sample() {
+    let off = Broker::start(1, &[]);
+    // An empty token is none (the auth-off side of scripts/bench-auth.sh).
+    let r = loadgen(
+        &off,
+        &[
+            "--mode",
+            "connect",
+            "--count",
+            "12",
+            "--threads",
+            "1",
+            "--token",
+            "",
+        ],
+    );
+    assert_eq!(r["mode"], "connect");
+    assert_eq!(r["token"], false, "{r}");
+    assert_eq!(r["connect"]["samples"], 12, "{r}");
+    assert_eq!(r["handshake"]["samples"], 12, "{r}");
+    let (hs, first) = (
+        r["handshake"]["p50"].as_u64().unwrap(),
+        r["connect"]["p50"].as_u64().unwrap(),
+    );
+    // The first ack comes after the handshake of the same connection.
+    assert!(hs > 0 && hs <= first, "{r}");
+    drop(off);
+
+    let on = Broker::start(1, &["--auth", "standalone"]);
+    let token = std::fs::read_to_string(on.dir.path().join("auth/admin.token")).unwrap();
+    let r = loadgen(
+        &on,
+        &["--mode", "connect", "--count", "8", "--token", token.trim()],
+    );
+    assert_eq!(r["token"], true, "{r}");
+    assert_eq!(r["connect"]["samples"], 8, "{r}");
+    let bare = Command::new(exe())
+        .args([
+            "--json",
+            "--max-secs",
+            "30",
+            "--mode",
+            "connect",
+            "--count",
+            "3",
+        ])
+        .args(["--broker", &on.quic.to_string(), "--ca"])
+        .arg(on.ca())
+        .env_remove("FELIX_TOKEN")
+        .output()
+        .unwrap();
+    assert!(!bare.status.success(), "no token against auth on must fail");
+    let err = String::from_utf8_lossy(&bare.stderr);
+    assert!(err.contains("unauthenticated"), "{err}");
+}

@@ -453,19 +453,10 @@ pub fn confirm_to(g: &Globals, verb: &str, what: &str) -> Result<(), Fail> {
 
 /// The REST client: the chosen CA trusted besides the system's roots.
 fn http_client(g: &Globals) -> Result<reqwest::Client, Fail> {
-    let mut b = reqwest::Client::builder().timeout(g.timeout);
-    if let Some(p) = &g.controlplane_ca {
-        let bad = |e: String| Fail::Usage(format!("control-plane CA {}: {e}", p.display()));
-        let pem = std::fs::read(p).map_err(|e| bad(e.to_string()))?;
-        let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| bad(e.to_string()))?;
-        if certs.is_empty() {
-            return Err(bad("no PEM certificate in it".into()));
-        }
-        for c in certs {
-            b = b.add_root_certificate(c);
-        }
-    }
-    b.build()
+    let b = reqwest::Client::builder().timeout(g.timeout);
+    felix_control::ca_bundle::trust(b, g.controlplane_ca.as_deref())
+        .map_err(|e| Fail::Usage(format!("control-plane CA {e}")))?
+        .build()
         .map_err(|e| Fail::refused("internal", e.to_string()))
 }
 

@@ -88,19 +88,7 @@ pub fn prepare(cfg: &crate::config::Config) -> Result<Option<Arc<rustls::ServerC
 /// An HTTP client for calls to other members (or to the leader): it trusts `ca` (PEM, one
 /// or more certificates) on top of the system's roots.
 pub fn client_builder(ca: Option<&Path>) -> Result<reqwest::ClientBuilder, String> {
-    let mut b = reqwest::Client::builder();
-    if let Some(p) = ca {
-        let pem = std::fs::read(p).map_err(|e| format!("TLS CA {}: {e}", p.display()))?;
-        let certs = reqwest::Certificate::from_pem_bundle(&pem)
-            .map_err(|e| format!("TLS CA {}: {e}", p.display()))?;
-        if certs.is_empty() {
-            return Err(format!("TLS CA {}: no PEM certificate in it", p.display()));
-        }
-        for c in certs {
-            b = b.add_root_certificate(c);
-        }
-    }
-    Ok(b)
+    crate::ca_bundle::trust(reqwest::Client::builder(), ca).map_err(|e| format!("TLS CA {e}"))
 }
 
 /// Bounds of the handshake stage.

@@ -9,6 +9,8 @@
 
 pub mod api;
 pub mod auth;
+#[cfg(feature = "ca-bundle")]
+pub mod ca_bundle;
 pub mod catalog;
 pub mod docs;
 pub mod placement;

@@ -10,6 +10,8 @@
 //! * `latency`: closed loop, one record in flight: publish, wait until all F subscribers
 //!   have it, publish the next. One-way publish→delivery percentiles (same process clock).
 //! * `rtt`: one acked publish at a time: publish → its ack percentiles.
+//! * `connect`: a fresh connection per sample, one after another: connect (handshake, Hello,
+//!   token) → the first acked publish, and the handshake alone, as percentiles.
 //! * `ingest`: acked publishes of one record each, up to `--inflight K` awaiting their ack
 //!   at once, no subscribers (peer-bench's `js-publish` shape). Reports acks/s, MB/s and
 //!   ack latency percentiles (publish call → ack). Against a durable stream the ack follows
@@ -40,6 +42,7 @@
 //! and never later than `--max-secs` (at most 600; default 60, or the duration plus 30 s).
 //! The summary text is `report::human` of the result line, unit-tested.
 
+mod connect;
 mod report;
 mod stats;
 
@@ -63,6 +66,9 @@ enum Mode {
     Latency,
     /// Request round trip: one acked publish at a time, publish → its ack (no subscriber).
     Rtt,
+    /// Connection cost: a fresh connection per sample, handshake (and token) → its first
+    /// acked publish; connections one at a time.
+    Connect,
     /// Acked publishes of one record each, --inflight awaiting their ack, no subscriber:
     /// acks/s and ack latency.
     Ingest,
@@ -230,6 +236,7 @@ struct Args {
     #[arg(long, env = "FELIX_BROKERS")]
     brokers: Option<String>,
     /// Token presented to the brokers (a JWT; env FELIX_TOKEN), for a broker with auth on.
+    /// An empty one is none: nothing is presented.
     #[arg(long, env = "FELIX_TOKEN", hide_env_values = true)]
     token: Option<String>,
     /// The client settings, resolved once from --broker (not a flag).
@@ -259,7 +266,7 @@ const GROUP_COUNT_MAX: u64 = 10_000_000;
 fn takes_duration(m: Mode) -> bool {
     matches!(
         m,
-        Mode::Throughput | Mode::Latency | Mode::Rtt | Mode::Ingest
+        Mode::Throughput | Mode::Latency | Mode::Rtt | Mode::Ingest | Mode::Connect
     )
 }
 
@@ -268,8 +275,14 @@ fn cfg(a: &Args) -> ClientConfig {
     c.verify = Verify::CaFile(a.ca.clone());
     c.transport.udp_payload_max_bytes = a.udp_payload_max_bytes;
     c.watch_mux = a.watch_mux;
-    c.token = a.token.clone();
+    c.token = token(a);
     c
+}
+
+/// The token to present: an empty `--token` (a campaign's auth-off side sets FELIX_TOKEN from
+/// a file that is not there) is none, not an `Authenticate` with nothing in it.
+fn token(a: &Args) -> Option<String> {
+    a.token.clone().filter(|t| !t.trim().is_empty())
 }
 
 fn name(a: &Args) -> StreamName {
@@ -655,6 +668,7 @@ async fn run(mut a: Args) {
         Mode::Latency => latency(&a).await,
         Mode::Ingest => ingest(&a).await,
         Mode::Rtt => rtt(&a).await,
+        Mode::Connect => connect::connect(&a).await,
         Mode::Group => group(&a).await,
         Mode::FanoutScale => fanout_scale(&a).await,
         Mode::Cache => cache(&a).await,
@@ -1141,7 +1155,7 @@ fn cluster_config(a: &Args) -> Result<Option<felix_client::ClusterConfig>, felix
     };
     let mut cc = felix_client::ClusterConfig::new(list, Some(a.ca.clone()))?;
     cc.connect_timeout = cfg(a).connect_timeout;
-    cc.token = a.token.clone();
+    cc.token = token(a);
     Ok(Some(cc))
 }
 

@@ -385,6 +385,22 @@ pub fn human(v: &Value) -> String {
             let _ = writeln!(o, "round trip {}", percentiles(&v["rtt"]));
             refusals(v, &mut o);
         }
+        "connect" => {
+            o += &header(v, "connection cost, one fresh connection at a time");
+            let auth = if v["token"] == true {
+                "with a token"
+            } else {
+                "without a token"
+            };
+            let _ = writeln!(
+                o,
+                "  connect ({auth}) → its first acked publish of {pl}, then close"
+            );
+            bounded(v, &mut o);
+            let _ = writeln!(o, "to first ack {}", percentiles(&v["connect"]));
+            let _ = writeln!(o, "handshake    {}", percentiles(&v["handshake"]));
+            refusals(v, &mut o);
+        }
         "ingest" => {
             let durable = if v["durable"] == true {
                 "durable"

@@ -92,6 +92,10 @@ fn figures(d: &serde_json::Value) -> Vec<(&'static str, f64)> {
                 ("rtt p50 us", f(&d["rtt"]["p50"])),
                 ("rtt p99 us", f(&d["rtt"]["p99"])),
             ]),
+            "connect" => pick([
+                ("connect p50 us", f(&d["connect"]["p50"])),
+                ("connect p99 us", f(&d["connect"]["p99"])),
+            ]),
             _ => vec![],
         }
     } else {
