@@ -13,13 +13,20 @@ fn exe() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_BIN_EXE_felix-broker")).with_file_name("felix-loadgen")
 }
 
-/// Run felix-loadgen against `broker` (an address as a user writes it); its output.
-fn run_at(b: &Broker, broker: &str, args: &[&str]) -> Output {
-    let out = Command::new(exe())
-        .args(["--broker", broker])
+/// felix-loadgen against `broker` (an address as a user writes it), trusting `b`'s CA.
+fn command(b: &Broker, broker: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(exe());
+    c.args(["--broker", broker])
         .arg("--ca")
         .arg(b.ca())
-        .args(args)
+        .args(args);
+    c
+}
+
+/// Run felix-loadgen against `broker` (an address as a user writes it); its output, which
+/// must be a success.
+fn run_at(b: &Broker, broker: &str, args: &[&str]) -> Output {
+    let out = command(b, broker, args)
         .output()
         .unwrap_or_else(|e| panic!("run {}: {e}", exe().display()));
     assert!(
@@ -448,8 +455,10 @@ fn connect_mode_opens_one_connection_per_sample() {
     );
     assert_eq!(r["token"], true, "{r}");
     assert_eq!(r["connect"]["samples"], 8, "{r}");
-    let bare = Command::new(exe())
-        .args([
+    let bare = command(
+        &on,
+        &on.quic.to_string(),
+        &[
             "--json",
             "--max-secs",
             "30",
@@ -457,12 +466,11 @@ fn connect_mode_opens_one_connection_per_sample() {
             "connect",
             "--count",
             "3",
-        ])
-        .args(["--broker", &on.quic.to_string(), "--ca"])
-        .arg(on.ca())
-        .env_remove("FELIX_TOKEN")
-        .output()
-        .unwrap();
+        ],
+    )
+    .env_remove("FELIX_TOKEN")
+    .output()
+    .unwrap();
     assert!(!bare.status.success(), "no token against auth on must fail");
     let err = String::from_utf8_lossy(&bare.stderr);
     assert!(err.contains("unauthenticated"), "{err}");
