@@ -3,63 +3,20 @@
 //! raw peer connections over QUIC. Brokers run `--cores 1 --spin-before-park-us 0`: three
 //! share this machine's two cores.
 
-use felix_client::{Client, Error, SubscribeOptions};
-use felix_quic::tls::{generate_cluster_certs, node_name, peer_client_config, TransportConfig};
-use felix_quic::wire::{
-    ErrorCode, ForwardHead, Frame, PeerFrame, Records, ShardSelector, StartAt, StreamName,
-};
-use std::path::Path;
+use felix_client::{Error, SubscribeOptions};
+use felix_quic::tls::generate_cluster_certs;
+use felix_quic::wire::{ErrorCode, Frame, PeerFrame, ShardSelector, StartAt, StreamName};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::cp::{
-    eventually, felixctl, sibling, start_control_plane, start_control_plane_settling, ControlPlane,
+use common::cluster::{
+    cluster_id, make_resources, make_resources_with, placement, publish_forward, raw_peer,
+    refusal_of, start_node, visible,
 };
-use common::raw::Raw;
+use common::cp::{
+    eventually, felixctl, sibling, start_control_plane, start_control_plane_settling,
+};
 use common::{ok, Broker};
-
-/// A broker of the cluster: node `id`, peer listener on a random port.
-fn start_node(cp: &ControlPlane, certs: &Path, id: u64, extra: &[&str]) -> Broker {
-    let id_s = id.to_string();
-    let cert = certs.join(format!("node-{id}.pem"));
-    let key = certs.join(format!("node-{id}-key.pem"));
-    let ca = certs.join("ca.pem");
-    let mut args = vec![
-        "--spin-before-park-us",
-        "0",
-        "--controlplane-url",
-        &cp.url,
-        "--node-id",
-        &id_s,
-        "--peer-cert",
-        cert.to_str().unwrap(),
-        "--peer-key",
-        key.to_str().unwrap(),
-        "--peer-ca",
-        ca.to_str().unwrap(),
-    ];
-    if !extra.contains(&"--peer-listen") {
-        args.extend_from_slice(&["--peer-listen", "127.0.0.1:0"]);
-    }
-    args.extend_from_slice(extra);
-    Broker::start(1, &args)
-}
-
-/// Tenant `acme`, namespace `prod`, and a stream and a cache over every broker.
-fn make_resources(cp: &ControlPlane, dir: &Path, shards: &str) {
-    make_resources_with(cp, dir, shards, &[]);
-}
-
-/// As [`make_resources`], with extra `stream create` flags (`--durable`).
-fn make_resources_with(cp: &ControlPlane, dir: &Path, shards: &str, stream_flags: &[&str]) {
-    let ctl = |args: &[&str]| ok(felixctl(cp, dir, args));
-    ctl(&["tenant", "create", "acme"]);
-    ctl(&["--tenant", "acme", "namespace", "create", "prod"]);
-    let ns = ["--tenant", "acme", "--namespace", "prod"];
-    let create = ["stream", "create", "spread", "--shards", shards];
-    ctl(&[&ns[..], &create[..], stream_flags].concat());
-    ctl(&[&ns[..], &["cache", "create", "kv", "--shards", shards]].concat());
-}
 
 /// The settle window: a durable stream made before any broker registered (its shards never
 /// move once placed) is spread over the three brokers that start together, within one shard
@@ -109,41 +66,6 @@ async fn brokers_started_together_share_the_shards() {
         })
         .await;
         assert_eq!(r.shard, shard);
-    }
-}
-
-/// `(owner node, generation)` of every shard of a stream or cache, from REST.
-async fn placement(cp: &ControlPlane, kind: &str, name: &str) -> (u64, Vec<(u64, u64)>) {
-    let v: serde_json::Value = reqwest::get(format!(
-        "{}/v1/tenants/acme/namespaces/prod/{kind}/{name}",
-        cp.url
-    ))
-    .await
-    .unwrap()
-    .json()
-    .await
-    .unwrap();
-    let places = v["placement"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| {
-            (
-                p["owner"].as_u64().unwrap_or(0),
-                p["generation"].as_u64().unwrap(),
-            )
-        })
-        .collect();
-    (v["created_revision"].as_u64().unwrap(), places)
-}
-
-/// Wait until every broker serves the stream (the catalog reached each).
-async fn visible(clients: &[Client], name: &StreamName) {
-    for c in clients {
-        eventually("stream visible", || async {
-            c.describe_stream(name).await.map_err(|e| e.to_string())
-        })
-        .await;
     }
 }
 
@@ -294,86 +216,6 @@ async fn every_broker_serves_every_shard_by_forwarding() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-}
-
-/// A raw peer: dial node `to`'s peer listener with node `as_node`'s certificate and say
-/// `PeerHello` naming `claims`.
-async fn raw_peer(
-    b: &Broker,
-    certs: &Path,
-    cluster: &str,
-    (to, as_node, claims): (u64, u64, u64),
-) -> (Raw, Frame) {
-    let peer = b.peer.expect("a peer listener");
-    let tls = felix_quic::tls::PeerTls {
-        cert: felix_quic::tls::CertPaths {
-            cert: certs.join(format!("node-{as_node}.pem")),
-            key: certs.join(format!("node-{as_node}-key.pem")),
-        },
-        ca: certs.join("ca.pem"),
-    };
-    let cfg = peer_client_config(&tls, &TransportConfig::default()).unwrap();
-    let mut raw = Raw::connect_config(peer, &node_name(to), cfg, 1 << 24)
-        .await
-        .unwrap();
-    raw.send(
-        0,
-        &Frame::Peer(PeerFrame::PeerHello {
-            node_id: claims,
-            cluster_id: cluster.to_string(),
-            capabilities: 1,
-            max_frame_bytes: 1 << 24,
-        }),
-    );
-    let answer = raw.next_on(0).await;
-    (raw, answer)
-}
-
-/// A forwarded one-record publish to `shard`, as a peer would send it.
-fn publish_forward(
-    name: &StreamName,
-    (rid, shard): (u64, u32),
-    (incarnation, generation): (u64, u64),
-    principal: String,
-    payload: &'static [u8],
-) -> Frame {
-    Frame::Peer(PeerFrame::Forward {
-        head: ForwardHead {
-            incarnation,
-            generation,
-            origin_node: 3,
-            principal,
-            frame_bytes_max: 0,
-        },
-        inner: Box::new(Frame::Publish {
-            request_id: rid,
-            stream: name.clone(),
-            shard: ShardSelector::Shard(shard),
-            ack: true,
-            records: Records::encode([payload]),
-        }),
-    })
-}
-
-/// The request id and code of an `Error`.
-fn refusal_of(f: Frame) -> (u64, Option<ErrorCode>) {
-    match f {
-        Frame::Error {
-            request_id, code, ..
-        } => (request_id, ErrorCode::from_number(code)),
-        other => panic!("expected an Error, got {other:?}"),
-    }
-}
-
-/// The cluster's identity, as the control plane names it to brokers.
-async fn cluster_id(cp: &ControlPlane) -> String {
-    let v: serde_json::Value = reqwest::get(format!("{}/v1/catalog", cp.url))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    v["catalog_id"].as_str().unwrap().to_string()
 }
 
 /// The owner's checks: a peer whose certificate names another node is refused; a forward
@@ -1104,134 +946,5 @@ async fn read_until(
                 seen.entry(shard).or_default().insert(first_offset + i);
             }
         }
-    }
-}
-
-/// Auth across brokers (`--auth jwks`, one key set for the cluster): a forwarded request is
-/// checked at the forwarding broker and again at the owner, with the client's token carried in
-/// the forward; a forward without a principal, or with one that lacks the permission, is
-/// refused by the owner and nothing is appended.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn forwards_carry_the_clients_principal() {
-    use felix_control::auth::{admin_claims, Claims, Jwks, SigningKey, ISSUER};
-    let cp = start_control_plane(120_000);
-    let tmp = tempfile::tempdir().unwrap();
-    let certs = tmp.path().join("certs");
-    generate_cluster_certs(&certs, &[1, 2, 3]).unwrap();
-    let key = SigningKey::from_seed("cluster-1", [42; 32]);
-    let jwks = tmp.path().join("jwks.json");
-    let set = Jwks {
-        keys: vec![key.jwk()],
-    };
-    std::fs::write(&jwks, serde_json::to_vec(&set).unwrap()).unwrap();
-    let auth = ["--auth", "jwks", "--auth-jwks", jwks.to_str().unwrap()];
-    let n1 = start_node(&cp, &certs, 1, &auth);
-    let n2 = start_node(&cp, &certs, 2, &auth);
-    make_resources(&cp, tmp.path(), "4");
-    let (incarnation, places) = placement(&cp, "streams", "spread").await;
-    let name = StreamName::new("acme", "prod", "spread");
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
-    let token = |perms: &[&str]| {
-        key.issue(&Claims {
-            iss: ISSUER.into(),
-            sub: "svc".into(),
-            tenant: "acme".into(),
-            perms: perms.iter().map(|p| p.to_string()).collect(),
-            iat: now,
-            nbf: now,
-            exp: now + 600,
-            jti: format!("j-{}", perms.join(",")),
-        })
-    };
-    let admin = key.issue(&admin_claims("admin", "a", now, 600));
-    for n in [&n1, &n2] {
-        *n.metrics_token.lock().unwrap() = Some(admin.clone());
-    }
-    let connect = |b: &Broker, t: String| {
-        let mut cfg = b.client_config();
-        cfg.token = Some(t);
-        Client::connect(cfg)
-    };
-    let watchers = [
-        connect(&n1, admin.clone()).await.unwrap(),
-        connect(&n2, admin.clone()).await.unwrap(),
-    ];
-    visible(&watchers, &name).await;
-    let theirs = places.iter().position(|p| p.0 == 2).unwrap() as u32;
-    let mine = places.iter().position(|p| p.0 == 1).unwrap() as u32;
-
-    // A publisher's token through broker 1 to broker 2's shard: forwarded, served.
-    let publisher = connect(&n1, token(&["stream.publish:prod/*"]))
-        .await
-        .unwrap();
-    eventually("forwarded with its principal", || async {
-        publisher
-            .publish_batch(&name, ShardSelector::Shard(theirs), vec!["ok"])
-            .await
-            .map_err(|e| e.to_string())
-    })
-    .await;
-    assert!(n2.total("forwards_served") >= 1);
-    // A subscriber's token: refused at broker 1, never forwarded.
-    let sent = n1.total("forwards_sent");
-    let reader = connect(&n1, token(&["stream.subscribe:prod/*"]))
-        .await
-        .unwrap();
-    match reader
-        .publish_batch(&name, ShardSelector::Shard(theirs), vec!["no"])
-        .await
-    {
-        Err(Error::Broker { code, message }) => {
-            assert_eq!(code, ErrorCode::Forbidden);
-            assert!(message.contains("stream.publish:prod/spread"), "{message}");
-        }
-        other => panic!("{other:?}"),
-    }
-    assert_eq!(n1.total("forwards_sent"), sent, "refused before the link");
-
-    // A peer that forwards on its own: the owner checks the principal the forward names.
-    let cluster = cluster_id(&cp).await;
-    let (mut raw, answer) = raw_peer(&n1, &certs, &cluster, (1, 3, 3)).await;
-    assert!(
-        matches!(answer, Frame::Peer(PeerFrame::PeerHelloOk { .. })),
-        "{answer:?}"
-    );
-    let generation = places[mine as usize].1;
-    let fwd = |rid: u64, principal: String| {
-        publish_forward(
-            &name,
-            (rid, mine),
-            (incarnation, generation),
-            principal,
-            b"raw",
-        )
-    };
-    let refusal = refusal_of;
-    raw.send(4, &fwd(1, String::new()));
-    assert_eq!(
-        refusal(raw.next_on(4).await),
-        (1, Some(ErrorCode::Unauthenticated))
-    );
-    raw.send(4, &fwd(2, token(&["cache.read:*"])));
-    assert_eq!(
-        refusal(raw.next_on(4).await),
-        (2, Some(ErrorCode::Forbidden))
-    );
-    raw.send(4, &fwd(3, "forged.token.here".into()));
-    assert_eq!(
-        refusal(raw.next_on(4).await),
-        (3, Some(ErrorCode::Unauthenticated))
-    );
-    raw.send(4, &fwd(4, token(&["stream.publish:prod/spread"])));
-    match raw.next_on(4).await {
-        Frame::PublishAck {
-            request_id: 4,
-            first_offset: 0,
-            ..
-        } => {}
-        other => panic!("the refused forwards appended nothing: {other:?}"),
     }
 }

@@ -2,6 +2,7 @@
 //! loopback (random ports, temp data dir), killed when dropped.
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod cp;
 pub mod raw;
 
