@@ -115,7 +115,8 @@ counters! {
     auth_accepted: "tokens accepted on this core (Authenticate)",
     auth_refused: "tokens refused on this core (unauthenticated, token_expired, revoked)",
     auth_denied: "frames refused by the auth check on this core (unauthenticated, forbidden, token_expired, revoked)",
-    auth_revoked_ended: "connections on this core whose subscriptions and watches were ended because their token was revoked",
+    auth_revoked_ended: "connections on this core whose subscriptions, watches and publish streams were ended because their token was revoked",
+    auth_publish_lanes_ended: "publish streams (acked and fire-and-forget) this core stopped reading because their principal's token was revoked or expired",
     ;
     gauges {
         connections_open: "QUIC connections open on this core",

@@ -601,6 +601,21 @@ async fn a_revocation_ends_live_streams_and_a_feed_outage_fails_open() {
         .map_err(|e| e.to_string())
     })
     .await;
+    // Two publish streams of the leaked token: an acked publisher's and the one-way stream.
+    let p = c.publisher();
+    p.publish_batch(&events(), ShardSelector::Shard(0), vec!["acked"])
+        .await
+        .unwrap();
+    c.publish_fire(&events(), ShardSelector::Shard(0), vec!["fire"])
+        .unwrap();
+    // Bounded: both records are read back before the revocation (so the broker has read
+    // the one-way stream, and the subscription's next event is its end).
+    for _ in 0..2 {
+        match tokio::time::timeout(Duration::from_secs(5), sub.next()).await {
+            Ok(Some(felix_client::Event::Records { .. })) => {}
+            other => panic!("the subscription should deliver: {other:?}"),
+        }
+    }
     let ok = connect(&b, Some(good.clone())).await.unwrap();
     let mut kept = ok
         .subscribe(&events(), 0, felix_client::SubscribeOptions::default())
@@ -633,6 +648,28 @@ async fn a_revocation_ends_live_streams_and_a_feed_outage_fails_open() {
         code(c.authenticate(&bad).await.map(|_| ())),
         ErrorCode::Revoked
     );
+    // Its publish streams were ended too, at the same sweep: the broker stopped reading
+    // both. The publisher's next publish is refused `revoked`, and the one-way stream's end
+    // shows in the fire-and-forget errors.
+    assert_eq!(b.total("auth_publish_lanes_ended"), 2);
+    assert_eq!(
+        code(
+            p.publish_batch(&events(), ShardSelector::Shard(0), vec!["late"])
+                .await
+        ),
+        ErrorCode::Revoked
+    );
+    common::cp::eventually("the one-way stream's end is reported", || async {
+        match c.fire_and_forget_errors() {
+            (n, Some(felix_client::Error::Broker { code, .. }))
+                if n >= 1 && code == ErrorCode::Revoked =>
+            {
+                Ok(())
+            }
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
     assert_eq!(
         code(connect(&b, Some(bad.clone())).await.map(|_| ())),
         ErrorCode::Revoked
@@ -647,6 +684,14 @@ async fn a_revocation_ends_live_streams_and_a_feed_outage_fails_open() {
         }
         other => panic!("the other subscription should deliver: {other:?}"),
     }
+    // A valid token on the same connection publishes again, on fresh streams.
+    c.authenticate(&good).await.unwrap();
+    p.publish_batch(&events(), ShardSelector::Shard(0), vec!["again"])
+        .await
+        .unwrap();
+    c.publish_fire(&events(), ShardSelector::Shard(0), vec!["again"])
+        .unwrap();
+    c.flush_fire().await.unwrap();
     let gauge = |b: &Broker, name: &str| -> u64 {
         b.http_get("/metrics")
             .lines()

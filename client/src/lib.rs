@@ -33,6 +33,7 @@ mod cluster;
 mod cluster_group;
 mod cluster_watch;
 mod group;
+mod lanes;
 mod mux;
 pub use cache::{
     CacheEntry, CacheInfo, CacheWatch, CounterValue, Deleted, WatchItem, WatchOptions, Written,
@@ -385,7 +386,7 @@ struct ConnHandler {
     early: HashMap<u64, Vec<Frame>>,
     /// Events waiting for room in a full subscription buffer (their stream is paused).
     blocked: HashMap<u64, VecDeque<Event>>,
-    pub_streams: HashMap<u32, u64>,
+    lanes: lanes::Lanes,
     fire_stream: Option<u64>,
     fire_errors: Arc<FireErrors>,
     closing: Vec<oneshot::Sender<()>>,
@@ -444,6 +445,18 @@ fn broker_error(code: u16, message: String) -> Error {
 }
 
 impl ConnHandler {
+    /// A publisher stream closed: when the broker had ended it, fail what it never read.
+    fn lane_closed(&mut self, stream: u64) {
+        let Some((ids, why)) = self.lanes.closed(stream) else {
+            return;
+        };
+        for id in ids {
+            if let Some(tx) = self.pending.remove(&id) {
+                let _ = tx.send(Err(why.clone()));
+            }
+        }
+    }
+
     fn to_event(shard: u32, f: Frame) -> Option<Event> {
         match f {
             Frame::Delivery {
@@ -536,10 +549,17 @@ impl Handler for ConnHandler {
     fn on_event(&mut self, c: &mut FelixConn, ev: ConnEvent) {
         let (frame, stream) = match ev {
             ConnEvent::Frame { frame, stream } => (frame, stream),
+            ConnEvent::Finished { stream } | ConnEvent::Reset { stream, .. } => {
+                self.lane_closed(stream);
+                return;
+            }
             // An answer this client cannot read fails its request at once rather than
             // leaving it to time out.
             ConnEvent::BadFrame { stream, error } => {
                 tracing::warn!(stream, ?error, "unreadable frame from the broker");
+                if let Some(id) = error.request_id {
+                    self.lanes.answered(id);
+                }
                 if let Some(tx) = error.request_id.and_then(|id| self.pending.remove(&id)) {
                     let _ = tx.send(Err(Error::Protocol(format!(
                         "the broker's answer could not be read: {}",
@@ -548,7 +568,6 @@ impl Handler for ConnHandler {
                 }
                 return;
             }
-            _ => return,
         };
         // Server-initiated unidirectional streams (id % 4 == 3) are subscriptions.
         if stream % 4 == 3 {
@@ -570,6 +589,15 @@ impl Handler for ConnHandler {
         let Some(id) = request_id_of(&frame) else {
             return;
         };
+        if let (0, Frame::Error { code, message, .. }) = (id, &frame) {
+            if stream != 0 {
+                let why = broker_error(*code, message.clone());
+                if !self.lanes.ended_by_broker(stream, why) {
+                    tracing::warn!(stream, code, %message, "the broker ended an unknown stream");
+                }
+                return;
+            }
+        }
         let opened = match &frame {
             Frame::SubscribeOk {
                 subscription_id, ..
@@ -610,8 +638,9 @@ impl Handler for ConnHandler {
             self.pending_subs.remove(&id);
         }
         if let Some(tx) = self.pending.remove(&id) {
+            self.lanes.answered(id);
             let _ = tx.send(Ok(frame));
-        } else if id == 0 {
+        } else if id == 0 && self.hello.is_some() {
             if let Some(h) = self.hello.take() {
                 let _ = h.send(Ok(frame));
             }
@@ -652,12 +681,13 @@ impl Handler for ConnHandler {
                 reply,
             } => {
                 let stream = match lane {
-                    Lane::Acked(n) => *self.pub_streams.entry(n).or_insert_with(|| c.open_bidi()),
+                    Lane::Acked(n) => self.lanes.stream(n, || c.open_bidi()),
                     Lane::Fire => *self.fire_stream.get_or_insert_with(|| c.open_uni()),
                 };
                 match (c.try_send_frame(stream, &frame), reply) {
                     (Ok(()), Some(reply)) => {
                         self.pending.insert(request_id, reply);
+                        self.lanes.sent(request_id, stream);
                     }
                     (Ok(()), None) => {}
                     (Err(e), Some(reply)) => {
@@ -727,6 +757,20 @@ impl Handler for ConnHandler {
         }
     }
     fn before_flush(&mut self, c: &mut FelixConn, events: &mut Vec<ConnEvent>) {
+        // The broker stopped the fire-and-forget stream (its refusal came on the control
+        // stream): the next fire-and-forget publish opens a fresh one.
+        if let Some(s) = self.fire_stream {
+            if let Some(code) = c.stopped(s) {
+                self.fire_stream = None;
+                self.fire_errors.count.fetch_add(1, Ordering::Relaxed);
+                let mut last = self.fire_errors.last.lock().unwrap();
+                if last.is_none() {
+                    *last = Some(Error::Closed(format!(
+                        "the broker stopped fire-and-forget stream {s} (code {code}): publishes queued on it are lost"
+                    )));
+                }
+            }
+        }
         let backlog = self.fire_stream.map_or(0, |s| c.queued_bytes(s));
         self.fire_backlog.store(backlog as u64, Ordering::Relaxed);
         let mut i = 0;
@@ -795,6 +839,7 @@ impl Handler for ConnHandler {
         for (_, tx) in self.pending.drain() {
             let _ = tx.send(Err(Error::Closed(reason.clone())));
         }
+        self.lanes.clear();
         if let Some(h) = self.hello.take() {
             let _ = h.send(Err(Error::Closed(reason.clone())));
         }
@@ -1025,7 +1070,7 @@ impl Client {
             stream_sub: HashMap::new(),
             early: HashMap::new(),
             blocked: HashMap::new(),
-            pub_streams: HashMap::new(),
+            lanes: Default::default(),
             fire_stream: None,
             fire_errors: fire_errors.clone(),
             closing: Vec::new(),

@@ -364,6 +364,21 @@ impl FelixConn {
         let _ = self.q.stream_shutdown(stream, quiche::Shutdown::Read, code);
     }
 
+    /// Stop reading `stream`: quiche drops what arrives on it and asks the peer, with
+    /// STOP_SENDING and `code`, to send no more. The sending side (if any) stays open.
+    pub fn stop_reading(&mut self, stream: u64, code: u64) {
+        self.readers.remove(&stream);
+        let _ = self.q.stream_shutdown(stream, quiche::Shutdown::Read, code);
+    }
+
+    /// The code of the peer's STOP_SENDING on `stream`, once it stopped our sending side.
+    pub fn stopped(&mut self, stream: u64) -> Option<u64> {
+        match self.q.stream_capacity(stream) {
+            Err(quiche::Error::StreamStopped(code)) => Some(code),
+            _ => None,
+        }
+    }
+
     /// Where the sending side of a locally opened stream stands after [`FelixConn::finish`]:
     /// `Some(true)` once every byte and the FIN were acknowledged by the peer (quiche then
     /// collects the stream), `Some(false)` when the peer stopped it (the data may be lost),

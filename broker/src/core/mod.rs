@@ -127,6 +127,9 @@ pub struct CoreSettings {
 struct PubStream {
     pending: u32,
     fin_requested: bool,
+    /// Ended by the broker (its principal was revoked or its token expired): the broker
+    /// stopped reading it and told the client why.
+    ended: bool,
 }
 
 #[derive(Default)]
@@ -143,6 +146,8 @@ struct Session {
     subs: Vec<u64>,
     /// Subscription stream id → subscription id.
     sub_streams: IdMap<u64, u64>,
+    /// Every publisher and one-way stream a publish was admitted on, until the client
+    /// finishes or resets it (a revocation ends them all).
     pub_streams: HashMap<u64, PubStream>,
     /// Sent a long poll (its close must reach the groups' owners).
     long_polls: bool,

@@ -127,8 +127,8 @@ impl CoreState {
             self.forward_principals.clear();
         }
         let now_s = now_s();
-        // (connection, its subscriptions, its watches, why they end)
-        type Ending = (ConnKey, Vec<u64>, Vec<u64>, Refusal);
+        // (connection, its subscriptions, its watches, its publish streams, why they end)
+        type Ending = (ConnKey, Vec<u64>, Vec<u64>, Vec<u64>, Refusal);
         let mut due: Vec<Ending> = Vec::new();
         for (key, s) in self.sessions.iter_mut() {
             let Some((p, _)) = s.principal.as_ref() else {
@@ -149,16 +149,21 @@ impl CoreState {
                 }
                 None => continue,
             };
-            if !s.subs.is_empty() || !s.watches.is_empty() {
+            let lanes: Vec<u64> = (s.pub_streams.iter())
+                .filter(|(_, p)| !p.ended)
+                .map(|(id, _)| *id)
+                .collect();
+            if !s.subs.is_empty() || !s.watches.is_empty() || !lanes.is_empty() {
                 due.push((
                     *key,
                     s.subs.clone(),
                     s.watches.clone(),
+                    lanes,
                     Refusal::new(code, why),
                 ));
             }
         }
-        for (key, subs, watches, end) in due {
+        for (key, subs, watches, lanes, end) in due {
             if end.code == ErrorCode::Revoked {
                 CoreCounters::inc(&self.s.counters.auth_revoked_ended);
             }
@@ -168,7 +173,44 @@ impl CoreState {
             for wid in watches {
                 self.end_watch(key, wid, end.clone());
             }
+            self.end_publish_lanes(key, &lanes, &end);
         }
+    }
+
+    /// End a principal's publish streams: the broker stops reading them (STOP_SENDING with
+    /// the refusal's code), so nothing more of that principal's is appended through them.
+    /// An acked lane gets the refusal under request id 0, then its FIN once the publishes
+    /// already read are answered: the client fails whatever it sent after them, which was
+    /// never read. A one-way stream has no way back, so its refusal goes on the control
+    /// stream.
+    fn end_publish_lanes(&mut self, key: ConnKey, lanes: &[u64], end: &Refusal) {
+        let Some(session) = self.sessions.get_mut(&key) else {
+            return;
+        };
+        let Some(e) = self.ep.get(key) else {
+            return;
+        };
+        for &stream in lanes {
+            let Some(lane) = session.pub_streams.get_mut(&stream) else {
+                continue;
+            };
+            debug_assert!(!lane.ended, "a lane is ended once");
+            lane.ended = true;
+            CoreCounters::inc(&self.s.counters.auth_publish_lanes_ended);
+            e.conn.stop_reading(stream, u64::from(end.code.number()));
+            if streams::StreamClass::of(stream) == streams::StreamClass::Publisher {
+                e.conn.send_frame(stream, &end.clone().frame(0));
+                if lane.pending == 0 {
+                    session.pub_streams.remove(&stream);
+                    e.conn.finish(stream);
+                } else {
+                    lane.fin_requested = true;
+                }
+            } else {
+                e.conn.send_frame(0, &end.clone().frame(0));
+            }
+        }
+        self.ep.mark_dirty(key);
     }
 
     /// The principal of a token a forward carried, verified once and then kept.

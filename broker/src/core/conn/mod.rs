@@ -318,7 +318,15 @@ impl CoreState {
                 }
             }
             ConnEvent::Finished { stream } => self.on_stream_finished(key, stream),
-            ConnEvent::Reset { .. } => {}
+            ConnEvent::Reset { stream, .. } => {
+                // A publisher stream the client abandoned has nothing more to end. Its
+                // pending answers still count down (and are dropped by QUIC).
+                if let Some(s) = self.sessions.get_mut(&key) {
+                    if s.pub_streams.get(&stream).is_some_and(|p| p.pending == 0) {
+                        s.pub_streams.remove(&stream);
+                    }
+                }
+            }
         }
     }
 
@@ -533,6 +541,11 @@ impl CoreState {
     /// The peer finished `stream`: a publisher stream is finished on our side once its last
     /// answer is queued.
     fn on_stream_finished(&mut self, key: ConnKey, stream: u64) {
+        if streams::StreamClass::of(stream) == streams::StreamClass::OneWay {
+            if let Some(session) = self.sessions.get_mut(&key) {
+                session.pub_streams.remove(&stream);
+            }
+        }
         if streams::StreamClass::of(stream) == streams::StreamClass::Publisher {
             // Finish our side of a publisher stream once its last answer is queued.
             let Some(session) = self.sessions.get_mut(&key) else {
@@ -639,9 +652,10 @@ impl CoreState {
             ));
         }
         session.inflight_bytes += bytes;
+        let lane = session.pub_streams.entry(quic_stream).or_default();
         if ack {
             session.unacked += 1;
-            session.pub_streams.entry(quic_stream).or_default().pending += 1;
+            lane.pending += 1;
         }
         let origin = Origin {
             core: self.id,
