@@ -44,7 +44,8 @@ struct KeyFile {
     seed: String,
 }
 
-fn write_private(path: &Path, bytes: &[u8]) -> Result<(), String> {
+/// Write `bytes` to `path` (mode 0600) atomically and durably.
+pub(crate) fn write_private(path: &Path, bytes: &[u8]) -> Result<(), String> {
     use std::os::unix::fs::OpenOptionsExt;
     let io = |e: std::io::Error| format!("{}: {e}", path.display());
     if let Some(dir) = path.parent() {
@@ -61,7 +62,14 @@ fn write_private(path: &Path, bytes: &[u8]) -> Result<(), String> {
         .map_err(io)?;
     f.write_all(bytes).map_err(io)?;
     f.sync_all().map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)
+    std::fs::rename(&tmp, path).map_err(io)?;
+    // The rename itself survives a machine crash only once the directory is synced.
+    match path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        Some(dir) => std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io),
+        None => Ok(()),
+    }
 }
 
 fn random_hex(n: usize) -> String {
@@ -102,7 +110,7 @@ pub fn standalone_key(data_dir: &Path) -> Result<SigningKey, String> {
     }
 }
 
-fn now_s() -> u64 {
+pub(crate) fn now_s() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())

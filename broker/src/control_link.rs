@@ -239,8 +239,10 @@ pub struct LinkConfig {
     pub wait_ms: u64,
     /// What other brokers dial to reach this broker's peer listener.
     pub peer_addr: Option<String>,
-    /// The node credential, sent as the bearer of every request.
+    /// The node credential, sent as the bearer of every request and renewed before it expires.
     pub token: Option<crate::auth::Secret>,
+    /// Where the node credential was read from; a renewed one is written back there.
+    pub token_file: Option<std::path::PathBuf>,
     /// With `auth = controlplane`: the keys to fill from the control plane's key set.
     pub keys: Option<Arc<crate::auth::AuthKeys>>,
     /// How often the key set is fetched again.
@@ -476,18 +478,6 @@ async fn run(
     synced: Arc<AtomicBool>,
     shutdown: Arc<AtomicBool>,
 ) {
-    let mut headers = reqwest::header::HeaderMap::new();
-    if let Some(crate::auth::Secret(t)) = &cfg.token {
-        match reqwest::header::HeaderValue::from_str(&format!("Bearer {t}")) {
-            Ok(mut v) => {
-                v.set_sensitive(true);
-                headers.insert(reqwest::header::AUTHORIZATION, v);
-            }
-            Err(_) => tracing::error!(
-                "the node credential is not a valid header value; requests go without it"
-            ),
-        }
-    }
     let mut http = reqwest::Client::builder();
     for c in &cfg.ca {
         http = http.add_root_certificate(c.clone());
@@ -495,10 +485,21 @@ async fn run(
     let http = http
         .connect_timeout(Duration::from_secs(2))
         .timeout(Duration::from_millis(cfg.wait_ms + 10_000))
-        .default_headers(headers)
         .build()
         .expect("HTTP client");
+    let token = cfg.token.as_ref().map(|crate::auth::Secret(t)| t.as_str());
+    let http = credential::Http::new(http, token);
     let base = cfg.url.trim_end_matches('/').to_string();
+    if let Some(t) = token {
+        tokio::spawn(credential::follow(
+            http.clone(),
+            base.clone(),
+            cfg.node_id,
+            cfg.token_file.clone(),
+            t.to_string(),
+            shutdown.clone(),
+        ));
+    }
     if let Some(keys) = cfg.keys.clone() {
         tokio::spawn(follow_keys(
             http.clone(),
@@ -690,7 +691,7 @@ const KEYS_POLL_MS: u64 = 200;
 /// Keep `keys` equal to the control plane's key set: at once, every `refresh_ms`, and when a
 /// token named a key not known here. A failed fetch keeps the keys this broker has.
 async fn follow_keys(
-    http: reqwest::Client,
+    http: credential::Http,
     base: String,
     keys: Arc<crate::auth::AuthKeys>,
     refresh_ms: u64,
@@ -747,7 +748,7 @@ const REVOCATION_RETRY_MS: u64 = 1_000;
 /// tokens that verify are accepted (fail open: an outage of the control plane must not stop
 /// the data plane); the gauge, a warning once a minute and `/readyz` say so.
 async fn follow_revocations(
-    http: reqwest::Client,
+    http: credential::Http,
     base: String,
     keys: Arc<crate::auth::AuthKeys>,
     wait_ms: u64,
@@ -800,7 +801,7 @@ async fn follow_revocations(
 }
 
 async fn register(
-    http: &reqwest::Client,
+    http: &credential::Http,
     base: &str,
     cfg: &LinkConfig,
 ) -> Result<api::RegisterBrokerReply, CallError> {
@@ -827,5 +828,6 @@ async fn register(
     Ok(reply)
 }
 
+pub mod credential;
 #[cfg(test)]
 mod tests;

@@ -340,6 +340,7 @@ fn run(cfg: Config, (node_token, controlplane_ca): Credentials) -> Result<(), St
                     None => l.to_string(),
                 }),
                 token: node_token,
+                token_file: cfg.controlplane_token_file.clone(),
                 keys: auth
                     .clone()
                     .filter(|_| felix_broker::auth::mode(&cfg) == "controlplane"),

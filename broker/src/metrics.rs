@@ -276,6 +276,7 @@ impl Ops {
         if let Some(a) = &self.auth {
             a.render(&mut s);
         }
+        crate::control_link::credential::render(&mut s);
         s
     }
 

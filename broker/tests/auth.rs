@@ -532,6 +532,83 @@ async fn a_broker_with_a_control_plane_verifies_its_tokens() {
     );
 }
 
+/// A broker renews its node credential with a third of its life left, writes the new one
+/// (0600) where it read the old, and keeps following the catalog past the first one's expiry:
+/// a stream created after it is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_renews_its_node_credential_before_it_expires() {
+    use common::cp::{eventually, felixctl, read_admin_token, start_control_plane_auth};
+    use felix_broker::control_link::credential::{lifetime_of, renew_at_s};
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let cp = start_control_plane_auth(&dir.path().join("admin.token"));
+    let admin = read_admin_token(&dir.path().join("admin.token"));
+    let ctl = |args: &[&str]| {
+        let mut v = vec!["--token", admin.as_str()];
+        v.extend_from_slice(args);
+        let o = felixctl(&cp, dir.path(), &v);
+        assert!(
+            o.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8(o.stdout).unwrap().trim().to_string()
+    };
+    ctl(&["tenant", "create", "default"]);
+    ctl(&["namespace", "create", "default"]);
+    let first = ctl(&["node", "enroll", "1", "--ttl", "6s"]);
+    let (iat_s, exp_s) = lifetime_of(&first).expect("the credential's times");
+    assert_eq!((exp_s - iat_s, renew_at_s((iat_s, exp_s))), (6, iat_s + 4));
+    let file = dir.path().join("node1.token");
+    std::fs::write(&file, &first).unwrap();
+    let b = start_enrolled(&cp, "1", Some(&file)).unwrap();
+    // Renewed at two thirds of its life; 10 s bound.
+    let renewed = eventually("the credential file holds a renewed credential", || async {
+        let t = std::fs::read_to_string(&file).map_err(|e| e.to_string())?;
+        let t = t.trim().to_string();
+        (t != first)
+            .then_some(t)
+            .ok_or("not renewed yet".to_string())
+    })
+    .await;
+    let (_, exp2_s) = lifetime_of(&renewed).expect("the renewed credential's times");
+    assert!(exp2_s > exp_s, "{exp2_s} <= {exp_s}");
+    let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    // Past the first credential's expiry, streams created now reach the broker through the
+    // catalog feed, which only a renewed credential can still read. The first change answers
+    // the long poll sent before the expiry; the second needs a poll sent after it.
+    let past_s = exp_s + 1;
+    while now_s() < past_s {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let a = connect(&b, Some(admin.clone())).await.unwrap();
+    for name in ["late", "later"] {
+        ctl(&["stream", "create", name, "--shards", "1"]);
+        let s = StreamName::new("default", "default", name);
+        eventually(
+            "a stream created after the first credential expired is served",
+            || async {
+                a.publish_batch(&s, ShardSelector::Shard(0), vec!["x"])
+                    .await
+                    .map_err(|e| e.to_string())
+            },
+        )
+        .await;
+    }
+    let m = b.http_get_as("/metrics", Some(&admin));
+    let renewals = m
+        .lines()
+        .find_map(|l| l.strip_prefix("felix_node_credential_renewals_total "))
+        .and_then(|v| v.parse::<u64>().ok())
+        .expect("the renewal counter");
+    assert!(renewals >= 1, "{m}");
+    assert!(
+        m.contains("felix_node_credential_renewal_failures_total 0"),
+        "{m}"
+    );
+}
+
 /// Revocation reaches the broker through its feed: a revoked token's subscription and watch
 /// end `revoked` within the feed's round trip plus the cores' once-a-second sweep, its
 /// requests are refused `revoked`, and other principals carry on. With the control plane

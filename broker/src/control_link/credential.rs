@@ -1,0 +1,207 @@
+//! The node credential on the link: every request carries the one held now, and the broker
+//! renews it before it expires (`POST /v1/nodes/N/token`, authorised by the credential
+//! itself), writing the new one to `controlplane_token_file` first so a restart picks it up.
+//!
+//! Without renewal a broker stops being able to register, heartbeat or read the catalog
+//! the moment its credential expires (90 days by default), a silent cliff months after
+//! enrolment.
+
+use super::{call, sleep_unless_stopped};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+/// The HTTP client of the link, with the node credential held now attached to every request.
+#[derive(Clone)]
+pub(super) struct Http {
+    client: reqwest::Client,
+    bearer: Arc<RwLock<Option<reqwest::header::HeaderValue>>>,
+}
+
+impl Http {
+    pub(super) fn new(client: reqwest::Client, token: Option<&str>) -> Http {
+        let h = Http {
+            client,
+            bearer: Arc::default(),
+        };
+        if let Some(t) = token {
+            h.set_token(t);
+        }
+        h
+    }
+
+    /// Use `token` from the next request on.
+    fn set_token(&self, token: &str) {
+        match reqwest::header::HeaderValue::from_str(&format!("Bearer {token}")) {
+            Ok(mut v) => {
+                v.set_sensitive(true);
+                *self.bearer.write().unwrap_or_else(|p| p.into_inner()) = Some(v);
+            }
+            Err(_) => tracing::error!(
+                "the node credential is not a valid header value; requests go without it"
+            ),
+        }
+    }
+
+    fn with_bearer(&self, rb: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &*self.bearer.read().unwrap_or_else(|p| p.into_inner()) {
+            Some(v) => rb.header(reqwest::header::AUTHORIZATION, v.clone()),
+            None => rb,
+        }
+    }
+
+    pub(super) fn get(&self, url: impl reqwest::IntoUrl) -> reqwest::RequestBuilder {
+        self.with_bearer(self.client.get(url))
+    }
+
+    pub(super) fn post(&self, url: impl reqwest::IntoUrl) -> reqwest::RequestBuilder {
+        self.with_bearer(self.client.post(url))
+    }
+}
+
+/// The times of a token, read from its claims without verifying it: the broker only needs to
+/// know when to renew its own credential; the control plane verifies it.
+pub fn lifetime_of(token: &str) -> Option<(u64, u64)> {
+    use base64::Engine;
+    let payload = token.split('.').nth(1)?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload)
+        .ok()?;
+    let c: felix_control::auth::Claims = serde_json::from_slice(&bytes).ok()?;
+    (c.exp > c.iat).then_some((c.iat, c.exp))
+}
+
+/// When a credential issued at `iat_s` and expiring at `exp_s` is renewed: with a third of
+/// its life left, so a control plane that is down for a while (up to a third of the lifetime:
+/// a month for the 90-day default) does not cost the broker its credential.
+pub fn renew_at_s((iat_s, exp_s): (u64, u64)) -> u64 {
+    debug_assert!(exp_s > iat_s);
+    exp_s - (exp_s - iat_s) / 3
+}
+
+/// What `POST /v1/nodes/N/token` answers (the part the broker reads).
+#[derive(serde::Deserialize)]
+struct Issued {
+    token: String,
+}
+
+/// The pause after a failed renewal; also how often a due renewal is retried.
+const RENEW_RETRY_MS: u64 = 5_000;
+/// The longest sleep between two looks at the credential, so a wall clock that jumps ahead
+/// (a suspended VM) is noticed within this bound.
+const RENEW_LOOK_MS: u64 = 60_000;
+
+/// The expiry of the node credential held, seconds since the epoch (0: none or unreadable),
+/// for `felix_node_credential_expires_at_seconds`.
+pub static EXPIRES_AT_S: AtomicU64 = AtomicU64::new(0);
+/// Renewals that succeeded and failed, for `/metrics`.
+pub static RENEWED: AtomicU64 = AtomicU64::new(0);
+pub static RENEW_FAILED: AtomicU64 = AtomicU64::new(0);
+
+/// The node credential's gauge and counters, as Prometheus text (nothing without one).
+pub fn render(out: &mut String) {
+    let exp = EXPIRES_AT_S.load(Ordering::Relaxed);
+    if exp == 0 {
+        return;
+    }
+    for (name, kind, help, v) in [
+        (
+            "felix_node_credential_expires_at_seconds",
+            "gauge",
+            "Unix time the node credential held expires (renewed with a third of its life left)",
+            exp,
+        ),
+        (
+            "felix_node_credential_renewals_total",
+            "counter",
+            "node credentials renewed",
+            RENEWED.load(Ordering::Relaxed),
+        ),
+        (
+            "felix_node_credential_renewal_failures_total",
+            "counter",
+            "renewals of the node credential that failed (retried every 5 s; the one held stays in use)",
+            RENEW_FAILED.load(Ordering::Relaxed),
+        ),
+    ] {
+        out.push_str(&format!(
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"
+        ));
+    }
+}
+
+/// Renew the node credential before it expires, for as long as the broker runs: ask the
+/// control plane for a fresh one of the same lifetime, write it to `file` (0600, atomically),
+/// then use it. A failure is logged and retried; it never drops the credential held.
+pub(super) async fn follow(
+    http: Http,
+    base: String,
+    node_id: u64,
+    file: Option<PathBuf>,
+    token: String,
+    shutdown: Arc<AtomicBool>,
+) {
+    let Some(mut life) = lifetime_of(&token) else {
+        tracing::warn!("the node credential's expiry cannot be read; it is not renewed");
+        return;
+    };
+    EXPIRES_AT_S.store(life.1, Ordering::Relaxed);
+    loop {
+        let now = crate::auth::now_s();
+        let due = renew_at_s(life);
+        if now < due {
+            let wait_ms = (due - now).saturating_mul(1000).min(RENEW_LOOK_MS);
+            if !sleep_unless_stopped(wait_ms, &shutdown).await {
+                return;
+            }
+            continue;
+        }
+        let req = serde_json::json!({ "ttl_s": life.1 - life.0 });
+        let url = format!("{base}/v1/nodes/{node_id}/token");
+        let r = call::<Issued>(http.post(&url).json(&req)).await;
+        match r.map_err(|e| e.to_string()).and_then(|t| {
+            let l = lifetime_of(&t.token).ok_or("the renewed credential has no readable expiry")?;
+            if let Some(f) = &file {
+                crate::auth::write_private(f, t.token.as_bytes())?;
+            }
+            Ok((t.token, l))
+        }) {
+            Ok((t, l)) => {
+                http.set_token(&t);
+                life = l;
+                EXPIRES_AT_S.store(l.1, Ordering::Relaxed);
+                RENEWED.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(node_id, expires_at_s = l.1, "node credential renewed");
+            }
+            Err(e) => {
+                RENEW_FAILED.fetch_add(1, Ordering::Relaxed);
+                let left_s = life.1.saturating_sub(now);
+                tracing::warn!(error = %e, left_s, "renewing the node credential failed; retrying");
+                if !sleep_unless_stopped(RENEW_RETRY_MS, &shutdown).await {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renewal_falls_at_two_thirds_of_the_life() {
+        assert_eq!(renew_at_s((1_000, 1_900)), 1_600);
+        // A one-second life renews at its end, never before it began.
+        assert_eq!(renew_at_s((10, 11)), 11);
+    }
+
+    #[test]
+    fn the_lifetime_is_read_from_the_claims() {
+        let k = felix_control::auth::SigningKey::from_seed("k", [7; 32]);
+        let t = k.issue(&felix_control::auth::node_claims(3, "j", 100, 60));
+        assert_eq!(lifetime_of(&t), Some((100, 160)));
+        assert_eq!(lifetime_of("garbage"), None);
+        assert_eq!(lifetime_of("a.!!.c"), None);
+    }
+}
