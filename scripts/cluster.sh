@@ -30,6 +30,9 @@ mkdir -p "$DATA"
 DATA="$(cd "$DATA" && pwd)"
 FELIX_BIN_DIR="$BIN" ./scripts/dev-certs.sh "$DATA/certs" "$N" > /dev/null
 
+# Each process runs in its own session (setsid) and the log prefixers ignore SIGINT, so a
+# Ctrl-C reaches only this script, which sends each process one TERM: a second signal would
+# cut a broker's drain short.
 PIDS=()
 stop_all() {
   for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
@@ -47,9 +50,9 @@ export FELIX_CONTROLPLANE_CA="$(mkdir -p "$DATA/control" && cd "$DATA/control" &
 mkdir -p "$DATA/control"
 # The brokers start together: shards are placed once they all registered (3 s settle window
 # here, FELIX_PLACEMENT_SETTLE_MS; the control plane's default is 10 s).
-"$BIN/felix-controlplane" --listen "$CP_LISTEN" --store raft --raft-data-dir "$DATA/control" \
+setsid "$BIN/felix-controlplane" --listen "$CP_LISTEN" --store raft --raft-data-dir "$DATA/control" \
   --placement-settle-ms "${FELIX_PLACEMENT_SETTLE_MS:-3000}" --tls on \
-  > "$DATA/controlplane.out" 2> >(sed -u 's/^/[controlplane] /' >&2) &
+  > "$DATA/controlplane.out" 2> >(trap '' INT; exec sed -u 's/^/[controlplane] /' >&2) &
 PIDS+=($!)
 for _ in $(seq 1 100); do
   curl -fsS --cacert "$FELIX_CONTROLPLANE_CA" "$URL/readyz" > /dev/null 2>&1 && break
@@ -57,7 +60,8 @@ for _ in $(seq 1 100); do
   sleep 0.1
 done
 curl -fsS --cacert "$FELIX_CONTROLPLANE_CA" "$URL/readyz" > /dev/null || { echo "felix-controlplane not ready at $URL" >&2; exit 1; }
-# Auth is on: the admin token the control plane wrote, and one node credential per broker.
+# Auth is on: the admin token the control plane wrote, and one one-time enrolment token per
+# broker, which it exchanges at its first start for its node credential (in the same file).
 ADMIN_FILE="$DATA/control/admin.token"
 for _ in $(seq 1 100); do [ -s "$ADMIN_FILE" ] && break; sleep 0.1; done
 [ -s "$ADMIN_FILE" ] || { echo "felix-controlplane wrote no admin token at $ADMIN_FILE" >&2; exit 1; }
@@ -66,15 +70,15 @@ ADMIN="$(cat "$ADMIN_FILE")"
 for i in $(seq 1 "$N"); do
   base=$((7410 + 10 * i))
   mkdir -p "$DATA/node-$i"
-  (umask 077 && "$BIN/felixctl" --controlplane "$URL" --token "$ADMIN" node enroll "$i" > "$DATA/node-$i/node.token")
-  "$BIN/felix-broker" --node-id "$i" --cores 1 --spin-before-park-us 0 \
+  (umask 077 && "$BIN/felixctl" --controlplane "$URL" --token "$ADMIN" node enroll "$i" --one-time > "$DATA/node-$i/node.token")
+  setsid "$BIN/felix-broker" --node-id "$i" --cores 1 --spin-before-park-us 0 \
     --data-dir "$DATA/node-$i" --durable-storage-dir "$DATA/node-$i/durable" \
     --listen "127.0.0.1:$base" --metrics-listen "127.0.0.1:$((base + 1))" \
     --tls-cert "$DATA/certs/node-$i.pem" --tls-key "$DATA/certs/node-$i-key.pem" \
     --peer-listen "127.0.0.1:$((base + 2))" --peer-ca "$DATA/certs/ca.pem" \
     --peer-cert "$DATA/certs/node-$i.pem" --peer-key "$DATA/certs/node-$i-key.pem" \
     --controlplane-url "$URL" --controlplane-token-file "$DATA/node-$i/node.token" \
-    > "$DATA/node-$i.out" 2> >(sed -u "s/^/[node-$i] /" >&2) &
+    > "$DATA/node-$i.out" 2> >(trap '' INT; exec sed -u "s/^/[node-$i] /" >&2) &
   PIDS+=($!)
 done
 for i in $(seq 1 "$N"); do

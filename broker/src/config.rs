@@ -312,8 +312,10 @@ settings! {
         peer_ca: PathBuf, "FELIX_PEER_CA";
         /// The key set (JWKS, JSON) tokens are verified against, with auth = jwks.
         auth_jwks: PathBuf, "FELIX_AUTH_JWKS";
-        /// This broker's node credential (`felixctl node enroll N` prints it): presented to
-        /// the control plane to register, heartbeat and read the catalog and key set.
+        /// This broker's node credential (`felixctl node enroll N` prints it), or a one-time
+        /// enrolment token (`--one-time`) exchanged for one at start: presented to the control
+        /// plane to register, heartbeat and read the catalog and key set, renewed in place
+        /// with a third of its life left.
         controlplane_token_file: PathBuf, "FELIX_CONTROLPLANE_TOKEN_FILE";
         /// The CA (PEM) an `https://` control plane's certificate is signed by, trusted besides
         /// the system's roots (`tls/ca.pem` in a control plane's data dir with `--tls on`).

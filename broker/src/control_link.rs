@@ -487,16 +487,24 @@ async fn run(
         .timeout(Duration::from_millis(cfg.wait_ms + 10_000))
         .build()
         .expect("HTTP client");
-    let token = cfg.token.as_ref().map(|crate::auth::Secret(t)| t.as_str());
-    let http = credential::Http::new(http, token);
+    let mut token = cfg.token.as_ref().map(|crate::auth::Secret(t)| t.clone());
+    let http = credential::Http::new(http, token.as_deref());
     let base = cfg.url.trim_end_matches('/').to_string();
+    // An enrolment token is good for nothing else: exchange it before anything is asked.
+    if token.as_deref().is_some_and(credential::is_enrolment) {
+        let file = cfg.token_file.as_deref();
+        match credential::enrol(&http, &base, cfg.node_id, file, &shutdown).await {
+            Some(t) => token = Some(t),
+            None => return,
+        }
+    }
     if let Some(t) = token {
         tokio::spawn(credential::follow(
             http.clone(),
             base.clone(),
             cfg.node_id,
             cfg.token_file.clone(),
-            t.to_string(),
+            t,
             shutdown.clone(),
         ));
     }

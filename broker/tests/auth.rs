@@ -378,30 +378,6 @@ async fn a_token_that_expires_on_a_live_connection_is_refused_until_refreshed() 
         .unwrap();
 }
 
-/// Start broker `node_id` against `cp` with auth left to `auto` and, if given, the node
-/// credential in `token_file`.
-fn start_enrolled(
-    cp: &common::cp::ControlPlane,
-    node_id: &str,
-    token_file: Option<&std::path::Path>,
-) -> Result<Broker, String> {
-    let mut args = vec![
-        "--controlplane-url",
-        cp.url.as_str(),
-        "--node-id",
-        node_id,
-        "--auth",
-        "auto",
-    ];
-    if let Some(f) = token_file {
-        args.extend(["--controlplane-token-file", f.to_str().unwrap()]);
-    }
-    if let Some(ca) = &cp.ca {
-        args.extend(["--controlplane-ca", ca.to_str().unwrap()]);
-    }
-    Broker::try_start_env(tempfile::tempdir().unwrap(), 1, &args, &[])
-}
-
 /// With a control plane, auth on everywhere by default: the broker presents the node
 /// credential `felixctl node enroll` printed, fetches the key set before it reports ready,
 /// and verifies the control plane's tokens; without the credential it does not start.
@@ -426,12 +402,12 @@ async fn a_broker_with_a_control_plane_verifies_its_tokens() {
     ctl(&["namespace", "create", "default"]);
     ctl(&["stream", "create", "events", "--shards", "1"]);
     // Without a node credential the broker refuses to start, saying what it needs.
-    let r = start_enrolled(&cp, "1", None);
+    let r = common::cp::start_enrolled(&cp, "1", None);
     let err = r.err().expect("no start without a node credential");
     assert!(err.contains("controlplane_token_file"), "{err}");
     // A credential file that is not there yet is a configuration error too (exit 2, which the
     // packaged unit does not restart), naming the command that makes it.
-    let r = start_enrolled(&cp, "1", Some(&dir.path().join("absent.token")));
+    let r = common::cp::start_enrolled(&cp, "1", Some(&dir.path().join("absent.token")));
     let err = r.err().expect("no start without the credential file");
     assert!(err.contains("invalid configuration"), "{err}");
     assert!(err.contains("felixctl node enroll 1"), "{err}");
@@ -471,7 +447,7 @@ async fn a_broker_with_a_control_plane_verifies_its_tokens() {
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success(), "{stderr}");
     assert!(stderr.contains("--controlplane-ca"), "{stderr}");
-    let b = start_enrolled(&cp, "1", Some(&token_file)).unwrap();
+    let b = common::cp::start_enrolled(&cp, "1", Some(&token_file)).unwrap();
     let anon = connect(&b, None).await.unwrap();
     assert_eq!(
         code(
@@ -522,90 +498,13 @@ async fn a_broker_with_a_control_plane_verifies_its_tokens() {
     })
     .await;
     // Node 2's credential does not register as node 3: the broker stops, saying why.
-    let bad = start_enrolled(&cp, "3", Some(&dir.path().join("node2.token")));
+    let bad = common::cp::start_enrolled(&cp, "3", Some(&dir.path().join("node2.token")));
     let err = bad
         .err()
         .expect("a broker with another node's credential became ready");
     assert!(
         err.contains("refused to register node 3") && err.contains("forbidden"),
         "{err}"
-    );
-}
-
-/// A broker renews its node credential with a third of its life left, writes the new one
-/// (0600) where it read the old, and keeps following the catalog past the first one's expiry:
-/// a stream created after it is served.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_broker_renews_its_node_credential_before_it_expires() {
-    use common::cp::{eventually, felixctl, read_admin_token, start_control_plane_auth};
-    use felix_broker::control_link::credential::{lifetime_of, renew_at_s};
-    use std::os::unix::fs::PermissionsExt;
-    let dir = tempfile::tempdir().unwrap();
-    let cp = start_control_plane_auth(&dir.path().join("admin.token"));
-    let admin = read_admin_token(&dir.path().join("admin.token"));
-    let ctl = |args: &[&str]| {
-        let mut v = vec!["--token", admin.as_str()];
-        v.extend_from_slice(args);
-        let o = felixctl(&cp, dir.path(), &v);
-        assert!(
-            o.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        String::from_utf8(o.stdout).unwrap().trim().to_string()
-    };
-    ctl(&["tenant", "create", "default"]);
-    ctl(&["namespace", "create", "default"]);
-    let first = ctl(&["node", "enroll", "1", "--ttl", "6s"]);
-    let (iat_s, exp_s) = lifetime_of(&first).expect("the credential's times");
-    assert_eq!((exp_s - iat_s, renew_at_s((iat_s, exp_s))), (6, iat_s + 4));
-    let file = dir.path().join("node1.token");
-    std::fs::write(&file, &first).unwrap();
-    let b = start_enrolled(&cp, "1", Some(&file)).unwrap();
-    // Renewed at two thirds of its life; 10 s bound.
-    let renewed = eventually("the credential file holds a renewed credential", || async {
-        let t = std::fs::read_to_string(&file).map_err(|e| e.to_string())?;
-        let t = t.trim().to_string();
-        (t != first)
-            .then_some(t)
-            .ok_or("not renewed yet".to_string())
-    })
-    .await;
-    let (_, exp2_s) = lifetime_of(&renewed).expect("the renewed credential's times");
-    assert!(exp2_s > exp_s, "{exp2_s} <= {exp_s}");
-    let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
-    assert_eq!(mode, 0o600);
-    // Past the first credential's expiry, streams created now reach the broker through the
-    // catalog feed, which only a renewed credential can still read. The first change answers
-    // the long poll sent before the expiry; the second needs a poll sent after it.
-    let past_s = exp_s + 1;
-    while now_s() < past_s {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let a = connect(&b, Some(admin.clone())).await.unwrap();
-    for name in ["late", "later"] {
-        ctl(&["stream", "create", name, "--shards", "1"]);
-        let s = StreamName::new("default", "default", name);
-        eventually(
-            "a stream created after the first credential expired is served",
-            || async {
-                a.publish_batch(&s, ShardSelector::Shard(0), vec!["x"])
-                    .await
-                    .map_err(|e| e.to_string())
-            },
-        )
-        .await;
-    }
-    let m = b.http_get_as("/metrics", Some(&admin));
-    let renewals = m
-        .lines()
-        .find_map(|l| l.strip_prefix("felix_node_credential_renewals_total "))
-        .and_then(|v| v.parse::<u64>().ok())
-        .expect("the renewal counter");
-    assert!(renewals >= 1, "{m}");
-    assert!(
-        m.contains("felix_node_credential_renewal_failures_total 0"),
-        "{m}"
     );
 }
 
@@ -640,7 +539,7 @@ async fn a_revocation_ends_live_streams_and_a_feed_outage_fails_open() {
         ctl(&cp, &["node", "enroll", "1"]),
     )
     .unwrap();
-    let b = start_enrolled(&cp, "1", Some(&dir.path().join("node1.token"))).unwrap();
+    let b = common::cp::start_enrolled(&cp, "1", Some(&dir.path().join("node1.token"))).unwrap();
     *b.metrics_token.lock().unwrap() = Some(admin.clone());
     let rw = [
         "stream.publish:default/*",

@@ -576,8 +576,13 @@ pub async fn run(cmd: &AdminCmd, g: &Globals) -> Result<(), Fail> {
         AdminCmd::Token { op } => crate::token::token(&api, g, op).await,
         AdminCmd::Key { op } => crate::token::key(&api, g, op).await,
         AdminCmd::Node {
-            op: NodeOp::Enroll { node_id, ttl },
-        } => crate::token::enroll(&api, g, *node_id, ttl).await,
+            op:
+                NodeOp::Enroll {
+                    node_id,
+                    ttl,
+                    one_time,
+                },
+        } => crate::token::enroll(&api, g, *node_id, ttl, *one_time).await,
         AdminCmd::Node { op: NodeOp::Ls } => {
             let v = api.get("/v1/brokers").await?;
             let bs: Vec<Broker> = from(v)?;

@@ -234,7 +234,9 @@ pub async fn enroll(
     g: &Globals,
     node_id: u64,
     ttl: &Option<String>,
+    one_time: bool,
 ) -> Result<(), Fail> {
+    let what = if one_time { "enrolment" } else { "token" };
     let body = match ttl {
         Some(t) => json!({"ttl_s": parse_ttl(t)?}),
         None => json!({}),
@@ -242,7 +244,7 @@ pub async fn enroll(
     let v = api
         .call(
             reqwest::Method::POST,
-            &format!("/v1/nodes/{node_id}/token"),
+            &format!("/v1/nodes/{node_id}/{what}"),
             Some(body),
         )
         .await?;

@@ -410,6 +410,26 @@ pub fn node_claims(node_id: u64, jti: &str, now_s: u64, ttl_s: u64) -> Claims {
     }
 }
 
+/// A one-time enrolment token for broker `node_id`: all it can do is be exchanged, once, for
+/// that node's credential (`POST /v1/nodes/N/enrol`).
+pub fn enrolment_claims(node_id: u64, jti: &str, now_s: u64, ttl_s: u64) -> Claims {
+    Claims {
+        iss: ISSUER.into(),
+        sub: enrolment_subject(node_id),
+        tenant: ANY_TENANT.into(),
+        perms: vec![format!("cluster.admin:enrol/{node_id}")],
+        iat: now_s,
+        nbf: now_s,
+        exp: now_s.saturating_add(ttl_s),
+        jti: jti.into(),
+    }
+}
+
+/// The subject of node `node_id`'s enrolment tokens.
+pub fn enrolment_subject(node_id: u64) -> String {
+    format!("enrol/{node_id}")
+}
+
 mod revocation;
 pub use revocation::{Revocation, RevocationFeed, RevocationSet, RevokeKind};
 

@@ -278,6 +278,14 @@ pub fn router(st: Arc<AppState>) -> Router {
         .route("/v1/tokens/revoke", post(rest_auth::revoke))
         .route("/v1/auth/revocations", get(rest_auth::revocations))
         .route("/v1/nodes/{node_id}/token", post(rest_auth::node_token))
+        .route(
+            "/v1/nodes/{node_id}/enrolment",
+            post(rest_auth::enrol::node_enrolment),
+        )
+        .route(
+            "/v1/nodes/{node_id}/enrol",
+            post(rest_auth::enrol::node_enrol),
+        )
         .route("/v1/auth/jwks", get(rest_auth::jwks))
         .route(
             "/v1/auth/keys",
@@ -818,6 +826,8 @@ where
         rest_auth::revoke,
         rest_auth::revocations,
         rest_auth::node_token,
+        rest_auth::enrol::node_enrolment,
+        rest_auth::enrol::node_enrol,
         rest_auth::jwks,
         rest_auth::list_keys,
         rest_auth::add_key,

@@ -6,7 +6,7 @@
 //! the moment its credential expires (90 days by default), a silent cliff months after
 //! enrolment.
 
-use super::{call, sleep_unless_stopped};
+use super::{call, sleep_unless_stopped, CallError};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -59,16 +59,72 @@ impl Http {
     }
 }
 
-/// The times of a token, read from its claims without verifying it: the broker only needs to
-/// know when to renew its own credential; the control plane verifies it.
-pub fn lifetime_of(token: &str) -> Option<(u64, u64)> {
+/// The claims of a token, read without verifying it: the broker only needs to know when to
+/// renew its own credential and whether it is an enrolment token; the control plane
+/// verifies it.
+fn claims_of(token: &str) -> Option<felix_control::auth::Claims> {
     use base64::Engine;
     let payload = token.split('.').nth(1)?;
     let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
         .decode(payload)
         .ok()?;
-    let c: felix_control::auth::Claims = serde_json::from_slice(&bytes).ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+/// `(iat, exp)` of a token, if it has a readable, non-empty life.
+pub fn lifetime_of(token: &str) -> Option<(u64, u64)> {
+    let c = claims_of(token)?;
     (c.exp > c.iat).then_some((c.iat, c.exp))
+}
+
+/// Whether `token` is a one-time enrolment token (`felixctl node enroll N --one-time`).
+pub fn is_enrolment(token: &str) -> bool {
+    claims_of(token).is_some_and(|c| c.sub.starts_with("enrol/"))
+}
+
+/// Exchange the enrolment token held for this node's credential (`POST /v1/nodes/N/enrol`),
+/// write it to `file` where the next start reads it, and use it. Retried while the control
+/// plane is unreachable; a refusal (spent, expired, another node's) stops the broker with
+/// exit code 2, because only an admin can issue another. `None`: shut down meanwhile.
+pub(super) async fn enrol(
+    http: &Http,
+    base: &str,
+    node_id: u64,
+    file: Option<&std::path::Path>,
+    shutdown: &AtomicBool,
+) -> Option<String> {
+    let url = format!("{base}/v1/nodes/{node_id}/enrol");
+    let mut backoff_ms = 200;
+    loop {
+        match ask(http, &url, None).await {
+            Ok((t, l)) => {
+                // Kept first: the enrolment token is spent, and this is the only copy.
+                keep(file, &t);
+                http.set_token(&t);
+                tracing::info!(
+                    node_id,
+                    expires_at_s = l.1,
+                    "enrolled: the enrolment token was exchanged for this node's credential"
+                );
+                return Some(t);
+            }
+            Err(CallError::Api(401 | 403, b)) => {
+                tracing::error!(code = %b.code, message = %b.message, "the control plane refused this broker's enrolment token");
+                eprintln!(
+                    "felix-broker: the control plane at {base} refused node {node_id}'s enrolment token: {} ({}); it is used once and expires (felixctl node enroll {node_id} --one-time issues another)",
+                    b.message, b.code
+                );
+                std::process::exit(2);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "exchanging the enrolment token failed; retrying");
+                if !sleep_unless_stopped(backoff_ms, shutdown).await {
+                    return None;
+                }
+                backoff_ms = (backoff_ms * 2).min(5_000);
+            }
+        }
+    }
 }
 
 /// When a credential issued at `iat_s` and expiring at `exp_s` is renewed: with a third of
@@ -97,6 +153,8 @@ pub static EXPIRES_AT_S: AtomicU64 = AtomicU64::new(0);
 /// Renewals that succeeded and failed, for `/metrics`.
 pub static RENEWED: AtomicU64 = AtomicU64::new(0);
 pub static RENEW_FAILED: AtomicU64 = AtomicU64::new(0);
+/// New credentials that could not be written to `controlplane_token_file`.
+pub static KEEP_FAILED: AtomicU64 = AtomicU64::new(0);
 
 /// The node credential's gauge and counters, as Prometheus text (nothing without one).
 pub fn render(out: &mut String) {
@@ -122,6 +180,12 @@ pub fn render(out: &mut String) {
             "counter",
             "renewals of the node credential that failed (retried every 5 s; the one held stays in use)",
             RENEW_FAILED.load(Ordering::Relaxed),
+        ),
+        (
+            "felix_node_credential_write_failures_total",
+            "counter",
+            "new node credentials that could not be written to controlplane_token_file (a restart would read the older one)",
+            KEEP_FAILED.load(Ordering::Relaxed),
         ),
     ] {
         out.push_str(&format!(
@@ -156,17 +220,12 @@ pub(super) async fn follow(
             }
             continue;
         }
-        let req = serde_json::json!({ "ttl_s": life.1 - life.0 });
         let url = format!("{base}/v1/nodes/{node_id}/token");
-        let r = call::<Issued>(http.post(&url).json(&req)).await;
-        match r.map_err(|e| e.to_string()).and_then(|t| {
-            let l = lifetime_of(&t.token).ok_or("the renewed credential has no readable expiry")?;
-            if let Some(f) = &file {
-                crate::auth::write_private(f, t.token.as_bytes())?;
-            }
-            Ok((t.token, l))
-        }) {
+        match ask(&http, &url, Some(life.1 - life.0)).await {
             Ok((t, l)) => {
+                // Used even if it cannot be kept: the broker runs on; only a restart would
+                // fall back to the file's older credential.
+                keep(file.as_deref(), &t);
                 http.set_token(&t);
                 life = l;
                 EXPIRES_AT_S.store(l.1, Ordering::Relaxed);
@@ -182,6 +241,31 @@ pub(super) async fn follow(
                 }
             }
         }
+    }
+}
+
+/// Ask `url` for a node credential (the bearer held authorises it; `ttl_s` absent: the
+/// control plane's longest) and read its times.
+async fn ask(
+    http: &Http,
+    url: &str,
+    ttl_s: Option<u64>,
+) -> Result<(String, (u64, u64)), CallError> {
+    let req = serde_json::json!({ "ttl_s": ttl_s });
+    let t = call::<Issued>(http.post(url).json(&req)).await?;
+    let l = lifetime_of(&t.token).ok_or_else(|| {
+        CallError::Transport("the control plane's node credential has no readable expiry".into())
+    })?;
+    Ok((t.token, l))
+}
+
+/// Write a new credential to `file`, where the next start reads it. A failure is an error in
+/// the log and a counter, not a stop: the credential in memory still serves this process.
+fn keep(file: Option<&std::path::Path>, token: &str) {
+    let Some(f) = file else { return };
+    if let Err(e) = crate::auth::write_private(f, token.as_bytes()) {
+        KEEP_FAILED.fetch_add(1, Ordering::Relaxed);
+        tracing::error!(error = %e, "cannot write the new node credential to controlplane_token_file; this process uses it, a restart would read the older one (make the file writable by the broker)");
     }
 }
 
@@ -201,6 +285,9 @@ mod tests {
         let k = felix_control::auth::SigningKey::from_seed("k", [7; 32]);
         let t = k.issue(&felix_control::auth::node_claims(3, "j", 100, 60));
         assert_eq!(lifetime_of(&t), Some((100, 160)));
+        assert!(!is_enrolment(&t));
+        let e = k.issue(&felix_control::auth::enrolment_claims(3, "e", 100, 60));
+        assert!(is_enrolment(&e));
         assert_eq!(lifetime_of("garbage"), None);
         assert_eq!(lifetime_of("a.!!.c"), None);
     }

@@ -137,3 +137,40 @@ where
         }
     }
 }
+
+/// Start broker `node_id` against `cp` with auth left to `auto` and, if given, the node
+/// credential in `token_file`.
+pub fn start_enrolled(
+    cp: &ControlPlane,
+    node_id: &str,
+    token_file: Option<&std::path::Path>,
+) -> Result<super::Broker, String> {
+    let mut args = vec![
+        "--controlplane-url",
+        cp.url.as_str(),
+        "--node-id",
+        node_id,
+        "--auth",
+        "auto",
+    ];
+    if let Some(f) = token_file {
+        args.extend(["--controlplane-token-file", f.to_str().unwrap()]);
+    }
+    if let Some(ca) = &cp.ca {
+        args.extend(["--controlplane-ca", ca.to_str().unwrap()]);
+    }
+    super::Broker::try_start_env(tempfile::tempdir().unwrap(), 1, &args, &[])
+}
+
+/// `felixctl --token ADMIN ARGS` against `cp`, which must succeed: its trimmed stdout.
+pub fn ctl_ok(cp: &ControlPlane, cfg_dir: &Path, admin: &str, args: &[&str]) -> String {
+    let mut v = vec!["--token", admin];
+    v.extend_from_slice(args);
+    let o = felixctl(cp, cfg_dir, &v);
+    assert!(
+        o.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout).unwrap().trim().to_string()
+}

@@ -196,13 +196,19 @@ pub enum NodeOp {
     #[command(alias = "list")]
     Ls,
     /// Issue broker NODE_ID's node credential and print it: the broker reads it from
-    /// --controlplane-token-file to register, heartbeat and follow the catalog and keys.
+    /// --controlplane-token-file to register, heartbeat and follow the catalog and keys, and
+    /// renews it there. With --one-time, print an enrolment token instead: the broker
+    /// exchanges it once, at its first start, for the node credential.
     Enroll {
         /// The broker's node id.
         node_id: u64,
-        /// Lifetime (3600, 30m, 1h, 7d) [default: the control plane's token_ttl_max_s].
+        /// Lifetime (3600, 30m, 1h, 7d) [default: the control plane's token_ttl_max_s; with
+        /// --one-time, 1h].
         #[arg(long)]
         ttl: Option<String>,
+        /// A one-time enrolment token rather than the credential itself.
+        #[arg(long)]
+        one_time: bool,
     },
 }
 

@@ -153,6 +153,17 @@ pub enum AuthCommand {
     },
     /// Remove a retired key: tokens it signed stop verifying.
     RemoveKey { kid: String },
+    /// Spend a one-time enrolment token (`used_jti`, expiring at `used_until_s`) for the
+    /// node credential `token`: both or neither. A token spent or revoked already refuses,
+    /// so of two brokers racing with the same enrolment token one wins.
+    Enrol {
+        used_jti: String,
+        used_until_s: u64,
+        token: TokenRecord,
+        now_s: u64,
+        tokens_max: usize,
+        revocations_max: usize,
+    },
     /// Revoke a token, a subject or a tenant. Revocations past their `until_s` are dropped
     /// first; a list still full of live ones refuses.
     Revoke {
@@ -382,6 +393,42 @@ impl AuthState {
                 revocation,
                 revocations_max,
             } => self.revoke(revocation, *revocations_max),
+            AuthCommand::Enrol {
+                used_jti,
+                used_until_s,
+                token,
+                now_s,
+                tokens_max,
+                revocations_max,
+            } => {
+                if self
+                    .revoked_at(crate::auth::RevokeKind::Jti, used_jti)
+                    .is_some()
+                {
+                    return Err(ApiError::new(
+                        ErrorCode::Revoked,
+                        format!("enrolment token {used_jti} was used (or revoked) already; `felixctl node enroll N --one-time` issues another"),
+                    ));
+                }
+                // Applied to a copy, kept only if both steps succeed: a refusal changes nothing.
+                let mut next = self.clone();
+                next.apply(&AuthCommand::RecordToken {
+                    token: token.clone(),
+                    now_s: *now_s,
+                    tokens_max: *tokens_max,
+                })?;
+                next.revoke(
+                    &Revocation {
+                        kind: crate::auth::RevokeKind::Jti,
+                        value: used_jti.clone(),
+                        at_s: *now_s,
+                        until_s: (*used_until_s).max(*now_s),
+                    },
+                    *revocations_max,
+                )?;
+                *self = next;
+                Ok(())
+            }
         }
     }
 }
@@ -398,6 +445,47 @@ mod tests {
             at_s: 100,
             admin_ttl_s: 1000,
         }
+    }
+
+    #[test]
+    fn an_enrolment_token_is_spent_once_and_a_refusal_changes_nothing() {
+        let record = |jti: &str| TokenRecord {
+            jti: jti.into(),
+            subject: "node/3".into(),
+            tenant: "*".into(),
+            perms: vec![],
+            issued_at_s: 100,
+            expires_at_s: 1000,
+        };
+        let enrol = |jti: &str, tokens_max| AuthCommand::Enrol {
+            used_jti: "e1".into(),
+            used_until_s: 200,
+            token: record(jti),
+            now_s: 100,
+            tokens_max,
+            revocations_max: 10,
+        };
+        let mut a = AuthState::default();
+        // A full register refuses, and the enrolment token stays unspent.
+        a.apply(&AuthCommand::RecordToken {
+            token: record("other"),
+            now_s: 100,
+            tokens_max: 1,
+        })
+        .unwrap();
+        assert_eq!(
+            a.apply(&enrol("n1", 1)).unwrap_err().code,
+            ErrorCode::Conflict
+        );
+        assert_eq!(a.revoked_at(crate::auth::RevokeKind::Jti, "e1"), None);
+        assert_eq!(a.revocation_revision, 0);
+        a.apply(&enrol("n1", 10)).unwrap();
+        assert!(a.tokens.iter().any(|t| t.jti == "n1"));
+        assert_eq!(a.revoked_at(crate::auth::RevokeKind::Jti, "e1"), Some(100));
+        // Spent: a second exchange refuses and records nothing.
+        let err = a.apply(&enrol("n2", 10)).unwrap_err();
+        assert_eq!(err.code, ErrorCode::Revoked);
+        assert!(!a.tokens.iter().any(|t| t.jti == "n2"));
     }
 
     #[test]

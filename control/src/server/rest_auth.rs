@@ -4,7 +4,8 @@
 //!
 //! Resources of the `cluster.admin` action name what they guard: `tenants`, `catalog` (the
 //! catalog, its changes feed, the broker list, the cluster status), `brokers/N` (register and
-//! heartbeat as broker N, and its node token), `tokens`, `keys`, `jwks`, `revocations` (the
+//! heartbeat as broker N, and its node token), `enrolments` (issue one-time enrolment tokens),
+//! `enrol/N` (exchange broker N's enrolment token for its node token), `tokens`, `keys`, `jwks`, `revocations` (the
 //! revocation feed), `metrics` and
 //! `internal` (writes forwarded between members). `manage` resources are `*` for the tenant
 //! itself and its namespaces, `NS/` for a namespace and its collections, `NS/NAME` for a
@@ -75,6 +76,8 @@ pub fn need(method: &Method, path: &str, metrics_public: bool) -> Need {
         ["v1", "brokers", _] => cluster("catalog"),
         ["v1", "brokers", id, "heartbeat"] => cluster(format!("brokers/{id}")),
         ["v1", "nodes", id, "token"] => cluster(format!("brokers/{id}")),
+        ["v1", "nodes", _, "enrolment"] => cluster("enrolments"),
+        ["v1", "nodes", id, "enrol"] => cluster(format!("enrol/{id}")),
         ["v1", "tokens"] | ["v1", "tokens", "revoke"] => Need::InHandler,
         ["v1", "auth", "revocations"] => cluster("revocations"),
         ["v1", "auth", "jwks"] => cluster("jwks"),
@@ -421,7 +424,17 @@ fn check_grant(caller: &Option<Extension<Caller>>, tenant: &str, perms: &[Permis
 }
 
 /// Record a token in the register, then sign it.
-async fn issue(st: &AppState, mut claims: Claims) -> Res<IssuedToken> {
+async fn issue(st: &AppState, claims: Claims) -> Res<IssuedToken> {
+    issue_spending(st, claims, None).await
+}
+
+/// Issue `claims`; with `spend` (an enrolment token's id and expiry) only if that token is
+/// spent in the same Raft command, so it is exchanged once.
+async fn issue_spending(
+    st: &AppState,
+    mut claims: Claims,
+    spend: Option<(String, u64)>,
+) -> Res<IssuedToken> {
     let key = st.signer()?;
     // A revocation covers tokens issued in its second too (`iat` is whole seconds), so a token
     // minted for a target revoked this very second is dated the second after.
@@ -446,14 +459,22 @@ async fn issue(st: &AppState, mut claims: Claims) -> Res<IssuedToken> {
         issued_at_s: claims.iat,
         expires_at_s: claims.exp,
     };
-    st.write(Command::Auth {
-        cmd: AuthCommand::RecordToken {
+    let cmd = match spend {
+        None => AuthCommand::RecordToken {
             token: record.clone(),
             now_s: claims.iat,
             tokens_max: st.cfg.auth_tokens_max,
         },
-    })
-    .await?;
+        Some((used_jti, used_until_s)) => AuthCommand::Enrol {
+            used_jti,
+            used_until_s,
+            token: record.clone(),
+            now_s: claims.iat,
+            tokens_max: st.cfg.auth_tokens_max,
+            revocations_max: st.cfg.auth_revocations_max,
+        },
+    };
+    st.write(Command::Auth { cmd }).await?;
     Ok(IssuedToken {
         token: key.issue(&claims),
         record,
@@ -666,6 +687,8 @@ pub(super) async fn node_token(
         .map(Json)
 }
 
+pub(super) mod enrol;
+
 /// The public keys that verify this cluster's tokens (brokers fetch it).
 #[utoipa::path(get, path = "/v1/auth/jwks", tag = "auth",
     responses((status = 200, body = Jwks), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)))]
@@ -789,6 +812,12 @@ mod tests {
                 allow(C, "*", "brokers/3"),
             ),
             (&p, "/v1/nodes/3/token".into(), allow(C, "*", "brokers/3")),
+            (
+                &p,
+                "/v1/nodes/3/enrolment".into(),
+                allow(C, "*", "enrolments"),
+            ),
+            (&p, "/v1/nodes/3/enrol".into(), allow(C, "*", "enrol/3")),
             (&p, "/v1/tokens".into(), Need::InHandler),
             (&g, "/v1/tokens".into(), Need::InHandler),
             (&g, "/v1/auth/jwks".into(), allow(C, "*", "jwks")),
