@@ -27,6 +27,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::sync::RwLock;
 
+pub mod local_revocations;
+
 /// The file a standalone broker's key lives in, under the data dir.
 pub fn key_path(data_dir: &Path) -> PathBuf {
     data_dir.join("auth").join("signing-key.json")
@@ -236,7 +238,7 @@ impl AuthKeys {
             (
                 "felix_auth_revocation_feed_last_success_seconds",
                 "gauge",
-                "Unix time of the revocation feed's last answer (0: never; a standalone broker has no feed)",
+                "Unix time of the revocation feed's last answer, or the revocation file's last read without a control plane (0: never)",
                 self.revocations_synced_ms() / 1000,
             ),
             (
@@ -380,13 +382,18 @@ fn setup_verifier(cfg: &Config) -> Result<Setup, String> {
 
 /// `felix-broker token create --data-dir DIR --tenant T --allow ACTION:PATTERN... [--subject S]
 /// [--ttl-s N]`: a token signed with the standalone key of the broker whose data dir is DIR,
-/// printed on stdout. Exit 2 on a usage error.
+/// printed on stdout. `felix-broker token revoke ...`: see [`local_revocations`]. Exit 2 on
+/// a usage error.
 pub fn token_command(args: &[String]) -> i32 {
-    let usage = "usage: felix-broker token create --data-dir DIR --tenant TENANT --allow ACTION:PATTERN [--allow ...] [--subject NAME] [--ttl-s SECONDS]";
+    let usage = "usage: felix-broker token create --data-dir DIR --tenant TENANT --allow ACTION:PATTERN [--allow ...] [--subject NAME] [--ttl-s SECONDS]\n       felix-broker token revoke --data-dir DIR (--jti ID | --subject NAME | --tenant TENANT)";
     let mut it = args.iter();
-    if it.next().map(String::as_str) != Some("create") {
-        eprintln!("{usage}");
-        return 2;
+    match it.next().map(String::as_str) {
+        Some("create") => {}
+        Some("revoke") => return local_revocations::revoke_command(&args[1..]),
+        _ => {
+            eprintln!("{usage}");
+            return 2;
+        }
     }
     let (mut dir, mut tenant, mut subject, mut ttl_s) = (None, None, None, 3600u64);
     let mut perms = Vec::new();
@@ -442,10 +449,16 @@ pub fn token_command(args: &[String]) -> i32 {
             return 1;
         }
     };
-    let now = now_s();
+    let subject = subject.unwrap_or_else(|| format!("{tenant}-client"));
+    // A token made in the second its subject or tenant was revoked would be born revoked
+    // (`iat` is whole seconds): it is dated the second after.
+    let now = match local_revocations::revoked_at_s(&dir, &subject, &tenant) {
+        Some(at_s) => now_s().max(at_s + 1),
+        None => now_s(),
+    };
     let claims = Claims {
         iss: ISSUER.into(),
-        sub: subject.unwrap_or_else(|| format!("{tenant}-client")),
+        sub: subject,
         tenant,
         perms,
         iat: now,

@@ -248,6 +248,13 @@ fn run(cfg: Config, (node_token, controlplane_ca): Credentials) -> Result<(), St
     metrics::serve(metrics_listener, ops.clone());
 
     let shutdown = Arc::new(AtomicBool::new(false));
+    // Without a control plane there is no revocation feed: the data dir's revocation file
+    // stands in for it.
+    let local_auth = matches!(felix_broker::auth::mode(&cfg), "standalone" | "jwks");
+    if let Some(keys) = auth.clone().filter(|_| local_auth) {
+        use felix_broker::auth::local_revocations::{follow, revocations_path};
+        follow(revocations_path(&cfg.data_dir), keys, shutdown.clone());
+    }
     let drain_forced = Arc::new(AtomicBool::new(false));
     let started = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let drain_idle: Arc<Vec<AtomicBool>> =

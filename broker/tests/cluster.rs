@@ -193,6 +193,11 @@ async fn every_broker_serves_every_shard_by_forwarding() {
     let exe = std::path::Path::new(env!("CARGO_BIN_EXE_felix-broker")).with_file_name("felixctl");
     let far_of_2 = owners.iter().position(|&o| o != 2).unwrap();
     let o = std::process::Command::new(exe)
+        .env_remove("FELIX_CONTEXT")
+        .env(
+            "FELIX_CONTEXT_FILE",
+            nodes[1].dir.path().join("no-context.json"),
+        )
         .args(["--brokers", &format!("127.0.0.1:1,{}", nodes[1].quic)])
         .arg("--ca")
         .arg(nodes[1].ca())

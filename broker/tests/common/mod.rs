@@ -206,9 +206,15 @@ impl Broker {
         let exe =
             std::path::Path::new(env!("CARGO_BIN_EXE_felix-broker")).with_file_name("felixctl");
         let mut c = Command::new(exe);
+        // Hermetic: never the user's own felixctl context (a local cluster writes one).
         c.args(["--broker", &self.quic.to_string()])
             .arg("--ca")
             .arg(self.ca())
+            .env_remove("FELIX_CONTEXT")
+            .env(
+                "FELIX_CONTEXT_FILE",
+                self.dir.path().join("no-context.json"),
+            )
             .stdin(Stdio::null());
         c
     }
