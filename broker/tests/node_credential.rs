@@ -24,6 +24,18 @@ async fn connect(b: &common::Broker, token: &str) -> felix_client::Client {
     felix_client::Client::connect(cfg).await.expect("connect")
 }
 
+/// Until the broker serves stream default/default/`name` (it learns of it through the
+/// catalog feed, which needs a valid node credential): a publish is acknowledged.
+async fn served(a: &felix_client::Client, name: &str) {
+    let s = StreamName::new("default", "default", name);
+    eventually(&format!("stream {name} is served"), || async {
+        a.publish_batch(&s, ShardSelector::Shard(0), vec!["x"])
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
+}
+
 /// An enrolment token is exchanged once for the node credential, which the broker writes
 /// where it read the enrolment token; it can do nothing else, a spent one is refused (the
 /// broker stops, exit 2, saying what to do), and another node's is refused without being
@@ -65,16 +77,7 @@ async fn an_enrolment_token_is_exchanged_once_for_the_node_credential() {
         0o600
     );
     let a = connect(&b, &admin).await;
-    let events = StreamName::new("default", "default", "events");
-    eventually(
-        "the enrolled broker serves the catalog's stream",
-        || async {
-            a.publish_batch(&events, ShardSelector::Shard(0), vec!["x"])
-                .await
-                .map_err(|e| e.to_string())
-        },
-    )
-    .await;
+    served(&a, "events").await;
     // Spent: the same enrolment token again is refused, and the broker says what to do.
     let again = dir.path().join("again.token");
     std::fs::write(&again, &enrol).unwrap();
@@ -141,16 +144,7 @@ async fn a_broker_renews_its_node_credential_before_it_expires() {
     let a = connect(&b, &admin).await;
     for name in ["late", "later"] {
         ctl(&["stream", "create", name, "--shards", "1"]);
-        let s = StreamName::new("default", "default", name);
-        eventually(
-            "a stream created after the first credential expired is served",
-            || async {
-                a.publish_batch(&s, ShardSelector::Shard(0), vec!["x"])
-                    .await
-                    .map_err(|e| e.to_string())
-            },
-        )
-        .await;
+        served(&a, name).await;
     }
     let m = b.http_get_as("/metrics", Some(&admin));
     let renewals = m

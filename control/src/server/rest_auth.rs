@@ -675,16 +675,22 @@ pub(super) async fn node_token(
     Path(node_id): Path<u64>,
     Json(req): Json<NodeTokenRequest>,
 ) -> Res<Json<IssuedToken>> {
-    let ttl_s = req.ttl_s.unwrap_or(st.cfg.token_ttl_max_s);
+    let ttl_s = node_ttl_s(&st, node_id, req.ttl_s, st.cfg.token_ttl_max_s)?;
+    issue(&st, node_claims(node_id, &new_jti(), now_s(), ttl_s))
+        .await
+        .map(Json)
+}
+
+/// The lifetime a node-token request asks for (`default_s` if none), checked with its node id.
+fn node_ttl_s(st: &AppState, node_id: u64, ttl_s: Option<u64>, default_s: u64) -> Res<u64> {
+    let ttl_s = ttl_s.unwrap_or(default_s);
     if node_id == 0 || ttl_s == 0 || ttl_s > st.cfg.token_ttl_max_s {
         return Err(invalid(format!(
             "node id 1.., ttl_s 1..={} (token_ttl_max_s)",
             st.cfg.token_ttl_max_s
         )));
     }
-    issue(&st, node_claims(node_id, &new_jti(), now_s(), ttl_s))
-        .await
-        .map(Json)
+    Ok(ttl_s)
 }
 
 pub(super) mod enrol;

@@ -20,15 +20,8 @@ pub(in crate::server) async fn node_enrolment(
     Path(node_id): Path<u64>,
     Json(req): Json<NodeTokenRequest>,
 ) -> Res<Json<IssuedToken>> {
-    let ttl_s = req
-        .ttl_s
-        .unwrap_or(ENROLMENT_TTL_S.min(st.cfg.token_ttl_max_s));
-    if node_id == 0 || ttl_s == 0 || ttl_s > st.cfg.token_ttl_max_s {
-        return Err(invalid(format!(
-            "node id 1.., ttl_s 1..={} (token_ttl_max_s)",
-            st.cfg.token_ttl_max_s
-        )));
-    }
+    let default_s = ENROLMENT_TTL_S.min(st.cfg.token_ttl_max_s);
+    let ttl_s = node_ttl_s(&st, node_id, req.ttl_s, default_s)?;
     if st.cfg.auth == AuthSwitch::Off {
         return Err(invalid("auth is off: brokers need no credential"));
     }
@@ -49,13 +42,7 @@ pub(in crate::server) async fn node_enrol(
     Path(node_id): Path<u64>,
     Json(req): Json<NodeTokenRequest>,
 ) -> Res<Json<IssuedToken>> {
-    let ttl_s = req.ttl_s.unwrap_or(st.cfg.token_ttl_max_s);
-    if node_id == 0 || ttl_s == 0 || ttl_s > st.cfg.token_ttl_max_s {
-        return Err(invalid(format!(
-            "node id 1.., ttl_s 1..={} (token_ttl_max_s)",
-            st.cfg.token_ttl_max_s
-        )));
-    }
+    let ttl_s = node_ttl_s(&st, node_id, req.ttl_s, st.cfg.token_ttl_max_s)?;
     let Some(Extension(c)) = caller else {
         return Err(invalid("auth is off: brokers need no credential"));
     };
