@@ -143,6 +143,8 @@ struct Issued {
 
 /// The pause after a failed renewal; also how often a due renewal is retried.
 const RENEW_RETRY_MS: u64 = 5_000;
+/// How often a renewal that keeps failing is warned about, seconds.
+const RENEW_WARN_S: u64 = 60;
 /// The longest sleep between two looks at the credential, so a wall clock that jumps ahead
 /// (a suspended VM) is noticed within this bound.
 const RENEW_LOOK_MS: u64 = 60_000;
@@ -210,6 +212,7 @@ pub(super) async fn follow(
         return;
     };
     EXPIRES_AT_S.store(life.1, Ordering::Relaxed);
+    let mut warned_at_s: Option<u64> = None;
     loop {
         let now = crate::auth::now_s();
         let due = renew_at_s(life);
@@ -230,12 +233,19 @@ pub(super) async fn follow(
                 life = l;
                 EXPIRES_AT_S.store(l.1, Ordering::Relaxed);
                 RENEWED.fetch_add(1, Ordering::Relaxed);
+                warned_at_s = None;
                 tracing::info!(node_id, expires_at_s = l.1, "node credential renewed");
             }
             Err(e) => {
                 RENEW_FAILED.fetch_add(1, Ordering::Relaxed);
                 let left_s = life.1.saturating_sub(now);
-                tracing::warn!(error = %e, left_s, "renewing the node credential failed; retrying");
+                // Retried every 5 s: warned once a minute, each time with the life left.
+                if warned_at_s.is_none_or(|t| now >= t + RENEW_WARN_S) {
+                    warned_at_s = Some(now);
+                    tracing::warn!(error = %e, left_s, "renewing the node credential failed; retrying");
+                } else {
+                    tracing::debug!(error = %e, left_s, "renewing the node credential failed");
+                }
                 if !sleep_unless_stopped(RENEW_RETRY_MS, &shutdown).await {
                     return;
                 }
