@@ -63,6 +63,7 @@ mod owner;
 mod peer;
 #[cfg(test)]
 mod peer_check;
+mod replica;
 pub(crate) mod shard;
 pub use shard::Refusal;
 #[cfg(test)]
