@@ -1,25 +1,31 @@
 //! The replica of one durable shard as a pure state machine, after
-//! `docs/replication-design.md`. This first slice implements rules 1, 3, 5 and 6:
+//! `docs/replication-design.md`. So far it implements rules 1 to 6:
 //! - generations (rule 1);
+//! - the leader's lease on its monotonic clock (rule 2, `lease.rs`);
 //! - fencing with a durable promise (rule 3);
+//! - waiting out the old lease after the fence (rule 4, `lease.rs`);
 //! - ballots (rule 5);
 //! - log shipping, with log matching by generation and truncation of a divergent suffix
 //!   (rule 6), the generation-start record included.
 //!
-//! It reads no clock and touches no socket or file. Its inputs are placement's assignment
+//! It reads no clock and touches no socket or file: the time of each input is an argument
+//! (milliseconds of the driver's monotonic clock). Its inputs are placement's assignment
 //! ([`Replica::assign`]), a client's record ([`Replica::propose`]), peer messages
-//! ([`Replica::on_msg`]) and retransmission ticks ([`Replica::tick`]). Its outputs are
+//! ([`Replica::on_msg`]) and ticks ([`Replica::tick`]: lease renewals and retransmission). Its
+//! outputs are
 //! [`Effect`]s, which the driver carries out **in order**, as raft-rs's `Ready` asks: a
 //! [`Effect::Persist`] must be durable (fsynced) before any later effect of the same batch is
 //! carried out, because a promise or ballot is never answered before it is kept (rule 3).
 //!
-//! Not here yet (later slices of issue 23): leases (rule 2), the post-fence wait (4), reports
-//! and the commit mark (7), promotion (8), storage identity (9) and retention (10). The shard
+//! Not here yet (later slices of issue 23): reports and the commit mark (7), promotion (8),
+//! storage identity (9) and retention (10). The shard
 //! host does not run this machine yet; only its simulator (`sim.rs`) does.
 #![cfg_attr(not(test), allow(dead_code))]
 
 use std::collections::BTreeMap;
 
+mod lease;
+pub(crate) use lease::{Lease, ReplicaCfg};
 #[cfg(test)]
 mod sim;
 
@@ -55,9 +61,16 @@ pub(crate) struct Durable {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Msg {
     /// A new leader's fence for `gen` (rule 3).
-    Fence { gen: u64, leader: NodeId },
+    Fence {
+        gen: u64,
+        leader: NodeId,
+    },
     /// `from` promised `gen` to the leader, and holds records up to `end` (exclusive).
-    FenceAnswer { gen: u64, from: NodeId, end: u64 },
+    FenceAnswer {
+        gen: u64,
+        from: NodeId,
+        end: u64,
+    },
     /// Records from offset `start`; `prev_gen` is the generation of the record at `start - 1`.
     Ship {
         gen: u64,
@@ -70,6 +83,17 @@ pub(crate) enum Msg {
         gen: u64,
         from: NodeId,
         shipped: Shipped,
+    },
+    /// Renew the leader's lease: the exchange sent at `round` (the leader's clock, rule 2).
+    LeaseAsk {
+        gen: u64,
+        leader: NodeId,
+        round: u64,
+    },
+    LeaseGrant {
+        gen: u64,
+        from: NodeId,
+        round: u64,
     },
     /// `from` refused a message of generation `gen`: it promised `promised` (to another).
     Refuse {
@@ -150,24 +174,39 @@ pub(crate) struct Replica {
     /// The generations of the log's records, offset 0 first (what the log holds, mirrored).
     log: Vec<Entry>,
     role: Role,
-    /// Records per shipment, at most.
-    batch_max: usize,
+    /// While leading: the lease (rules 2 and 4).
+    lease: Option<Lease>,
+    cfg: ReplicaCfg,
     effects: Vec<Effect>,
 }
 
 impl Replica {
     /// A replica as it comes up: a follower, with what its disk kept.
-    pub(crate) fn new(me: NodeId, set: Vec<NodeId>, durable: Durable, log: Vec<Entry>) -> Self {
+    pub(crate) fn new(
+        me: NodeId,
+        set: Vec<NodeId>,
+        durable: Durable,
+        log: Vec<Entry>,
+        cfg: ReplicaCfg,
+    ) -> Self {
         assert!(set.contains(&me), "replica {me} is not in its set {set:?}");
+        debug_assert!(cfg.validate().is_ok(), "{cfg:?}");
         Replica {
             me,
             set,
             durable,
             log,
             role: Role::Follower,
-            batch_max: 8,
+            lease: None,
+            cfg,
             effects: Vec::new(),
         }
+    }
+
+    /// Whether this replica may acknowledge a write or serve a read at `now_ms`: it leads,
+    /// has waited out every older lease, and holds its own (rules 2 and 4).
+    pub(crate) fn serving(&self, now_ms: u64) -> bool {
+        self.leading().is_some() && self.lease.as_ref().is_some_and(|l| l.serving(now_ms))
     }
 
     /// The effects produced since the last drain, in the order they must be carried out.
@@ -226,6 +265,8 @@ impl Replica {
             Role::Follower => return,
         };
         self.role = Role::Follower;
+        // A deposed leader refuses new readers at once, whatever its lease says (rule 2).
+        self.lease = None;
         self.effects.push(Effect::SteppedDown { gen });
     }
 
@@ -239,10 +280,19 @@ impl Replica {
         gen > d.promised || (gen == d.promised && d.ballot.is_none_or(|b| b == leader))
     }
 
+    /// Whether this replica takes records and lease exchanges of `gen` from `leader`: only
+    /// from the leader whose fence it answered, at the generation it promised.
+    fn takes_from(&self, gen: u64, leader: NodeId) -> bool {
+        if breaks::on(&breaks::NO_FENCE) && gen < self.durable.promised {
+            return true;
+        }
+        gen == self.durable.promised && self.durable.ballot == Some(leader)
+    }
+
     /// Placement names `leader` for generation `gen`. Only the named broker acts: it takes
     /// the generation (promise, ballot and `led`, persisted) and fences the others. It refuses
     /// a generation it led before or one at which it accepted another leader.
-    pub(crate) fn assign(&mut self, gen: u64, leader: NodeId) {
+    pub(crate) fn assign(&mut self, gen: u64, leader: NodeId, now_ms: u64) {
         if leader != self.me || gen <= self.durable.led || !self.accepts(gen, self.me) {
             return;
         }
@@ -266,7 +316,7 @@ impl Replica {
                 },
             );
         }
-        self.maybe_elected();
+        self.maybe_elected(now_ms);
     }
 
     fn others(&self) -> Vec<NodeId> {
@@ -286,8 +336,9 @@ impl Replica {
         Ok(at)
     }
 
-    /// Send again what may have been lost: fences not answered, shipments to every follower.
-    pub(crate) fn tick(&mut self) {
+    /// Send again what may have been lost (fences not answered, shipments to every follower),
+    /// and renew the lease when due.
+    pub(crate) fn tick(&mut self, now_ms: u64) {
         match &self.role {
             Role::Fencing { gen, answered } => {
                 let (gen, answered) = (*gen, answered.clone());
@@ -303,19 +354,40 @@ impl Replica {
                     }
                 }
             }
-            Role::Leading { .. } => self.ship_all(),
+            Role::Leading { .. } => {
+                self.renew(now_ms);
+                self.ship_all();
+            }
             Role::Follower => {}
         }
     }
 
-    pub(crate) fn on_msg(&mut self, msg: Msg) {
+    /// Ask the replicas to renew the lease if due: an exchange sent now (rule 2).
+    fn renew(&mut self, now_ms: u64) {
+        let Some(l) = self.lease.as_mut() else { return };
+        if !l.due(now_ms, &self.cfg) {
+            return;
+        }
+        let (gen, round) = (l.gen, l.ask(self.me, now_ms));
+        for to in self.others() {
+            let leader = self.me;
+            self.send(to, Msg::LeaseAsk { gen, leader, round });
+        }
+        // A replica set of one is its own majority.
+        let majority = self.majority();
+        if let Some(l) = self.lease.as_mut() {
+            l.granted(round, self.me, majority, &self.cfg);
+        }
+    }
+
+    pub(crate) fn on_msg(&mut self, msg: Msg, now_ms: u64) {
         match msg {
             Msg::Fence { gen, leader } => self.on_fence(gen, leader),
             Msg::FenceAnswer { gen, from, end } => {
                 if let Role::Fencing { gen: g, answered } = &mut self.role {
                     if *g == gen {
                         answered.insert(from, end);
-                        self.maybe_elected();
+                        self.maybe_elected(now_ms);
                     }
                 } else if let Role::Leading { gen: g, peers } = &mut self.role {
                     // A late promise: that follower is shipped to from now on.
@@ -333,6 +405,21 @@ impl Replica {
                 entries,
             } => self.on_ship(gen, leader, start, prev_gen, entries),
             Msg::ShipAnswer { gen, from, shipped } => self.on_ship_answer(gen, from, shipped),
+            Msg::LeaseAsk { gen, leader, round } => {
+                // Only the leader accepted at the promised generation (rule 3: a lower one is
+                // refused, so a deposed leader renews nothing through a fenced replica).
+                if !self.takes_from(gen, leader) || self.leading().is_some() {
+                    return self.refuse(leader, gen);
+                }
+                let from = self.me;
+                self.send(leader, Msg::LeaseGrant { gen, from, round });
+            }
+            Msg::LeaseGrant { gen, from, round } => {
+                let majority = self.majority();
+                if let Some(l) = self.lease.as_mut().filter(|l| l.gen == gen) {
+                    l.granted(round, from, majority, &self.cfg);
+                }
+            }
             Msg::Refuse { gen, promised, .. } => {
                 let mine = match self.role {
                     Role::Fencing { gen, .. } | Role::Leading { gen, .. } => gen,
@@ -389,7 +476,7 @@ impl Replica {
 
     /// A majority promised: lead. The generation-start record goes first (rule 6), then
     /// every follower that answered is shipped to from the end it reported.
-    fn maybe_elected(&mut self) {
+    fn maybe_elected(&mut self, now_ms: u64) {
         let Role::Fencing { gen, answered } = &self.role else {
             return;
         };
@@ -412,8 +499,10 @@ impl Replica {
             })
             .collect();
         self.role = Role::Leading { gen, peers };
+        self.lease = Some(Lease::new(gen, now_ms, &self.cfg));
         self.effects.push(Effect::Elected { gen });
         self.append(vec![Entry::start(gen)]);
+        self.renew(now_ms);
         self.ship_all();
     }
 
@@ -435,7 +524,7 @@ impl Replica {
         let gen = *gen;
         let start = peer.next.min(self.log.len() as u64);
         let prev_gen = start.checked_sub(1).map(|p| self.log[p as usize].gen);
-        let upto = (start as usize + self.batch_max).min(self.log.len());
+        let upto = (start as usize + self.cfg.batch_max).min(self.log.len());
         let entries = self.log[start as usize..upto].to_vec();
         self.send(
             to,
@@ -461,8 +550,7 @@ impl Replica {
     ) {
         // Only a leader whose fence this replica answered ships to it: a higher generation it
         // has not promised is refused too (that leader fences it first).
-        let d = self.durable;
-        if gen != d.promised || d.ballot != Some(leader) || self.leading().is_some() {
+        if !self.takes_from(gen, leader) || self.leading().is_some() {
             return self.refuse(leader, gen);
         }
         let end = self.log.len() as u64;
@@ -535,6 +623,11 @@ pub(crate) mod breaks {
     use std::sync::atomic::AtomicBool;
     /// Rule 5 dropped: a replica takes a second leader's fence at the generation it promised.
     pub(crate) static NO_BALLOT: AtomicBool = AtomicBool::new(false);
+    /// Rule 3 dropped: a replica still takes records and lease exchanges of a generation below
+    /// the one it promised.
+    pub(crate) static NO_FENCE: AtomicBool = AtomicBool::new(false);
+    /// Rule 4 dropped: a new leader serves as soon as its fence completes.
+    pub(crate) static NO_LEASE_WAIT: AtomicBool = AtomicBool::new(false);
     /// Rule 6 dropped: a follower keeps a record that differs from the leader's at the same
     /// offset instead of dropping the suffix from there.
     pub(crate) static NO_TRUNCATE: AtomicBool = AtomicBool::new(false);
@@ -570,7 +663,7 @@ mod tests {
                 return;
             }
             for (to, msg) in std::mem::take(&mut net) {
-                rs.get_mut(&to).unwrap().on_msg(msg);
+                rs.get_mut(&to).unwrap().on_msg(msg, 0);
             }
         }
         panic!("the replicas never went quiet");
@@ -580,7 +673,10 @@ mod tests {
         let set = vec![1, 2, 3];
         (1..=3)
             .zip(logs)
-            .map(|(n, l)| (n, Replica::new(n, set.clone(), Durable::default(), l)))
+            .map(|(n, l)| {
+                let cfg = ReplicaCfg::default();
+                (n, Replica::new(n, set.clone(), Durable::default(), l, cfg))
+            })
             .collect()
     }
 
@@ -601,7 +697,7 @@ mod tests {
                 led: 0,
             };
         }
-        rs.get_mut(&1).unwrap().assign(2, 1);
+        rs.get_mut(&1).unwrap().assign(2, 1, 0);
         let fx = rs.get_mut(&1).unwrap().drain_effects();
         assert_eq!(
             fx[0],
@@ -614,7 +710,7 @@ mod tests {
         );
         for e in fx {
             if let Effect::Send { to, msg } = e {
-                rs.get_mut(&to).unwrap().on_msg(msg);
+                rs.get_mut(&to).unwrap().on_msg(msg, 0);
             }
         }
         settle(&mut rs);
@@ -629,10 +725,10 @@ mod tests {
         // and a lower generation's fence; node 1 will not lead generation 2 twice.
         rs.get_mut(&3)
             .unwrap()
-            .on_msg(Msg::Fence { gen: 2, leader: 2 });
+            .on_msg(Msg::Fence { gen: 2, leader: 2 }, 0);
         rs.get_mut(&3)
             .unwrap()
-            .on_msg(Msg::Fence { gen: 1, leader: 2 });
+            .on_msg(Msg::Fence { gen: 1, leader: 2 }, 0);
         let refusals = rs.get_mut(&3).unwrap().drain_effects();
         assert!(refusals.iter().all(|e| matches!(
             e,
@@ -642,7 +738,7 @@ mod tests {
             }
         )));
         assert_eq!(refusals.len(), 2);
-        rs.get_mut(&1).unwrap().assign(2, 1);
+        rs.get_mut(&1).unwrap().assign(2, 1, 0);
         assert!(rs.get_mut(&1).unwrap().drain_effects().is_empty());
         assert_eq!(rs.get_mut(&2).unwrap().propose(1), Err(NotLeader::Follower));
     }
