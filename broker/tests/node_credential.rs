@@ -24,6 +24,15 @@ async fn connect(b: &common::Broker, token: &str) -> felix_client::Client {
     felix_client::Client::connect(cfg).await.expect("connect")
 }
 
+/// A control plane with auth on, its admin token, and the tenant and namespace `default`.
+fn control_plane_with_default(dir: &std::path::Path) -> (common::cp::ControlPlane, String) {
+    let cp = start_control_plane_auth(&dir.join("admin.token"));
+    let admin = read_admin_token(&dir.join("admin.token"));
+    ctl_ok(&cp, dir, &admin, &["tenant", "create", "default"]);
+    ctl_ok(&cp, dir, &admin, &["namespace", "create", "default"]);
+    (cp, admin)
+}
+
 /// Until the broker serves stream default/default/`name` (it learns of it through the
 /// catalog feed, which needs a valid node credential): a publish is acknowledged.
 async fn served(a: &felix_client::Client, name: &str) {
@@ -43,11 +52,8 @@ async fn served(a: &felix_client::Client, name: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_enrolment_token_is_exchanged_once_for_the_node_credential() {
     let dir = tempfile::tempdir().unwrap();
-    let cp = start_control_plane_auth(&dir.path().join("admin.token"));
-    let admin = read_admin_token(&dir.path().join("admin.token"));
+    let (cp, admin) = control_plane_with_default(dir.path());
     let ctl = |args: &[&str]| ctl_ok(&cp, dir.path(), &admin, args);
-    ctl(&["tenant", "create", "default"]);
-    ctl(&["namespace", "create", "default"]);
     ctl(&["stream", "create", "events", "--shards", "1"]);
     let enrol = ctl(&["node", "enroll", "1", "--one-time"]);
     assert!(is_enrolment(&enrol));
@@ -110,11 +116,8 @@ async fn an_enrolment_token_is_exchanged_once_for_the_node_credential() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_renews_its_node_credential_before_it_expires() {
     let dir = tempfile::tempdir().unwrap();
-    let cp = start_control_plane_auth(&dir.path().join("admin.token"));
-    let admin = read_admin_token(&dir.path().join("admin.token"));
+    let (cp, admin) = control_plane_with_default(dir.path());
     let ctl = |args: &[&str]| ctl_ok(&cp, dir.path(), &admin, args);
-    ctl(&["tenant", "create", "default"]);
-    ctl(&["namespace", "create", "default"]);
     let first = ctl(&["node", "enroll", "1", "--ttl", "6s"]);
     let (iat_s, exp_s) = lifetime_of(&first).expect("the credential's times");
     assert_eq!((exp_s - iat_s, renew_at_s((iat_s, exp_s))), (6, iat_s + 4));
