@@ -259,11 +259,16 @@ impl Replica {
         self.effects.push(Effect::Truncate { from });
     }
 
+    /// The generation this replica is fencing or leading, if any.
+    fn taken(&self) -> Option<u64> {
+        match self.role {
+            Role::Fencing { gen, .. } | Role::Leading { gen, .. } => Some(gen),
+            Role::Follower => None,
+        }
+    }
+
     fn step_down(&mut self) {
-        let gen = match self.role {
-            Role::Fencing { gen, .. } | Role::Leading { gen, .. } => gen,
-            Role::Follower => return,
-        };
+        let Some(gen) = self.taken() else { return };
         self.role = Role::Follower;
         // A deposed leader refuses new readers at once, whatever its lease says (rule 2).
         self.lease = None;
@@ -421,11 +426,7 @@ impl Replica {
                 }
             }
             Msg::Refuse { gen, promised, .. } => {
-                let mine = match self.role {
-                    Role::Fencing { gen, .. } | Role::Leading { gen, .. } => gen,
-                    Role::Follower => return,
-                };
-                if gen == mine && promised > mine {
+                if self.taken() == Some(gen) && promised > gen {
                     self.step_down();
                 }
             }
@@ -448,11 +449,7 @@ impl Replica {
         if !self.accepts(gen, leader) {
             return self.refuse(leader, gen);
         }
-        let mine = match self.role {
-            Role::Fencing { gen, .. } | Role::Leading { gen, .. } => Some(gen),
-            Role::Follower => None,
-        };
-        if mine.is_some_and(|m| m < gen) {
+        if self.taken().is_some_and(|m| m < gen) {
             self.step_down();
         }
         if self.durable.promised != gen || self.durable.ballot != Some(leader) {
