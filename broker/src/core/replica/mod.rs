@@ -1,35 +1,98 @@
 //! The replica of one durable shard as a pure state machine, after
-//! `docs/replication-design.md`. So far it implements rules 1 to 6:
+//! `docs/replication-design.md`. So far it implements rules 1 to 9:
 //! - generations (rule 1);
 //! - the leader's lease on its monotonic clock (rule 2, `lease.rs`);
-//! - fencing with a durable promise (rule 3);
+//! - fencing with a durable promise (rule 3, `follower.rs`);
 //! - waiting out the old lease after the fence (rule 4, `lease.rs`);
-//! - ballots (rule 5);
+//! - ballots (rule 5, `follower.rs`);
 //! - log shipping, with log matching by generation and truncation of a divergent suffix
-//!   (rule 6), the generation-start record included.
+//!   (rule 6, `leader.rs` and `follower.rs`), the generation-start record included;
+//! - reports to placement, the commit mark moved only by a landed report, and the
+//!   acknowledgements it releases (rule 7, `leader.rs`);
+//! - promotion of the furthest-ahead vouched replica (rule 8, `placement.rs`);
+//! - storage identities: answers and reports name them, placement counts only current ones,
+//!   and a broker refuses an assignment made for an identity it no longer has (rule 9).
 //!
 //! It reads no clock and touches no socket or file: the time of each input is an argument
 //! (milliseconds of the driver's monotonic clock). Its inputs are placement's assignment
 //! ([`Replica::assign`]), a client's record ([`Replica::propose`]), peer messages
-//! ([`Replica::on_msg`]) and ticks ([`Replica::tick`]: lease renewals and retransmission). Its
-//! outputs are
+//! ([`Replica::on_msg`]), placement's answers to reports ([`Replica::on_report_answer`]) and
+//! ticks ([`Replica::tick`]: lease renewals and retransmission). Its outputs are
 //! [`Effect`]s, which the driver carries out **in order**, as raft-rs's `Ready` asks: a
 //! [`Effect::Persist`] must be durable (fsynced) before any later effect of the same batch is
 //! carried out, because a promise or ballot is never answered before it is kept (rule 3).
 //!
-//! Not here yet (later slices of issue 23): reports and the commit mark (7), promotion (8),
-//! storage identity (9) and retention (10). The shard
-//! host does not run this machine yet; only its simulator (`sim.rs`) does.
+//! Not here yet (later slices of issue 23): retention held at the mark (10), the followers'
+//! knowledge of the mark, rotating the identity on disk. The shard host and the control plane
+//! do not run these machines yet; only their simulator (`sim.rs`) does.
 #![cfg_attr(not(test), allow(dead_code))]
 
 use std::collections::BTreeMap;
 
+mod follower;
+mod leader;
 mod lease;
+mod placement;
 pub(crate) use lease::{Lease, ReplicaCfg};
 #[cfg(test)]
 mod sim;
 
 pub(crate) type NodeId = u64;
+
+/// A data directory's storage identity (rule 9): it names the bytes a broker wrote. A machine
+/// crash that may have lost unsynced records rotates it, and placement then stops counting
+/// what the broker was reported to hold under the old one.
+pub(crate) type StorageId = u64;
+
+/// A position on a log, ordered as rule 6 compares them: the generation of the last record
+/// first, then the end (the offset after the last record).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Pos {
+    pub last_gen: u64,
+    pub end: u64,
+}
+
+/// One replica in a report: it holds the leader's log up to `pos.end`, as it answered under
+/// storage identity `sid`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Holding {
+    pub node: NodeId,
+    pub pos: Pos,
+    pub sid: StorageId,
+}
+
+/// The leader's report to placement: who holds what (rule 7).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Report {
+    pub gen: u64,
+    pub leader: NodeId,
+    /// Numbers the leader's reports within its generation: a report delivered late, after a
+    /// newer one, is not stored over it.
+    pub seq: u64,
+    pub holders: Vec<Holding>,
+}
+
+/// Placement's answer to a [`Report`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum ReportAnswer {
+    /// Stored durably. `counted` are the holders placement vouches for: those whose identity
+    /// is still the one they registered (rule 9). Only these move the commit mark.
+    Landed { gen: u64, counted: Vec<Holding> },
+    /// Placement names another leader at `gen`, or has issued a newer generation `newest`.
+    Refused { gen: u64, newest: u64 },
+    /// Placement holds a newer report of this leader (`seq` is the one it holds): this one
+    /// arrived late and was not stored.
+    Stale { gen: u64, seq: u64 },
+}
+
+/// Placement names `leader` for `gen`, decided on the storage identity `sid` it was reported
+/// under (rule 9: a broker whose identity has rotated since refuses it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Assignment {
+    pub gen: u64,
+    pub leader: NodeId,
+    pub sid: StorageId,
+}
 
 /// One record as replication sees it: the generation it was written in, and an identity the
 /// simulator uses to tell records apart (the payload lives in the log, not here). The
@@ -79,9 +142,11 @@ pub(crate) enum Msg {
         prev_gen: Option<u64>,
         entries: Vec<Entry>,
     },
+    /// `from` answered a shipment, under its storage identity `sid` (rule 9).
     ShipAnswer {
         gen: u64,
         from: NodeId,
+        sid: StorageId,
         shipped: Shipped,
     },
     /// Renew the leader's lease: the exchange sent at `round` (the leader's clock, rule 2).
@@ -133,6 +198,14 @@ pub(crate) enum Effect {
     SteppedDown {
         gen: u64,
     },
+    /// Send to placement (rule 7).
+    Report(Report),
+    /// The commit mark passed the records `from..below` and the lease is held: acknowledge
+    /// the `Quorum` publishes among them (rule 7).
+    Ack {
+        from: u64,
+        below: u64,
+    },
 }
 
 /// A follower as its leader knows it.
@@ -140,8 +213,27 @@ pub(crate) enum Effect {
 struct Peer {
     /// The offset the next shipment starts at.
     next: u64,
-    /// Agrees with the leader's log below this (exclusive).
-    held: u64,
+    /// From its last answer to a shipment: it agrees with the leader's log below this end
+    /// (exclusive), under that storage identity. None until it answers one.
+    held: Option<(u64, StorageId)>,
+}
+
+/// A leader's state (its fence completed).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Lead {
+    gen: u64,
+    peers: BTreeMap<NodeId, Peer>,
+    /// The commit mark: the records below it are committed (rule 7). It starts at the
+    /// generation-start record's offset and moves only onto a record of `gen`.
+    commit: u64,
+    /// `Quorum` publishes below this were acknowledged.
+    acked: u64,
+    /// A report is on its way to placement.
+    report_out: bool,
+    /// The number of the last report built.
+    report_seq: u64,
+    /// Something the report would say changed since the last one was built.
+    report_due: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -152,10 +244,7 @@ enum Role {
         /// Who promised `gen` (this replica included), with their log end.
         answered: BTreeMap<NodeId, u64>,
     },
-    Leading {
-        gen: u64,
-        peers: BTreeMap<NodeId, Peer>,
-    },
+    Leading(Lead),
 }
 
 /// Why a record was not taken.
@@ -168,6 +257,8 @@ pub(crate) enum NotLeader {
 /// The replica of one shard on one broker.
 pub(crate) struct Replica {
     me: NodeId,
+    /// This broker's storage identity (rule 9), named in every answer and report.
+    sid: StorageId,
     /// The replica set, this broker included.
     set: Vec<NodeId>,
     durable: Durable,
@@ -184,6 +275,7 @@ impl Replica {
     /// A replica as it comes up: a follower, with what its disk kept.
     pub(crate) fn new(
         me: NodeId,
+        sid: StorageId,
         set: Vec<NodeId>,
         durable: Durable,
         log: Vec<Entry>,
@@ -193,6 +285,7 @@ impl Replica {
         debug_assert!(cfg.validate().is_ok(), "{cfg:?}");
         Replica {
             me,
+            sid,
             set,
             durable,
             log,
@@ -224,8 +317,8 @@ impl Replica {
 
     /// The generation this replica leads (its fence completed), if any.
     pub(crate) fn leading(&self) -> Option<u64> {
-        match self.role {
-            Role::Leading { gen, .. } => Some(gen),
+        match &self.role {
+            Role::Leading(l) => Some(l.gen),
             _ => None,
         }
     }
@@ -261,8 +354,9 @@ impl Replica {
 
     /// The generation this replica is fencing or leading, if any.
     fn taken(&self) -> Option<u64> {
-        match self.role {
-            Role::Fencing { gen, .. } | Role::Leading { gen, .. } => Some(gen),
+        match &self.role {
+            Role::Fencing { gen, .. } => Some(*gen),
+            Role::Leading(l) => Some(l.gen),
             Role::Follower => None,
         }
     }
@@ -275,30 +369,17 @@ impl Replica {
         self.effects.push(Effect::SteppedDown { gen });
     }
 
-    /// Whether a message of generation `gen` from `leader` is taken (rules 3 and 5): a lower
-    /// generation never; the promised one only from the leader accepted at it.
-    fn accepts(&self, gen: u64, leader: NodeId) -> bool {
-        let d = &self.durable;
-        if breaks::on(&breaks::NO_BALLOT) {
-            return gen >= d.promised;
-        }
-        gen > d.promised || (gen == d.promised && d.ballot.is_none_or(|b| b == leader))
-    }
-
-    /// Whether this replica takes records and lease exchanges of `gen` from `leader`: only
-    /// from the leader whose fence it answered, at the generation it promised.
-    fn takes_from(&self, gen: u64, leader: NodeId) -> bool {
-        if breaks::on(&breaks::NO_FENCE) && gen < self.durable.promised {
-            return true;
-        }
-        gen == self.durable.promised && self.durable.ballot == Some(leader)
-    }
-
-    /// Placement names `leader` for generation `gen`. Only the named broker acts: it takes
+    /// Placement names `a.leader` for generation `a.gen`. Only the named broker acts: it takes
     /// the generation (promise, ballot and `led`, persisted) and fences the others. It refuses
-    /// a generation it led before or one at which it accepted another leader.
-    pub(crate) fn assign(&mut self, gen: u64, leader: NodeId, now_ms: u64) {
+    /// a generation it led before, one at which it accepted another leader (rules 1, 5), and
+    /// an assignment decided on a storage identity it no longer has (rule 9: its log may have
+    /// lost what placement counted it for).
+    pub(crate) fn assign(&mut self, a: Assignment, now_ms: u64) {
+        let Assignment { gen, leader, sid } = a;
         if leader != self.me || gen <= self.durable.led || !self.accepts(gen, self.me) {
+            return;
+        }
+        if sid != self.sid && !breaks::on(&breaks::NO_STORAGE_IDENTITY) {
             return;
         }
         self.step_down();
@@ -330,8 +411,11 @@ impl Replica {
 
     /// A client's record, appended by the leader and shipped; its offset.
     pub(crate) fn propose(&mut self, id: u64) -> Result<u64, NotLeader> {
-        let gen = match self.role {
-            Role::Leading { gen, .. } => gen,
+        let gen = match &mut self.role {
+            Role::Leading(l) => {
+                l.report_due = true;
+                l.gen
+            }
             Role::Fencing { .. } => return Err(NotLeader::Fencing),
             Role::Follower => return Err(NotLeader::Follower),
         };
@@ -359,29 +443,14 @@ impl Replica {
                     }
                 }
             }
-            Role::Leading { .. } => {
+            Role::Leading(_) => {
                 self.renew(now_ms);
                 self.ship_all();
+                // A report or its answer may have been lost: send the newest again.
+                self.report(true);
+                self.release(now_ms);
             }
             Role::Follower => {}
-        }
-    }
-
-    /// Ask the replicas to renew the lease if due: an exchange sent now (rule 2).
-    fn renew(&mut self, now_ms: u64) {
-        let Some(l) = self.lease.as_mut() else { return };
-        if !l.due(now_ms, &self.cfg) {
-            return;
-        }
-        let (gen, round) = (l.gen, l.ask(self.me, now_ms));
-        for to in self.others() {
-            let leader = self.me;
-            self.send(to, Msg::LeaseAsk { gen, leader, round });
-        }
-        // A replica set of one is its own majority.
-        let majority = self.majority();
-        if let Some(l) = self.lease.as_mut() {
-            l.granted(round, self.me, majority, &self.cfg);
         }
     }
 
@@ -394,10 +463,14 @@ impl Replica {
                         answered.insert(from, end);
                         self.maybe_elected(now_ms);
                     }
-                } else if let Role::Leading { gen: g, peers } = &mut self.role {
+                } else if let Role::Leading(l) = &mut self.role {
                     // A late promise: that follower is shipped to from now on.
-                    if *g == gen && !peers.contains_key(&from) {
-                        peers.insert(from, Peer { next: end, held: 0 });
+                    if l.gen == gen && !l.peers.contains_key(&from) {
+                        let peer = Peer {
+                            next: end,
+                            held: None,
+                        };
+                        l.peers.insert(from, peer);
                         self.ship(from);
                     }
                 }
@@ -409,7 +482,12 @@ impl Replica {
                 prev_gen,
                 entries,
             } => self.on_ship(gen, leader, start, prev_gen, entries),
-            Msg::ShipAnswer { gen, from, shipped } => self.on_ship_answer(gen, from, shipped),
+            Msg::ShipAnswer {
+                gen,
+                from,
+                sid,
+                shipped,
+            } => self.on_ship_answer(gen, from, sid, shipped, now_ms),
             Msg::LeaseAsk { gen, leader, round } => {
                 // Only the leader accepted at the promised generation (rule 3: a lower one is
                 // refused, so a deposed leader renews nothing through a fenced replica).
@@ -432,186 +510,6 @@ impl Replica {
             }
         }
     }
-
-    fn refuse(&mut self, to: NodeId, gen: u64) {
-        let promised = self.durable.promised;
-        self.send(
-            to,
-            Msg::Refuse {
-                gen,
-                from: self.me,
-                promised,
-            },
-        );
-    }
-
-    fn on_fence(&mut self, gen: u64, leader: NodeId) {
-        if !self.accepts(gen, leader) {
-            return self.refuse(leader, gen);
-        }
-        if self.taken().is_some_and(|m| m < gen) {
-            self.step_down();
-        }
-        if self.durable.promised != gen || self.durable.ballot != Some(leader) {
-            let led = self.durable.led;
-            self.persist(Durable {
-                promised: gen,
-                ballot: Some(leader),
-                led,
-            });
-        }
-        let end = self.log.len() as u64;
-        self.send(
-            leader,
-            Msg::FenceAnswer {
-                gen,
-                from: self.me,
-                end,
-            },
-        );
-    }
-
-    /// A majority promised: lead. The generation-start record goes first (rule 6), then
-    /// every follower that answered is shipped to from the end it reported.
-    fn maybe_elected(&mut self, now_ms: u64) {
-        let Role::Fencing { gen, answered } = &self.role else {
-            return;
-        };
-        if answered.len() < self.majority() {
-            return;
-        }
-        let (gen, answered) = (*gen, answered.clone());
-        let end = self.log.len() as u64;
-        let peers = answered
-            .into_iter()
-            .filter(|(n, _)| *n != self.me)
-            .map(|(n, e)| {
-                (
-                    n,
-                    Peer {
-                        next: e.min(end),
-                        held: 0,
-                    },
-                )
-            })
-            .collect();
-        self.role = Role::Leading { gen, peers };
-        self.lease = Some(Lease::new(gen, now_ms, &self.cfg));
-        self.effects.push(Effect::Elected { gen });
-        self.append(vec![Entry::start(gen)]);
-        self.renew(now_ms);
-        self.ship_all();
-    }
-
-    fn ship_all(&mut self) {
-        let peers: Vec<NodeId> = match &self.role {
-            Role::Leading { peers, .. } => peers.keys().copied().collect(),
-            _ => return,
-        };
-        for p in peers {
-            self.ship(p);
-        }
-    }
-
-    fn ship(&mut self, to: NodeId) {
-        let Role::Leading { gen, peers } = &self.role else {
-            return;
-        };
-        let Some(peer) = peers.get(&to) else { return };
-        let gen = *gen;
-        let start = peer.next.min(self.log.len() as u64);
-        let prev_gen = start.checked_sub(1).map(|p| self.log[p as usize].gen);
-        let upto = (start as usize + self.cfg.batch_max).min(self.log.len());
-        let entries = self.log[start as usize..upto].to_vec();
-        self.send(
-            to,
-            Msg::Ship {
-                gen,
-                leader: self.me,
-                start,
-                prev_gen,
-                entries,
-            },
-        );
-    }
-
-    /// Rule 6, the follower's side: take records only from the leader accepted at the
-    /// promised generation; find where the logs agree; drop a divergent suffix; append.
-    fn on_ship(
-        &mut self,
-        gen: u64,
-        leader: NodeId,
-        start: u64,
-        prev_gen: Option<u64>,
-        entries: Vec<Entry>,
-    ) {
-        // Only a leader whose fence this replica answered ships to it: a higher generation it
-        // has not promised is refused too (that leader fences it first).
-        if !self.takes_from(gen, leader) || self.leading().is_some() {
-            return self.refuse(leader, gen);
-        }
-        let end = self.log.len() as u64;
-        let me = self.me;
-        let answer = move |shipped| Msg::ShipAnswer {
-            gen,
-            from: me,
-            shipped,
-        };
-        if start > end {
-            let a = answer(Shipped::Mismatch { below: end });
-            return self.send(leader, a);
-        }
-        if let (Some(p), Some(pg)) = (start.checked_sub(1), prev_gen) {
-            if self.log[p as usize].gen != pg {
-                let a = answer(Shipped::Mismatch { below: p });
-                return self.send(leader, a);
-            }
-        }
-        // The first record that differs (by generation) starts what is appended.
-        let mut skip = 0;
-        while skip < entries.len() {
-            let at = start as usize + skip;
-            if at >= self.log.len() {
-                break;
-            }
-            if self.log[at].gen != entries[skip].gen && !breaks::on(&breaks::NO_TRUNCATE) {
-                self.truncate(at as u64);
-                break;
-            }
-            skip += 1;
-        }
-        let n = entries.len() as u64;
-        self.append(entries[skip..].to_vec());
-        let a = answer(Shipped::Holds { end: start + n });
-        self.send(leader, a);
-    }
-
-    fn on_ship_answer(&mut self, gen: u64, from: NodeId, shipped: Shipped) {
-        let len = self.log.len() as u64;
-        let Role::Leading { gen: g, peers } = &mut self.role else {
-            return;
-        };
-        let Some(peer) = peers.get_mut(&from) else {
-            return;
-        };
-        if *g != gen {
-            return;
-        }
-        match shipped {
-            Shipped::Holds { end } => {
-                debug_assert!(end <= len, "a follower holds {end} of a log of {len}");
-                peer.held = peer.held.max(end);
-                peer.next = end;
-                if end < len {
-                    self.ship(from);
-                }
-            }
-            Shipped::Mismatch { below } => {
-                peer.next = below.min(peer.next.saturating_sub(1));
-                self.ship(from);
-            }
-        }
-    }
 }
 
 /// Test-build switches that break one rule each, so the simulator's negative twins show its
@@ -628,6 +526,14 @@ pub(crate) mod breaks {
     /// Rule 6 dropped: a follower keeps a record that differs from the leader's at the same
     /// offset instead of dropping the suffix from there.
     pub(crate) static NO_TRUNCATE: AtomicBool = AtomicBool::new(false);
+    /// Rule 7 dropped: the leader moves its commit mark, and acknowledges, on its followers'
+    /// answers, whether or not placement has the report.
+    pub(crate) static ACK_BEFORE_REPORT: AtomicBool = AtomicBool::new(false);
+    /// Rule 9 dropped: placement counts a report entry whatever identity it was made under,
+    /// and a broker takes an assignment decided on an identity it no longer has.
+    pub(crate) static NO_STORAGE_IDENTITY: AtomicBool = AtomicBool::new(false);
+    /// Placement stores a report delivered late over a newer one of the same leader.
+    pub(crate) static REPORTS_IN_ANY_ORDER: AtomicBool = AtomicBool::new(false);
 
     #[inline]
     pub(crate) fn on(b: &AtomicBool) -> bool {
@@ -672,7 +578,8 @@ mod tests {
             .zip(logs)
             .map(|(n, l)| {
                 let cfg = ReplicaCfg::default();
-                (n, Replica::new(n, set.clone(), Durable::default(), l, cfg))
+                let d = Durable::default();
+                (n, Replica::new(n, 100 + n, set.clone(), d, l, cfg))
             })
             .collect()
     }
@@ -694,7 +601,16 @@ mod tests {
                 led: 0,
             };
         }
-        rs.get_mut(&1).unwrap().assign(2, 1, 0);
+        let to_1 = Assignment {
+            gen: 2,
+            leader: 1,
+            sid: 101,
+        };
+        // An assignment decided on an identity node 1 no longer has is refused (rule 9).
+        let stale = Assignment { sid: 99, ..to_1 };
+        rs.get_mut(&1).unwrap().assign(stale, 0);
+        assert!(rs.get_mut(&1).unwrap().drain_effects().is_empty());
+        rs.get_mut(&1).unwrap().assign(to_1, 0);
         let fx = rs.get_mut(&1).unwrap().drain_effects();
         assert_eq!(
             fx[0],
@@ -735,7 +651,7 @@ mod tests {
             }
         )));
         assert_eq!(refusals.len(), 2);
-        rs.get_mut(&1).unwrap().assign(2, 1, 0);
+        rs.get_mut(&1).unwrap().assign(to_1, 0);
         assert!(rs.get_mut(&1).unwrap().drain_effects().is_empty());
         assert_eq!(rs.get_mut(&2).unwrap().propose(1), Err(NotLeader::Follower));
     }

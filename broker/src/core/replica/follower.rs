@@ -1,0 +1,116 @@
+//! The follower's side of the replica machine: which generations and leaders it takes
+//! messages from (rules 3 and 5), its answer to a fence, and log shipping's receiving end
+//! (rule 6). Every answer names this replica's storage identity (rule 9).
+
+use super::{breaks, Durable, Entry, Msg, NodeId, Replica, Shipped};
+
+impl Replica {
+    /// Whether a message of generation `gen` from `leader` is taken (rules 3 and 5): a lower
+    /// generation never; the promised one only from the leader accepted at it.
+    pub(super) fn accepts(&self, gen: u64, leader: NodeId) -> bool {
+        let d = &self.durable;
+        if breaks::on(&breaks::NO_BALLOT) {
+            return gen >= d.promised;
+        }
+        gen > d.promised || (gen == d.promised && d.ballot.is_none_or(|b| b == leader))
+    }
+
+    /// Whether this replica takes records and lease exchanges of `gen` from `leader`: only
+    /// from the leader whose fence it answered, at the generation it promised.
+    pub(super) fn takes_from(&self, gen: u64, leader: NodeId) -> bool {
+        if breaks::on(&breaks::NO_FENCE) && gen < self.durable.promised {
+            return true;
+        }
+        gen == self.durable.promised && self.durable.ballot == Some(leader)
+    }
+
+    pub(super) fn refuse(&mut self, to: NodeId, gen: u64) {
+        let promised = self.durable.promised;
+        self.send(
+            to,
+            Msg::Refuse {
+                gen,
+                from: self.me,
+                promised,
+            },
+        );
+    }
+
+    pub(super) fn on_fence(&mut self, gen: u64, leader: NodeId) {
+        if !self.accepts(gen, leader) {
+            return self.refuse(leader, gen);
+        }
+        if self.taken().is_some_and(|m| m < gen) {
+            self.step_down();
+        }
+        if self.durable.promised != gen || self.durable.ballot != Some(leader) {
+            let led = self.durable.led;
+            self.persist(Durable {
+                promised: gen,
+                ballot: Some(leader),
+                led,
+            });
+        }
+        let end = self.log.len() as u64;
+        self.send(
+            leader,
+            Msg::FenceAnswer {
+                gen,
+                from: self.me,
+                end,
+            },
+        );
+    }
+
+    /// Rule 6, the follower's side: take records only from the leader accepted at the
+    /// promised generation; find where the logs agree; drop a divergent suffix; append.
+    pub(super) fn on_ship(
+        &mut self,
+        gen: u64,
+        leader: NodeId,
+        start: u64,
+        prev_gen: Option<u64>,
+        entries: Vec<Entry>,
+    ) {
+        // Only a leader whose fence this replica answered ships to it: a higher generation it
+        // has not promised is refused too (that leader fences it first).
+        if !self.takes_from(gen, leader) || self.leading().is_some() {
+            return self.refuse(leader, gen);
+        }
+        let end = self.log.len() as u64;
+        let (me, sid) = (self.me, self.sid);
+        let answer = move |shipped| Msg::ShipAnswer {
+            gen,
+            from: me,
+            sid,
+            shipped,
+        };
+        if start > end {
+            let a = answer(Shipped::Mismatch { below: end });
+            return self.send(leader, a);
+        }
+        if let (Some(p), Some(pg)) = (start.checked_sub(1), prev_gen) {
+            if self.log[p as usize].gen != pg {
+                let a = answer(Shipped::Mismatch { below: p });
+                return self.send(leader, a);
+            }
+        }
+        // The first record that differs (by generation) starts what is appended.
+        let mut skip = 0;
+        while skip < entries.len() {
+            let at = start as usize + skip;
+            if at >= self.log.len() {
+                break;
+            }
+            if self.log[at].gen != entries[skip].gen && !breaks::on(&breaks::NO_TRUNCATE) {
+                self.truncate(at as u64);
+                break;
+            }
+            skip += 1;
+        }
+        let n = entries.len() as u64;
+        self.append(entries[skip..].to_vec());
+        let a = answer(Shipped::Holds { end: start + n });
+        self.send(leader, a);
+    }
+}

@@ -1,0 +1,281 @@
+//! The leader's side of the replica machine: election when the fence completes and the
+//! generation-start record (rules 3 and 6), lease renewal (rule 2), shipping to the
+//! followers (rule 6), and reports to placement, the commit mark and the acknowledgements it
+//! releases (rule 7).
+
+use super::{
+    breaks, Effect, Entry, Holding, Lead, Lease, Msg, NodeId, Peer, Pos, Replica, Report,
+    ReportAnswer, Role, Shipped, StorageId,
+};
+
+impl Replica {
+    /// Ask the replicas to renew the lease if due: an exchange sent now (rule 2).
+    pub(super) fn renew(&mut self, now_ms: u64) {
+        let Some(l) = self.lease.as_mut() else { return };
+        if !l.due(now_ms, &self.cfg) {
+            return;
+        }
+        let (gen, round) = (l.gen, l.ask(self.me, now_ms));
+        for to in self.others() {
+            let leader = self.me;
+            self.send(to, Msg::LeaseAsk { gen, leader, round });
+        }
+        // A replica set of one is its own majority.
+        let majority = self.majority();
+        if let Some(l) = self.lease.as_mut() {
+            l.granted(round, self.me, majority, &self.cfg);
+        }
+    }
+
+    /// A majority promised: lead. The generation-start record goes first (rule 6), then
+    /// every follower that answered is shipped to from the end it reported.
+    pub(super) fn maybe_elected(&mut self, now_ms: u64) {
+        let Role::Fencing { gen, answered } = &self.role else {
+            return;
+        };
+        if answered.len() < self.majority() {
+            return;
+        }
+        let (gen, answered) = (*gen, answered.clone());
+        let end = self.log.len() as u64;
+        let peers = answered
+            .into_iter()
+            .filter(|(n, _)| *n != self.me)
+            .map(|(n, e)| {
+                let peer = Peer {
+                    next: e.min(end),
+                    held: None,
+                };
+                (n, peer)
+            })
+            .collect();
+        // The mark starts at the generation-start record: records of earlier generations
+        // commit only with a record of this one (rule 7).
+        self.role = Role::Leading(Lead {
+            gen,
+            peers,
+            commit: end,
+            acked: end + 1,
+            report_out: false,
+            report_seq: 0,
+            report_due: true,
+        });
+        self.lease = Some(Lease::new(gen, now_ms, &self.cfg));
+        self.effects.push(Effect::Elected { gen });
+        self.append(vec![Entry::start(gen)]);
+        self.renew(now_ms);
+        self.ship_all();
+        self.report(false);
+    }
+
+    pub(super) fn ship_all(&mut self) {
+        let peers: Vec<NodeId> = match &self.role {
+            Role::Leading(l) => l.peers.keys().copied().collect(),
+            _ => return,
+        };
+        for p in peers {
+            self.ship(p);
+        }
+    }
+
+    pub(super) fn ship(&mut self, to: NodeId) {
+        let Role::Leading(l) = &self.role else {
+            return;
+        };
+        let Some(peer) = l.peers.get(&to) else { return };
+        let gen = l.gen;
+        let start = peer.next.min(self.log.len() as u64);
+        let prev_gen = start.checked_sub(1).map(|p| self.log[p as usize].gen);
+        let upto = (start as usize + self.cfg.batch_max).min(self.log.len());
+        let entries = self.log[start as usize..upto].to_vec();
+        self.send(
+            to,
+            Msg::Ship {
+                gen,
+                leader: self.me,
+                start,
+                prev_gen,
+                entries,
+            },
+        );
+    }
+
+    pub(super) fn on_ship_answer(
+        &mut self,
+        gen: u64,
+        from: NodeId,
+        sid: StorageId,
+        shipped: Shipped,
+        now_ms: u64,
+    ) {
+        let len = self.log.len() as u64;
+        let Role::Leading(l) = &mut self.role else {
+            return;
+        };
+        let Some(peer) = l.peers.get_mut(&from) else {
+            return;
+        };
+        if l.gen != gen {
+            return;
+        }
+        match shipped {
+            Shipped::Holds { end } => {
+                debug_assert!(end <= len, "a follower holds {end} of a log of {len}");
+                // Under one identity a follower's agreement with this leader only grows; an
+                // answer under another identity replaces what the older one said (if it is
+                // the stale one, placement will not count it: rule 9).
+                let held = match peer.held {
+                    Some((h, s)) if s == sid => h.max(end),
+                    _ => end,
+                };
+                if peer.held != Some((held, sid)) {
+                    peer.held = Some((held, sid));
+                    l.report_due = true;
+                }
+                peer.next = end;
+                if end < len {
+                    self.ship(from);
+                }
+                self.report(false);
+            }
+            Shipped::Mismatch { below } => {
+                peer.next = below.min(peer.next.saturating_sub(1));
+                self.ship(from);
+            }
+        }
+        if breaks::on(&breaks::ACK_BEFORE_REPORT) {
+            self.commit_on_answers(now_ms);
+        }
+    }
+
+    /// Send placement a report of who holds what (rule 7): this leader at its log end, and
+    /// every follower at the end and under the identity of its last answer. One report is in
+    /// flight at a time, unless `again` (a tick: the one in flight may be lost).
+    pub(super) fn report(&mut self, again: bool) {
+        let Role::Leading(l) = &self.role else { return };
+        let send = if again {
+            l.report_due || l.report_out
+        } else {
+            l.report_due && !l.report_out
+        };
+        if !send {
+            return;
+        }
+        let pos_at = |end: u64| Pos {
+            last_gen: end.checked_sub(1).map_or(0, |p| self.log[p as usize].gen),
+            end,
+        };
+        let mut holders = vec![Holding {
+            node: self.me,
+            pos: pos_at(self.log.len() as u64),
+            sid: self.sid,
+        }];
+        for (&node, p) in &l.peers {
+            if let Some((end, sid)) = p.held {
+                let pos = pos_at(end);
+                holders.push(Holding { node, pos, sid });
+            }
+        }
+        let (gen, seq) = (l.gen, l.report_seq + 1);
+        let report = Report {
+            gen,
+            leader: self.me,
+            seq,
+            holders,
+        };
+        if let Role::Leading(l) = &mut self.role {
+            l.report_out = true;
+            l.report_due = false;
+            l.report_seq = seq;
+        }
+        self.effects.push(Effect::Report(report));
+    }
+
+    /// Placement answered a report. A landed report moves the commit mark, on what it
+    /// counted only (rule 7); a refused one means placement names someone else now.
+    pub(crate) fn on_report_answer(&mut self, answer: ReportAnswer, now_ms: u64) {
+        match answer {
+            ReportAnswer::Landed { gen, counted } => {
+                if self.leading() != Some(gen) {
+                    return;
+                }
+                let ends: Vec<u64> = counted
+                    .iter()
+                    .filter(|h| self.on_my_log(h.pos))
+                    .map(|h| h.pos.end)
+                    .collect();
+                self.commit_to(ends);
+                if let Role::Leading(l) = &mut self.role {
+                    l.report_out = false;
+                }
+                self.report(false);
+                self.release(now_ms);
+            }
+            // A newer report landed (or will): its own answer moves the mark.
+            ReportAnswer::Stale { .. } => {}
+            ReportAnswer::Refused { gen, newest } => {
+                if self.taken() == Some(gen) {
+                    debug_assert!(newest >= gen);
+                    self.step_down();
+                }
+            }
+        }
+    }
+
+    /// Whether a reported position is on this leader's log (the holder agrees with it there).
+    fn on_my_log(&self, pos: Pos) -> bool {
+        let len = self.log.len() as u64;
+        let gen_at = pos
+            .end
+            .checked_sub(1)
+            .map_or(0, |p| self.log[p as usize].gen);
+        pos.end <= len && gen_at == pos.last_gen
+    }
+
+    /// Move the mark to the highest end a majority holds, if the record below it is of this
+    /// leader's generation (rule 7); `ends` names each holder once.
+    fn commit_to(&mut self, mut ends: Vec<u64>) {
+        let majority = self.majority();
+        let Role::Leading(l) = &mut self.role else {
+            return;
+        };
+        if ends.len() < majority {
+            return;
+        }
+        ends.sort_unstable_by(|a, b| b.cmp(a));
+        let e = ends[majority - 1];
+        if e > l.commit && self.log[e as usize - 1].gen == l.gen {
+            l.commit = e;
+        }
+        debug_assert!(l.commit <= self.log.len() as u64);
+    }
+
+    /// The twin of rule 7 (`breaks::ACK_BEFORE_REPORT`): the mark moves on the followers'
+    /// answers, with no report landed.
+    fn commit_on_answers(&mut self, now_ms: u64) {
+        let Role::Leading(l) = &self.role else { return };
+        let mut ends = vec![self.log.len() as u64];
+        ends.extend(l.peers.values().filter_map(|p| p.held.map(|(e, _)| e)));
+        self.commit_to(ends);
+        self.release(now_ms);
+    }
+
+    /// Acknowledge what the mark passed, if the lease is held now (rule 2: a leader checks
+    /// its lease before every write it acknowledges).
+    pub(super) fn release(&mut self, now_ms: u64) {
+        if !self.serving(now_ms) {
+            return;
+        }
+        let Role::Leading(l) = &mut self.role else {
+            return;
+        };
+        if l.commit > l.acked {
+            let from = l.acked;
+            l.acked = l.commit;
+            self.effects.push(Effect::Ack {
+                from,
+                below: l.commit,
+            });
+        }
+    }
+}
