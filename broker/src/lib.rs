@@ -17,3 +17,4 @@ pub mod fanout;
 pub mod group;
 pub mod inspect;
 pub mod metrics;
+pub mod storage_identity;

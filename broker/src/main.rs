@@ -37,6 +37,11 @@ fn main() {
     if args.get(1).map(String::as_str) == Some("token") {
         std::process::exit(felix_broker::auth::token_command(&args[2..]));
     }
+    if args.get(1).map(String::as_str) == Some("restore-point") {
+        std::process::exit(felix_broker::storage_identity::restore_point_command(
+            &args[2..],
+        ));
+    }
     let flags = Flags::parse();
     let cfg = match Config::resolve(&flags) {
         Ok(c) => c,
@@ -135,6 +140,22 @@ fn run(cfg: Config, (node_token, controlplane_ca): Credentials) -> Result<(), St
             ));
         }
     }
+    // The durable directory's storage identity (replication rule 9), settled before any log
+    // opens: kept across a clean stop or a process crash on this boot, rotated on doubt.
+    let identity = match &cfg.durable_storage_dir {
+        Some(dir) => {
+            use felix_broker::storage_identity as si;
+            let (rec, why) =
+                si::open(dir).map_err(|e| format!("storage identity in {}: {e}", dir.display()))?;
+            if why.rotated() {
+                tracing::warn!(dir = %dir.display(), identity = %rec.id, why = why.as_str(), "storage identity rotated");
+            } else {
+                tracing::info!(dir = %dir.display(), identity = %rec.id, why = why.as_str(), "storage identity");
+            }
+            Some((dir.clone(), rec.id))
+        }
+        None => None,
+    };
     let catalog = Arc::new(CatalogCell::new(catalog));
     let cert = match (&cfg.tls_cert, &cfg.tls_key) {
         (Some(c), Some(k)) => CertPaths {
@@ -256,6 +277,7 @@ fn run(cfg: Config, (node_token, controlplane_ca): Credentials) -> Result<(), St
         follow(revocations_path(&cfg.data_dir), keys, shutdown.clone());
     }
     let drain_forced = Arc::new(AtomicBool::new(false));
+    let log_close_failed = Arc::new(AtomicBool::new(false));
     let started = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let drain_idle: Arc<Vec<AtomicBool>> =
         Arc::new((0..cfg.cores).map(|_| AtomicBool::new(false)).collect());
@@ -287,6 +309,7 @@ fn run(cfg: Config, (node_token, controlplane_ca): Credentials) -> Result<(), St
             shard_metrics: shard_metrics.clone(),
             shutdown: shutdown.clone(),
             drain_forced: drain_forced.clone(),
+            log_close_failed: log_close_failed.clone(),
             started: started.clone(),
             drain_idle: drain_idle.clone(),
             auth: auth.clone(),
@@ -416,6 +439,17 @@ fn run(cfg: Config, (node_token, controlplane_ca): Credentials) -> Result<(), St
                     "felix-broker: drain deadline passed with publishes unanswered; forced exit"
                 );
                 std::process::exit(3);
+            }
+            // Every core closed its logs (flushed and fsynced): the next start may keep the
+            // storage identity whatever happens to the machine meanwhile.
+            if let Some((dir, id)) = &identity {
+                if log_close_failed.load(Ordering::Acquire) {
+                    tracing::warn!(
+                        "a durable log failed to close: the stop is not recorded as clean"
+                    );
+                } else if let Err(e) = felix_broker::storage_identity::mark_clean(dir, id) {
+                    tracing::error!(error = %e, "could not record the clean stop in the storage identity");
+                }
             }
             tracing::info!("shutdown complete");
             return Ok(());

@@ -354,6 +354,11 @@ async fn drain_phase(state: &Rc<RefCell<CoreState>>, mut drain: Drain) -> Drain 
             };
             for log in logs {
                 if let Err(e) = log.close().await {
+                    state
+                        .borrow()
+                        .s
+                        .log_close_failed
+                        .store(true, Ordering::Release);
                     tracing::error!(error = %e, "durable log did not close cleanly");
                 }
             }

@@ -8,11 +8,7 @@ use super::*;
 /// fdatasync it, rename it over the old one, and fsync the directory (so the rename itself
 /// survives a machine crash). A reader sees the old file or the new one, never a mix. Blocking:
 /// run it on the blocking pool.
-pub(in crate::core) fn atomic_write(
-    dir: &std::path::Path,
-    name: &str,
-    bytes: &[u8],
-) -> std::io::Result<()> {
+pub(crate) fn atomic_write(dir: &std::path::Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     let tmp = dir.join(format!("{name}.tmp"));
     let mut f = std::fs::File::create(&tmp)?;

@@ -57,6 +57,7 @@ mod caches;
 mod conn;
 mod driver;
 mod durable;
+pub(crate) use durable::atomic_write;
 mod groups;
 mod mesh;
 mod owner;
@@ -116,6 +117,9 @@ pub struct CoreSettings {
     pub shutdown: Arc<AtomicBool>,
     /// Set by a core whose drain hit the deadline with work unanswered (a forced exit).
     pub drain_forced: Arc<AtomicBool>,
+    /// Set when a durable log failed to close (flush and fsync) at drain: the stop is then
+    /// not clean, and the storage identity is not marked so (rule 9).
+    pub log_close_failed: Arc<AtomicBool>,
     /// Per core: nothing left to answer while draining (see the flusher).
     pub drain_idle: Arc<Vec<AtomicBool>>,
     /// Counts cores that have opened their durable logs and serve (readiness waits for all).

@@ -534,6 +534,9 @@ pub(crate) mod breaks {
     pub(crate) static NO_STORAGE_IDENTITY: AtomicBool = AtomicBool::new(false);
     /// Placement stores a report delivered late over a newer one of the same leader.
     pub(crate) static REPORTS_IN_ANY_ORDER: AtomicBool = AtomicBool::new(false);
+    /// Placement stores a report entry under an identity the replica no longer has over one
+    /// under the identity it has now.
+    pub(crate) static STALE_IDENTITY_OVER_CURRENT: AtomicBool = AtomicBool::new(false);
 
     #[inline]
     pub(crate) fn on(b: &AtomicBool) -> bool {

@@ -149,7 +149,17 @@ impl Placement {
         }
         self.rep_seq = r.seq;
         for h in &r.holders {
-            if self.set.contains(&h.node) {
+            if !self.set.contains(&h.node) {
+                continue;
+            }
+            // An entry under an identity the replica no longer has counts for nothing; it
+            // must not displace one under the identity it has now. (A leader can report one:
+            // a follower's answer from before its machine crash, delivered late.)
+            let current = |sid| self.registered.get(&h.node) == Some(&sid);
+            let keep_old = self.rep.get(&h.node).is_some_and(|old| current(old.sid))
+                && !current(h.sid)
+                && !breaks::on(&breaks::STALE_IDENTITY_OVER_CURRENT);
+            if !keep_old {
                 self.rep.insert(h.node, *h);
             }
         }
@@ -232,6 +242,24 @@ mod tests {
         };
         assert_eq!(p.on_report(&late), ReportAnswer::Stale { gen: 2, seq: 1 });
         assert_eq!(p.reported(3), Some(at(3, 2, 6, 30)));
+        // A newer report naming node 3 under an identity it no longer has (an answer from
+        // before a crash, delivered late to the leader) leaves its current entry alone.
+        let r3 = Report {
+            seq: 2,
+            holders: vec![at(1, 2, 6, 10), at(3, 2, 6, 29)],
+            ..r2.clone()
+        };
+        assert!(matches!(p.on_report(&r3), ReportAnswer::Landed { .. }));
+        assert_eq!(p.reported(3), Some(at(3, 2, 6, 30)));
+        assert!(p.vouched(3));
+        breaks::STALE_IDENTITY_OVER_CURRENT.store(true, std::sync::atomic::Ordering::Relaxed);
+        let r4 = Report {
+            seq: 3,
+            ..r3.clone()
+        };
+        p.on_report(&r4);
+        breaks::STALE_IDENTITY_OVER_CURRENT.store(false, std::sync::atomic::Ordering::Relaxed);
+        assert!(!p.vouched(3), "the twin lets the stale entry in");
         // Node 1 and node 3 lose their identities too: none qualifies.
         p.register(1, 11);
         p.register(3, 31);
