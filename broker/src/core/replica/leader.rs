@@ -56,6 +56,8 @@ impl Replica {
             peers,
             commit: end,
             acked: end + 1,
+            gave_up: end + 1,
+            waits: std::collections::VecDeque::new(),
             report_out: false,
             report_seq: 0,
             report_due: true,
@@ -258,6 +260,29 @@ impl Replica {
         ends.extend(l.peers.values().filter_map(|p| p.held.map(|(e, _)| e)));
         self.commit_to(ends);
         self.release(now_ms);
+    }
+
+    /// Answer "cannot vouch" for the publishes whose quorum wait ran out at `now_ms` (rule 7).
+    pub(super) fn give_up(&mut self, now_ms: u64) {
+        let Role::Leading(l) = &mut self.role else {
+            return;
+        };
+        let mut upto = None;
+        while let Some(&(at, deadline_ms)) = l.waits.front() {
+            if at < l.acked {
+                l.waits.pop_front(); // acknowledged meanwhile
+            } else if deadline_ms <= now_ms {
+                upto = Some(at + 1);
+                l.waits.pop_front();
+            } else {
+                break;
+            }
+        }
+        let from = l.acked.max(l.gave_up);
+        if let Some(below) = upto.filter(|&b| b > from) {
+            l.gave_up = below;
+            self.effects.push(Effect::CannotVouch { from, below });
+        }
     }
 
     /// Acknowledge what the mark passed, if the lease is held now (rule 2: a leader checks

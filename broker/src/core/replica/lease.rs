@@ -16,6 +16,9 @@ pub(crate) struct ReplicaCfg {
     pub renew_ms: u64,
     /// Records per shipment, at most.
     pub batch_max: usize,
+    /// How long a publish waits for the commit mark before it is answered "cannot vouch"
+    /// (rule 7).
+    pub quorum_wait_ms: u64,
 }
 
 impl Default for ReplicaCfg {
@@ -25,16 +28,21 @@ impl Default for ReplicaCfg {
             margin_ms: 500,
             renew_ms: 500,
             batch_max: 64,
+            quorum_wait_ms: 5_000,
         }
     }
 }
 
 impl ReplicaCfg {
     pub(crate) fn validate(&self) -> Result<(), String> {
-        if self.renew_ms == 0 || self.renew_ms >= self.lease_ms || self.batch_max == 0 {
+        if self.renew_ms == 0
+            || self.renew_ms >= self.lease_ms
+            || self.batch_max == 0
+            || self.quorum_wait_ms == 0
+        {
             return Err(format!(
-                "replica timing: renew_ms 1..lease_ms ({}), batch_max 1.., got renew_ms {} batch_max {}",
-                self.lease_ms, self.renew_ms, self.batch_max
+                "replica timing: renew_ms 1..lease_ms ({}), batch_max 1.., quorum_wait_ms 1.., got renew_ms {} batch_max {} quorum_wait_ms {}",
+                self.lease_ms, self.renew_ms, self.batch_max, self.quorum_wait_ms
             ));
         }
         Ok(())
@@ -126,6 +134,7 @@ mod tests {
             margin_ms: 250,
             renew_ms: 300,
             batch_max: 8,
+            quorum_wait_ms: 2_000,
         };
         assert!(cfg.validate().is_ok());
         assert!(ReplicaCfg {

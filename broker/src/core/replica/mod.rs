@@ -206,6 +206,14 @@ pub(crate) enum Effect {
         from: u64,
         below: u64,
     },
+    /// This broker cannot vouch for the records `from..below` (rule 7): their quorum wait
+    /// ran out, or the leader was deposed with them uncommitted. They may still commit; a
+    /// client may retry. The driver answers each publish on the first of `Ack` and
+    /// `CannotVouch` that covers it.
+    CannotVouch {
+        from: u64,
+        below: u64,
+    },
 }
 
 /// A follower as its leader knows it.
@@ -228,6 +236,10 @@ struct Lead {
     commit: u64,
     /// `Quorum` publishes below this were acknowledged.
     acked: u64,
+    /// Publishes below this were answered "cannot vouch" (or acknowledged).
+    gave_up: u64,
+    /// Each client record's offset and the time (ms) its quorum wait runs out, in order.
+    waits: std::collections::VecDeque<(u64, u64)>,
     /// A report is on its way to placement.
     report_out: bool,
     /// The number of the last report built.
@@ -252,6 +264,9 @@ enum Role {
 pub(crate) enum NotLeader {
     Follower,
     Fencing,
+    /// Leading, but without a lease now: no majority answered within the lease, or the wait
+    /// after the fence is not over. A publish with no reachable majority is refused (rule 7).
+    NoLease,
 }
 
 /// The replica of one shard on one broker.
@@ -363,6 +378,14 @@ impl Replica {
 
     fn step_down(&mut self) {
         let Some(gen) = self.taken() else { return };
+        // Every publish still waiting is answered: this broker can no longer vouch for it.
+        if let Role::Leading(l) = &self.role {
+            let from = l.acked.max(l.gave_up);
+            let below = self.log.len() as u64;
+            if below > from && !breaks::on(&breaks::FORGET_WAITS_ON_STEP_DOWN) {
+                self.effects.push(Effect::CannotVouch { from, below });
+            }
+        }
         self.role = Role::Follower;
         // A deposed leader refuses new readers at once, whatever its lease says (rule 2).
         self.lease = None;
@@ -410,16 +433,19 @@ impl Replica {
     }
 
     /// A client's record, appended by the leader and shipped; its offset.
-    pub(crate) fn propose(&mut self, id: u64) -> Result<u64, NotLeader> {
+    pub(crate) fn propose(&mut self, id: u64, now_ms: u64) -> Result<u64, NotLeader> {
+        let serving = self.serving(now_ms);
+        let at = self.log.len() as u64;
         let gen = match &mut self.role {
+            Role::Leading(_) if !serving => return Err(NotLeader::NoLease),
             Role::Leading(l) => {
                 l.report_due = true;
+                l.waits.push_back((at, now_ms + self.cfg.quorum_wait_ms));
                 l.gen
             }
             Role::Fencing { .. } => return Err(NotLeader::Fencing),
             Role::Follower => return Err(NotLeader::Follower),
         };
-        let at = self.log.len() as u64;
         self.append(vec![Entry { gen, id }]);
         self.ship_all();
         Ok(at)
@@ -449,6 +475,7 @@ impl Replica {
                 // A report or its answer may have been lost: send the newest again.
                 self.report(true);
                 self.release(now_ms);
+                self.give_up(now_ms);
             }
             Role::Follower => {}
         }
@@ -537,6 +564,8 @@ pub(crate) mod breaks {
     /// Placement stores a report entry under an identity the replica no longer has over one
     /// under the identity it has now.
     pub(crate) static STALE_IDENTITY_OVER_CURRENT: AtomicBool = AtomicBool::new(false);
+    /// A deposed leader drops the publishes still waiting for the mark without an answer.
+    pub(crate) static FORGET_WAITS_ON_STEP_DOWN: AtomicBool = AtomicBool::new(false);
 
     #[inline]
     pub(crate) fn on(b: &AtomicBool) -> bool {
@@ -631,7 +660,16 @@ mod tests {
         }
         settle(&mut rs);
         assert_eq!(rs[&1].leading(), Some(2));
-        rs.get_mut(&1).unwrap().propose(9).unwrap();
+        // It serves once the wait after its fence is over and a renewal was answered.
+        let later = 3_000;
+        assert_eq!(
+            rs.get_mut(&1).unwrap().propose(9, 0),
+            Err(NotLeader::NoLease),
+            "no lease yet: refused"
+        );
+        rs.get_mut(&1).unwrap().tick(later);
+        settle(&mut rs);
+        rs.get_mut(&1).unwrap().propose(9, later).unwrap();
         settle(&mut rs);
         let want = vec![Entry::start(1), e(1, 7), Entry::start(2), e(2, 9)];
         for r in rs.values() {
@@ -656,6 +694,9 @@ mod tests {
         assert_eq!(refusals.len(), 2);
         rs.get_mut(&1).unwrap().assign(to_1, 0);
         assert!(rs.get_mut(&1).unwrap().drain_effects().is_empty());
-        assert_eq!(rs.get_mut(&2).unwrap().propose(1), Err(NotLeader::Follower));
+        assert_eq!(
+            rs.get_mut(&2).unwrap().propose(1, later),
+            Err(NotLeader::Follower)
+        );
     }
 }

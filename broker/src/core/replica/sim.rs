@@ -25,6 +25,9 @@
 //! - `OneLeaderPerGeneration`: no two replicas complete a fence at one generation;
 //! - `LogMatching`: two logs with a record of the same generation at the same offset agree up
 //!   to it (compared by record identity, which the machine never reads);
+//! - `PublishAnswered`: at the end of a run, with every node ticked past its quorum wait,
+//!   every publish a leader accepted has been answered, acknowledged or "cannot vouch"
+//!   (unless its node crashed since);
 //! - `NoAckedRecordLost`: every record acknowledged as `Quorum` is, at its offset, in the log of
 //!   every leader of placement's newest generation, and no offset is acknowledged twice with
 //!   different records;
@@ -43,7 +46,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 const NODES: u64 = 3;
 /// Placement's address on the simulated network.
 const PLACEMENT: NodeId = 0;
-const STEPS: usize = 600;
+const STEPS: usize = 900;
 /// Placement suspects a leader it has not heard a report from for this long (true time).
 const SUSPECT_AFTER_MS: u64 = 2_500;
 /// Client load comes in windows of this much true time, busy and quiet in turn.
@@ -54,6 +57,7 @@ const CFG: ReplicaCfg = ReplicaCfg {
     margin_ms: 250,
     renew_ms: 300,
     batch_max: 8,
+    quorum_wait_ms: 2_000,
 };
 
 /// What travels on the simulated network.
@@ -103,6 +107,9 @@ struct World {
     heard_ms: u64,
     /// Acknowledged `Quorum` records: offset → (record, the leader that acknowledged it).
     acked: BTreeMap<u64, (Entry, NodeId)>,
+    /// Each node's accepted proposals not answered yet (by `Ack` or `CannotVouch`); a crash
+    /// clears them (the client sees its connection drop).
+    waiting: BTreeMap<NodeId, BTreeSet<u64>>,
     next_sid: StorageId,
     /// Links cut, one way each: a message sent over one is lost when it would arrive.
     cut: BTreeSet<(NodeId, NodeId)>,
@@ -165,6 +172,7 @@ impl World {
             placement,
             heard_ms: 0,
             acked: BTreeMap::new(),
+            waiting: BTreeMap::new(),
             next_sid: NODES + 1,
             cut: BTreeSet::new(),
             racing,
@@ -216,7 +224,11 @@ impl World {
                 Effect::Append(v) => node.disk_log.extend(v),
                 Effect::Send { to, msg } => self.net.push((n, to, Wire::Peer(msg))),
                 Effect::Report(r) => self.net.push((n, PLACEMENT, Wire::Report(r))),
-                Effect::Ack { from, below } => self.acknowledge(n, from, below)?,
+                Effect::Ack { from, below } => {
+                    self.answered(n, from, below);
+                    self.acknowledge(n, from, below)?
+                }
+                Effect::CannotVouch { from, below } => self.answered(n, from, below),
                 Effect::Elected { gen } => {
                     if let Some(&other) = self.elected.get(&gen) {
                         if other != n {
@@ -248,8 +260,35 @@ impl World {
         Ok(())
     }
 
+    fn answered(&mut self, n: NodeId, from: u64, below: u64) {
+        if let Some(w) = self.waiting.get_mut(&n) {
+            w.retain(|&at| at < from || at >= below);
+        }
+    }
+
+    /// `PublishAnswered`: once every node has been ticked past its quorum wait, no accepted
+    /// proposal of a node that did not crash since is left without an answer.
+    fn settle_answers(&mut self) -> Result<(), String> {
+        self.true_ms += CFG.quorum_wait_ms * 11 / 10 + 1;
+        for n in 1..=NODES {
+            let now = self.now(n);
+            self.nodes.get_mut(&n).unwrap().r.tick(now);
+            self.carry_out(n, None)?;
+        }
+        for (n, w) in &self.waiting {
+            if let Some(at) = w.first() {
+                return Err(format!(
+                    "PublishAnswered: node {n} never answered the publish at offset {at} ({} waiting)",
+                    w.len()
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// A process crash: the node comes back as a follower with what it made durable.
     fn restart(&mut self, n: NodeId) -> Result<(), String> {
+        self.waiting.remove(&n);
         let set: Vec<NodeId> = (1..=NODES).collect();
         let node = self.nodes.get_mut(&n).unwrap();
         let log = node.disk_log.clone();
@@ -457,10 +496,20 @@ impl World {
                 return Ok(());
             }
             49..=62 => {
-                let n = self.pick_node();
+                // Clients follow `not_leader` to the leader placement names; some still
+                // reach another node (an old address, a partition).
+                let named = self.placement.newest().1;
+                let n = match named {
+                    Some(l) if self.rng.chance(70) => l,
+                    _ => self.pick_node(),
+                };
                 let id = self.next_id;
                 self.next_id += 1;
-                let r = self.nodes.get_mut(&n).unwrap().r.propose(id);
+                let now = self.now(n);
+                let r = self.nodes.get_mut(&n).unwrap().r.propose(id, now);
+                if let Ok(at) = r {
+                    self.waiting.entry(n).or_default().insert(at);
+                }
                 self.trace.push(format!("propose {id} at {n}: {r:?}"));
                 n
             }
@@ -593,8 +642,13 @@ impl Mix {
 
 fn run(seed: u64, mix: Mix) -> Result<Reached, String> {
     let mut w = World::new(seed, mix);
-    for _ in 0..STEPS {
-        if let Err(why) = w.step() {
+    for i in 0..=STEPS {
+        let r = if i < STEPS {
+            w.step()
+        } else {
+            w.settle_answers()
+        };
+        if let Err(why) = r {
             let tail: Vec<&String> = w.trace.iter().rev().take(trace_n()).rev().collect();
             return Err(format!(
                 "seed {seed}: {why}\nlast steps:\n  {}\nreplay: FELIX_REPLICA_SEED={seed} cargo nextest run -p felix-broker replica::sim",
@@ -730,6 +784,16 @@ fn negative_twin_ack_before_report_is_caught() {
 }
 
 #[test]
+fn negative_twin_forget_waits_on_step_down_is_caught() {
+    negative_twin(
+        &breaks::FORGET_WAITS_ON_STEP_DOWN,
+        Mix::of_seed(0),
+        "PublishAnswered",
+        2_000,
+    );
+}
+
+#[test]
 fn negative_twin_reports_in_any_order_is_caught() {
     negative_twin(
         &breaks::REPORTS_IN_ANY_ORDER,
@@ -760,17 +824,23 @@ fn trace_n() -> usize {
 /// The twin of placement's rule that a report entry under an identity a replica no longer has
 /// never displaces one under its current identity. The schedule it needs (a machine crash, a
 /// pre-crash answer delivered late to the leader and reported, then a second node losing
-/// data) came up once in 200,000 seeds, so this twin runs the seed that found it rather than
-/// searching. If a change to the simulator moves the schedule, find another with
-/// `FELIX_REPLICA_SEEDS=300000` and this switch on.
+/// data) comes up about once in 100,000 seeds, too rarely to search for in CI, so this twin
+/// starts at a seed that reached it. A change to the simulator's draws moves the schedule:
+/// then search for another (`FELIX_SEEDS_FROM=0 FELIX_REPLICA_TWIN_SEEDS=400000`, each seed
+/// with its own mix) and put it here.
 #[test]
-fn negative_twin_stale_identity_over_current_is_caught_on_its_seed() {
-    const SEED: u64 = 73_547;
+fn negative_twin_stale_identity_over_current_is_caught_from_its_seed() {
+    const SEED: u64 = STALE_IDENTITY_SEED;
+    let number = |name: &str| std::env::var(name).ok().and_then(|v| v.parse().ok());
+    let from: u64 = number("FELIX_SEEDS_FROM").unwrap_or(SEED);
+    let n: u64 = number("FELIX_REPLICA_TWIN_SEEDS").unwrap_or(1);
     breaks::STALE_IDENTITY_OVER_CURRENT.store(true, Ordering::Relaxed);
-    let r = run(SEED, Mix::of_seed(SEED));
+    let found = (from..from + n).find_map(|s| run(s, Mix::of_seed(s)).err());
     breaks::STALE_IDENTITY_OVER_CURRENT.store(false, Ordering::Relaxed);
-    let why = r.expect_err("the break went unnoticed on its seed");
+    let why = found.expect("the break went unnoticed");
     eprintln!("caught: {why}");
     assert!(why.contains("NoAckedRecordLost"), "{why}");
-    run(SEED, Mix::of_seed(SEED)).expect("the seed passes with the rule");
 }
+
+/// The seed `negative_twin_stale_identity_over_current_is_caught_from_its_seed` starts at.
+const STALE_IDENTITY_SEED: u64 = 80_529;

@@ -42,17 +42,21 @@ pub(crate) const CORES: u8 = 3;
 /// How long a held publish may wait in the simulation.
 pub(crate) const PUBLISH_TIMEOUT_MS: u64 = 500;
 
-/// The seeds a seeded check runs: `ONE=N` runs seed N alone (a replay), else `0..MANY`
-/// (`MANY` from the environment, or `default`).
+/// The seeds a seeded check runs: `ONE=N` runs seed N alone (a replay), else `MANY` seeds
+/// (from the environment, or `default`) starting at `FELIX_SEEDS_FROM` (0): a long search can
+/// go on where an earlier one stopped.
 pub(crate) fn seeds_from_env(one: &str, many: &str, default: u64) -> Vec<u64> {
     if let Ok(s) = std::env::var(one) {
         return vec![s.parse().unwrap_or_else(|_| panic!("{one} is a number"))];
     }
-    let n = std::env::var(many)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default);
-    (0..n).collect()
+    let number = |name: &str| {
+        std::env::var(name)
+            .ok()
+            .map(|s| s.parse().unwrap_or_else(|_| panic!("{name} is a number")))
+    };
+    let n = number(many).unwrap_or(default);
+    let from = number("FELIX_SEEDS_FROM").unwrap_or(0);
+    (from..from + n).collect()
 }
 
 /// SplitMix64: small, fast, and the same sequence for a seed on every machine.
