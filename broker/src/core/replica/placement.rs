@@ -180,6 +180,17 @@ impl Placement {
 mod tests {
     use super::*;
 
+    /// Node 1's report at `gen`, numbered `seq`.
+    fn from_1(gen: u64, seq: u64, holders: Vec<Holding>) -> Report {
+        let leader = 1;
+        Report {
+            gen,
+            leader,
+            seq,
+            holders,
+        }
+    }
+
     fn at(node: NodeId, last_gen: u64, end: u64, sid: StorageId) -> Holding {
         let pos = Pos { last_gen, end };
         Holding { node, pos, sid }
@@ -196,12 +207,8 @@ mod tests {
         let a = p.promote(1, false).unwrap();
         assert_eq!((a.gen, a.leader, a.sid), (1, 1, 10));
         // Node 2 holds 5 records of generation 1; node 3 only 2.
-        let report = Report {
-            gen: 1,
-            leader: 1,
-            seq: 1,
-            holders: vec![at(1, 1, 5, 10), at(2, 1, 5, 20), at(3, 1, 2, 30)],
-        };
+        let holders = vec![at(1, 1, 5, 10), at(2, 1, 5, 20), at(3, 1, 2, 30)];
+        let report = from_1(1, 1, holders);
         let ReportAnswer::Landed { counted, .. } = p.on_report(&report) else {
             panic!("the named leader's report lands")
         };
@@ -223,12 +230,11 @@ mod tests {
             p.on_report(&report),
             ReportAnswer::Refused { gen: 1, newest: 2 }
         );
-        let r2 = Report {
-            gen: 2,
-            leader: 1,
-            seq: 1,
-            holders: vec![at(1, 2, 6, 10), at(2, 1, 5, 20), at(3, 2, 6, 30)],
-        };
+        let r2 = from_1(
+            2,
+            1,
+            vec![at(1, 2, 6, 10), at(2, 1, 5, 20), at(3, 2, 6, 30)],
+        );
         let ReportAnswer::Landed { counted, .. } = p.on_report(&r2) else {
             panic!()
         };
