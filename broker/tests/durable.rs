@@ -429,6 +429,11 @@ fn inspect_reports_clean_repair_and_corrupt() {
     let (code, out) = inspect(&root, true);
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("\"startup\":\"clean\""), "{out}");
+    // Format version 2, every record of generation 0 (the stream is not replicated).
+    assert!(
+        out.contains("\"version\":2,\"generations\":[\"0@0\"]"),
+        "{out}"
+    );
     let (code, _) = inspect(&shard, false);
     assert_eq!(code, 0);
     let seg = last_segment(&shard);
@@ -436,12 +441,12 @@ fn inspect_reports_clean_repair_and_corrupt() {
     assert_eq!(std::fs::read(&seg).unwrap(), before);
     let commits: Vec<usize> = (4096..before.len())
         .step_by(4096)
-        .filter(|p| &before[*p..p + 4] == b"FXCM")
+        .filter(|p| &before[*p..p + 4] == b"FXC2")
         .collect();
     assert!(commits.len() >= 2, "one commit per acked publish");
     // Torn tail: the last commit cut short.
     let mut torn = before.clone();
-    torn.truncate(commits[commits.len() - 1] + 40);
+    torn.truncate(commits[commits.len() - 1] + 48);
     std::fs::write(&seg, &torn).unwrap();
     let (code, out) = inspect(&root, false);
     assert_eq!(code, 6, "{out}");

@@ -26,6 +26,11 @@ pub struct SegmentReport {
     pub data: String,
     /// "ok", "missing", "active", "damaged: ...", "mismatch".
     pub index: String,
+    /// The segment header's format version (0 when the header is unreadable).
+    pub version: u16,
+    /// The generations of the intact records, as "gen@first_offset" runs
+    /// (replication rule 6): `["1@0", "2@140"]`.
+    pub generations: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -95,6 +100,9 @@ pub fn inspect_log(dir: &Path) -> std::io::Result<LogReport> {
             } => {
                 format!("offset gap at byte {pos}: expected {expected}, found {found}")
             }
+            ScanEnd::GenerationBack { pos, was, found } => {
+                format!("generation {found} at byte {pos} after generation {was}")
+            }
         };
         let index = match &s.index {
             None if last => "active".to_string(),
@@ -121,6 +129,12 @@ pub fn inspect_log(dir: &Path) -> std::io::Result<LogReport> {
             end_offset: scan.end_offset,
             data,
             index,
+            version: s.header.as_ref().map(|h| h.version).unwrap_or(0),
+            generations: scan
+                .gens
+                .iter()
+                .map(|r| format!("{}@{}", r.gen, r.first))
+                .collect(),
         });
     }
     let startup = match &plan.verdict {

@@ -14,6 +14,11 @@
 //!   [`LogError::Failed`], nothing after the failure is acknowledged, until it is reopened.
 //! - Each append call lands in one commit (an append larger than `commit_bytes_max` is
 //!   refused), so recovery keeps or cuts a batch whole.
+//! - Every record carries the generation it was appended in ([`Log::append_in`]; replication
+//!   rule 6), in its commit's header; generations never decrease along the log. A replica
+//!   cuts a divergent suffix with [`Log::truncate_from`] (`log/truncate.rs`).
+
+mod truncate;
 
 use crate::record::{encode_into, RecordIn, RECORD_BYTES_MAX};
 use crate::recovery::{
@@ -21,8 +26,9 @@ use crate::recovery::{
 };
 use crate::retention::{segments_below, segments_to_delete, RetentionLimits, SegmentFacts};
 use crate::segment::{
-    align_up, index_file_name, parse_file_name, segment_file_name, CommitHeader, IndexEntry,
-    SegmentHeader, SegmentIndex, BLOCK, COMMIT_HEADER_BYTES,
+    align_up, gen_in_runs, index_file_name, parse_file_name, push_gen_run, segment_file_name,
+    CommitHeader, GenRun, IndexEntry, SegmentHeader, SegmentIndex, BLOCK, COMMIT_HEADER_BYTES,
+    COMMIT_HEADER_V1_BYTES, FORMAT_VERSION,
 };
 use crate::write_path::{Backoff, NoWait, WritePath, WriteWay};
 use bytes::Bytes;
@@ -74,6 +80,9 @@ pub enum FaultPoint {
     Write,
     Sync,
     CreateSegment,
+    /// Before step `n` of a truncation (`log/truncate.rs` numbers them): a failure there
+    /// leaves the files as a crash at that point would.
+    Truncate(u8),
 }
 
 /// A fault hook: return `Some(errno)` to make the operation fail as the device would.
@@ -179,6 +188,16 @@ pub enum LogError {
     Corrupt { segment: u64, pos: u64, why: String },
     #[error("log is closed")]
     Closed,
+    #[error("generation {gen} is older than the log's newest record's ({newest}); generations never decrease along a log")]
+    GenerationBehind { gen: u64, newest: u64 },
+    #[error("the log is cutting a suffix; append again once it is done")]
+    Truncating,
+    /// The records a wait was for were cut by [`Log::truncate_from`]: they will never be
+    /// acknowledged (offsets from `to` on are assigned again).
+    #[error("the log was truncated to offset {to}; what was waited for is gone")]
+    Truncated { to: u64 },
+    #[error("cannot truncate: {0}")]
+    CannotTruncate(String),
     #[error("invalid configuration: {0}")]
     Config(String),
     #[error("i/o: {0}")]
@@ -193,6 +212,8 @@ fn io_err(what: &str, e: impl std::fmt::Display) -> LogError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredRecord {
     pub offset: u64,
+    /// The generation the record was appended in (0 for a log never replicated).
+    pub gen: u64,
     pub ts_ms: u64,
     pub flags: u8,
     pub key: Bytes,
@@ -220,6 +241,10 @@ struct Seg {
     write_pos: u64,
     max_ts_ms: u64,
     index: Vec<IndexEntry>,
+    /// The generations of the segment's written records.
+    gens: Vec<GenRun>,
+    /// The segment header's format version.
+    version: u16,
     sealed: bool,
 }
 
@@ -327,6 +352,8 @@ struct Group {
     count: u32,
     bytes_end: usize,
     max_ts_ms: u64,
+    /// A commit takes groups of one generation only.
+    gen: u64,
 }
 
 struct Inner {
@@ -346,6 +373,15 @@ struct Inner {
     waiters: Vec<Waker>,
     /// A page-cache commit's buffer, kept between inline commits.
     scratch: Vec<u8>,
+    /// The generation of the newest record appended (queued or written); `None` while the
+    /// log holds no record. An append in an older one is refused.
+    newest_gen: Option<u64>,
+    /// Set while [`Log::truncate_from`] runs: appends are refused and retention waits.
+    truncating: bool,
+    /// Truncations so far, and where the last one cut: a wait for acknowledgement that a
+    /// truncation overtook ends with [`LogError::Truncated`].
+    truncations: u64,
+    truncated_to: u64,
 }
 
 impl Inner {
@@ -601,9 +637,12 @@ impl Log {
                 write_pos: align_up(r.end_pos as usize) as u64,
                 max_ts_ms: r.max_ts_ms,
                 index: r.index.clone(),
+                gens: r.gens.clone(),
+                version: r.version,
                 sealed: r.sealed,
             });
         }
+        let newest_gen = segs.iter().rev().find_map(|s| s.gens.last()).map(|r| r.gen);
         let inner = Inner {
             dir: dir.to_path_buf(),
             cfg: cfg.clone(),
@@ -620,6 +659,10 @@ impl Log {
             committer: None,
             waiters: Vec::new(),
             scratch: Vec::new(),
+            newest_gen,
+            truncating: false,
+            truncations: 0,
+            truncated_to: 0,
         };
         let log = Log {
             inner: Rc::new(RefCell::new(inner)),
@@ -627,6 +670,7 @@ impl Log {
         if let Active::Create { base } = plan.active {
             log.create_segment(base).await?;
         }
+        log.retire_old_format_segment().await?;
         let report = OpenReport {
             verdict: plan.verdict.clone(),
             actions: plan.actions.clone(),
@@ -684,6 +728,7 @@ impl Log {
         let path = dir.join(segment_file_name(base));
         let f = open_rw(&path, true).await?;
         let header = SegmentHeader {
+            version: FORMAT_VERSION,
             base_offset: base,
             log_id,
             created_ms: now_ms(),
@@ -719,20 +764,70 @@ impl Log {
             write_pos: BLOCK as u64,
             max_ts_ms: 0,
             index: Vec::new(),
+            gens: Vec::new(),
+            version: FORMAT_VERSION,
             sealed: false,
         });
         Ok(())
     }
 
-    /// Queue records for the next commit and assign their offsets. Nothing is acknowledged
-    /// yet: wait for [`Log::acked`] to pass the returned range's end.
+    /// An active segment of an older format version takes no commit of the current one
+    /// (`segment::FORMAT_VERSION_OLDEST` says why): an empty one is replaced, a non-empty one
+    /// sealed (the next commit rolls to a new segment).
+    async fn retire_old_format_segment(&self) -> Result<(), LogError> {
+        let (old, empty, base, dir) = {
+            let i = self.inner.borrow();
+            let s = i.segs.back().expect("an active segment exists after open");
+            (
+                s.version < FORMAT_VERSION && !s.sealed,
+                s.end_offset == s.base,
+                s.base,
+                i.dir.clone(),
+            )
+        };
+        if !old {
+            return Ok(());
+        }
+        if empty {
+            self.inner.borrow_mut().segs.pop_back();
+            std::fs::remove_file(dir.join(segment_file_name(base)))
+                .map_err(|e| io_err("remove an empty old-format segment", e))?;
+            sync_dir(&dir)?;
+            return self.create_segment(base).await;
+        }
+        tracing::info!(dir = %dir.display(), base, "sealing a segment of the previous format version; new commits go to a new segment");
+        self.seal_active().await
+    }
+
+    /// Queue records for the next commit and assign their offsets, in the generation of the
+    /// newest record (0 in a log never replicated). Nothing is acknowledged yet: wait for
+    /// [`Log::acked`] to pass the returned range's end.
     pub fn append(&self, records: &[RecordIn<'_>], ts_ms: u64) -> Result<Range<u64>, LogError> {
+        let gen = self.inner.borrow().newest_gen.unwrap_or(0);
+        self.append_in(gen, records, ts_ms)
+    }
+
+    /// [`Log::append`] in generation `gen`, which must not be older than the newest record's
+    /// ([`LogError::GenerationBehind`]): a leader appends in its generation, a follower in
+    /// the generation each shipped record was written in.
+    pub fn append_in(
+        &self,
+        gen: u64,
+        records: &[RecordIn<'_>],
+        ts_ms: u64,
+    ) -> Result<Range<u64>, LogError> {
         let mut i = self.inner.borrow_mut();
         if let Some(f) = &i.failed {
             return Err(LogError::Failed(f.clone()));
         }
         if i.closing {
             return Err(LogError::Closed);
+        }
+        if i.truncating {
+            return Err(LogError::Truncating);
+        }
+        if let Some(newest) = i.newest_gen.filter(|n| *n > gen) {
+            return Err(LogError::GenerationBehind { gen, newest });
         }
         let bytes: usize = records.iter().map(|r| r.encoded_len()).sum();
         let max = i.cfg.commit_bytes_max - COMMIT_HEADER_BYTES;
@@ -762,7 +857,9 @@ impl Log {
             count: records.len() as u32,
             bytes_end: end,
             max_ts_ms: ts_ms,
+            gen,
         });
+        i.newest_gen = Some(gen);
         i.next_offset += records.len() as u64;
         if let Some(w) = i.committer.take() {
             w.wake();
@@ -797,14 +894,41 @@ impl Log {
     pub fn fsync_mode(&self) -> FsyncMode {
         self.inner.borrow().cfg.fsync
     }
+    /// The generation of the newest record (queued or written); `None` for an empty log.
+    pub fn newest_gen(&self) -> Option<u64> {
+        self.inner.borrow().newest_gen
+    }
+    /// The generation of the written record at `offset` (what log matching compares), or
+    /// `None` if no written record has that offset (below retention, or not written yet).
+    pub fn gen_at(&self, offset: u64) -> Option<u64> {
+        let i = self.inner.borrow();
+        if offset >= i.written {
+            return None;
+        }
+        let k = i
+            .segs
+            .partition_point(|s| s.base <= offset)
+            .checked_sub(1)?;
+        let s = &i.segs[k];
+        (offset < s.end_offset)
+            .then(|| gen_in_runs(&s.gens, offset))
+            .flatten()
+    }
 
     /// Wait until the acknowledged mark passes `seen`; returns the new mark. Errors once the
     /// log has failed (the mark never moves again) or closed.
+    /// A truncation ([`Log::truncate_from`]) while it waits ends it with
+    /// [`LogError::Truncated`]: offsets past the cut are assigned again, and the mark passing
+    /// `seen` would then speak of other records.
     pub async fn wait_acked_beyond(&self, seen: u64) -> Result<u64, LogError> {
+        let truncations = self.inner.borrow().truncations;
         poll_fn(|cx| {
             let mut i = self.inner.borrow_mut();
             if let Some(f) = &i.failed {
                 return Poll::Ready(Err(LogError::Failed(f.clone())));
+            }
+            if i.truncations != truncations {
+                return Poll::Ready(Err(LogError::Truncated { to: i.truncated_to }));
             }
             let a = i.acked();
             if a > seen {
@@ -819,10 +943,18 @@ impl Log {
         .await
     }
 
-    /// Wait until every offset below `upto` is acknowledged.
+    /// Wait until every offset below `upto` is acknowledged (a truncation meanwhile ends the
+    /// wait with [`LogError::Truncated`]).
     pub async fn wait_acked(&self, upto: u64) -> Result<(), LogError> {
+        let truncations = self.inner.borrow().truncations;
         loop {
-            let a = self.acked();
+            let (a, t, to) = {
+                let i = self.inner.borrow();
+                (i.acked(), i.truncations, i.truncated_to)
+            };
+            if t != truncations {
+                return Err(LogError::Truncated { to });
+            }
             if a >= upto {
                 return Ok(());
             }
@@ -903,8 +1035,9 @@ impl Log {
             let limit = i.cfg.commit_bytes_max - COMMIT_HEADER_BYTES;
             let mut take = 0usize;
             let mut end = 0usize;
+            let gen = i.groups[0].gen;
             while let Some(g) = i.groups.get(take) {
-                if take > 0 && g.bytes_end > limit {
+                if take > 0 && (g.bytes_end > limit || g.gen != gen) {
                     break;
                 }
                 end = g.bytes_end;
@@ -914,12 +1047,13 @@ impl Log {
             for g in i.groups.iter_mut() {
                 g.bytes_end -= end;
             }
-            let h = CommitHeader {
-                records_bytes: u32::try_from(end).expect("commit < 4 GiB"),
-                count: groups.iter().map(|g| g.count).sum(),
-                first_offset: groups[0].first,
-                max_ts_ms: groups.iter().map(|g| g.max_ts_ms).max().unwrap_or(0),
-            };
+            let h = CommitHeader::new(
+                u32::try_from(end).expect("commit < 4 GiB"),
+                groups.iter().map(|g| g.count).sum(),
+                groups[0].first,
+                groups.iter().map(|g| g.max_ts_ms).max().unwrap_or(0),
+                gen,
+            );
             assert_eq!(h.first_offset, i.written, "commits must be contiguous");
             let span = align_up(h.span());
             // The previous page-cache commit's buffer, reused (one large allocation less per
@@ -928,7 +1062,7 @@ impl Log {
             let seg = i.segs.back().expect("an active segment exists");
             // The same bytes either way: header, records, zero padding to the block.
             let fill = |out: &mut [u8]| {
-                out[..COMMIT_HEADER_BYTES].copy_from_slice(&h.encode());
+                h.write_to(&mut out[..COMMIT_HEADER_BYTES]);
                 out[COMMIT_HEADER_BYTES..h.span()].copy_from_slice(&i.pending[..end]);
                 out[h.span()..].fill(0);
             };
@@ -950,6 +1084,7 @@ impl Log {
             (buf, h, need_roll)
         };
         let (first, count, max_ts, len) = (h.first_offset, h.count, h.max_ts_ms, buf.len());
+        // Written into the segment header's version (a roll below makes a current one).
         if need_roll {
             self.seal_active().await?;
             self.create_segment(first).await?;
@@ -1037,6 +1172,11 @@ impl Log {
         s.end_pos = pos + h.span() as u64;
         s.write_pos = pos + len as u64;
         s.max_ts_ms = s.max_ts_ms.max(max_ts);
+        debug_assert_eq!(
+            s.version, FORMAT_VERSION,
+            "an old-format segment takes no new commit"
+        );
+        push_gen_run(&mut s.gens, first, h.gen);
         i.written = first + count as u64;
         if on_commit {
             i.synced = i.written;
@@ -1060,6 +1200,7 @@ impl Log {
                 max_ts_ms: s.max_ts_ms,
                 interval_bytes: i.cfg.index_interval_bytes,
                 entries: s.index.clone(),
+                gens: s.gens.clone(),
             };
             (
                 s.file.clone(),
@@ -1099,6 +1240,10 @@ impl Log {
     pub async fn delete_below(&self, offset: u64) -> usize {
         let victims: Vec<(u64, Rc<DmaFile>)> = {
             let mut i = self.inner.borrow_mut();
+            if i.truncating {
+                // The cut rearranges the segments' tail; the next compaction deletes these.
+                return 0;
+            }
             let last = i.segs.back().map(|s| s.base);
             let facts: Vec<SegmentFacts> = i
                 .segs
@@ -1128,6 +1273,9 @@ impl Log {
     async fn apply_retention(&self) {
         let victims: Vec<(u64, Rc<DmaFile>)> = {
             let mut i = self.inner.borrow_mut();
+            if i.truncating {
+                return;
+            }
             let facts: Vec<SegmentFacts> = i
                 .segs
                 .iter()
@@ -1213,6 +1361,8 @@ impl Log {
             .map_err(|e| LogError::Failed(format!("fdatasync: {e}")))?;
         self.observe_sync(t);
         let mut i = self.inner.borrow_mut();
+        // A truncation during the fdatasync may have cut below `target`.
+        let target = target.min(i.written);
         i.synced = i.synced.max(target);
         Ok(())
     }
@@ -1310,7 +1460,7 @@ impl Log {
             }
             // Parse every commit wholly inside the chunk.
             let mut rel = 0usize;
-            while rel + COMMIT_HEADER_BYTES <= chunk.len() && pos + (rel as u64) < end_pos {
+            while rel + COMMIT_HEADER_V1_BYTES <= chunk.len() && pos + (rel as u64) < end_pos {
                 let Some(h) = CommitHeader::decode_at(&chunk, rel) else {
                     return Err(LogError::Corrupt {
                         segment: base,
@@ -1321,7 +1471,7 @@ impl Log {
                 if rel + h.span() > chunk.len() {
                     break;
                 }
-                let mut p = rel + COMMIT_HEADER_BYTES;
+                let mut p = rel + h.header_bytes();
                 for n in 0..h.count as u64 {
                     let r = crate::record::decode_at(&chunk[..rel + h.span()], p).map_err(|e| {
                         LogError::Corrupt {
@@ -1340,6 +1490,7 @@ impl Log {
                         let pay_at = key_at + r.key.len();
                         out.push(StoredRecord {
                             offset: r.offset,
+                            gen: h.gen,
                             ts_ms: r.ts_ms,
                             flags: r.flags,
                             key: chunk.slice(key_at..pay_at),

@@ -113,6 +113,11 @@ pub struct Recovered {
     pub end_pos: u64,
     pub max_ts_ms: u64,
     pub index: Vec<crate::segment::IndexEntry>,
+    /// The generations of the segment's records.
+    pub gens: Vec<crate::segment::GenRun>,
+    /// The segment header's format version: an active version-1 segment is sealed at open
+    /// (`crate::segment::FORMAT_VERSION_OLDEST`).
+    pub version: u16,
     pub sealed: bool,
 }
 
@@ -225,6 +230,8 @@ pub fn plan_recovery(view: &DiskView, first_offset: u64) -> Plan {
                         end_pos: idx.end_pos,
                         max_ts_ms: idx.max_ts_ms,
                         index: idx.entries.clone(),
+                        gens: idx.gens.clone(),
+                        version: h.version,
                         sealed: true,
                     }
                 }
@@ -244,7 +251,7 @@ pub fn plan_recovery(view: &DiskView, first_offset: u64) -> Plan {
                     actions.push(Action::WriteIndex {
                         index: scan.as_index(),
                     });
-                    recovered_from_scan(scan, true)
+                    recovered_from_scan(scan, h.version, true)
                 }
                 (_, None) => panic!("segment {} has no usable index and was not scanned", s.base),
             }
@@ -276,8 +283,21 @@ pub fn plan_recovery(view: &DiskView, first_offset: u64) -> Plan {
                     false
                 }
             };
-            recovered_from_scan(scan, sealed)
+            recovered_from_scan(scan, h.version, sealed)
         };
+        let prev_gen = out.iter().rev().find_map(|r| r.gens.last()).map(|r| r.gen);
+        if let (Some(was), Some(first)) = (prev_gen, rec.gens.first()) {
+            if first.gen < was {
+                return refuse(
+                    s.base,
+                    0,
+                    format!(
+                        "the segment starts in generation {} but an earlier one ends in generation {was}",
+                        first.gen
+                    ),
+                );
+            }
+        }
         out.push(rec);
     }
 
@@ -326,17 +346,24 @@ fn refusal_in(scan: &Scan) -> Option<Plan> {
             *pos,
             format!("record offset {found} where {expected} was expected"),
         )),
+        ScanEnd::GenerationBack { pos, was, found } => Some(refuse(
+            scan.base_offset,
+            *pos,
+            format!("a commit of generation {found} after one of generation {was}"),
+        )),
         _ => None,
     }
 }
 
-fn recovered_from_scan(scan: &Scan, sealed: bool) -> Recovered {
+fn recovered_from_scan(scan: &Scan, version: u16, sealed: bool) -> Recovered {
     Recovered {
         base: scan.base_offset,
         end_offset: scan.end_offset,
         end_pos: scan.end_pos,
         max_ts_ms: scan.max_ts_ms,
         index: scan.index.clone(),
+        gens: scan.gens.clone(),
+        version,
         sealed,
     }
 }

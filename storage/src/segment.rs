@@ -7,8 +7,13 @@
 //!
 //! A sealed segment has an index file `<base:020>.idx`, written once when the segment is
 //! sealed: a header with the segment's end facts and a CRC, then sparse entries
-//! `(offset - base, file position)` at commit starts. The active segment has no index file;
-//! its index is rebuilt by scanning at open.
+//! `(offset - base, file position)` at commit starts, then the segment's generation runs.
+//! The active segment has no index file; its index is rebuilt by scanning at open.
+//!
+//! Format version 2 (replication, `docs/replication-design.md` rule 6) puts a generation in
+//! every commit header (a 40-byte `FXC2` header). Version 1 files are still read: a version-1
+//! commit (`FXCM`, 32 bytes) is of generation 0, which is what every record of an unreplicated
+//! log is.
 
 use crate::record::decode_at;
 
@@ -16,10 +21,17 @@ use crate::record::decode_at;
 pub const BLOCK: usize = 4096;
 pub const SEGMENT_MAGIC: &[u8; 8] = b"FELIXSEG";
 pub const INDEX_MAGIC: &[u8; 8] = b"FELIXIDX";
-pub const FORMAT_VERSION: u16 = 1;
+/// The version new segment headers and index files are written with.
+pub const FORMAT_VERSION: u16 = 2;
+/// The oldest version still read. A version-1 segment holds only version-1 commits: the log
+/// seals an active version-1 segment at open instead of appending version-2 commits to it,
+/// so that a broker of the previous release refuses the directory (it does not know version
+/// 2) rather than cutting the commits it cannot parse as a torn tail.
+pub const FORMAT_VERSION_OLDEST: u16 = 1;
 const SEG_HEADER_CRC_AT: usize = 48;
 const IDX_HEADER_BYTES: usize = 64;
 const IDX_ENTRY_BYTES: usize = 8;
+const IDX_RUN_BYTES: usize = 16;
 
 pub fn align_up(v: usize) -> usize {
     v.div_ceil(BLOCK) * BLOCK
@@ -48,10 +60,12 @@ pub fn parse_file_name(name: &str) -> Option<(u64, &'static str)> {
 /// The header block of a segment file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SegmentHeader {
+    /// [`FORMAT_VERSION`] for a segment written now; [`FORMAT_VERSION_OLDEST`] is still read.
+    pub version: u16,
     pub base_offset: u64,
-    /// The log's storage identity: chosen at random when the log is created, the same in
-    /// every segment of that log. Replication will use it to tell a wiped replica from the
-    /// one it replaced.
+    /// The log's id: chosen at random when the log is created, the same in every segment of
+    /// that log, so a segment from another log is refused. It never changes (the directory's
+    /// rotating storage identity is another thing, `broker/src/storage_identity.rs`).
     pub log_id: [u8; 16],
     pub created_ms: u64,
 }
@@ -70,7 +84,7 @@ impl SegmentHeader {
     pub fn encode(&self) -> [u8; BLOCK] {
         let mut b = [0u8; BLOCK];
         b[0..8].copy_from_slice(SEGMENT_MAGIC);
-        b[8..10].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        b[8..10].copy_from_slice(&self.version.to_le_bytes());
         b[12..16].copy_from_slice(&(BLOCK as u32).to_le_bytes());
         b[16..24].copy_from_slice(&self.base_offset.to_le_bytes());
         b[24..40].copy_from_slice(&self.log_id);
@@ -96,7 +110,7 @@ impl SegmentHeader {
             return Err(HeaderError::BadMagic);
         }
         let v = u16::from_le_bytes([b[8], b[9]]);
-        if v != FORMAT_VERSION {
+        if !(FORMAT_VERSION_OLDEST..=FORMAT_VERSION).contains(&v) {
             return Err(HeaderError::BadVersion(v));
         }
         let crc = u32::from_le_bytes(b[48..52].try_into().unwrap());
@@ -104,6 +118,7 @@ impl SegmentHeader {
             return Err(HeaderError::BadCrc);
         }
         Ok(SegmentHeader {
+            version: v,
             base_offset: u64::from_le_bytes(b[16..24].try_into().unwrap()),
             log_id: b[24..40].try_into().unwrap(),
             created_ms: u64::from_le_bytes(b[40..48].try_into().unwrap()),
@@ -136,6 +151,42 @@ pub struct SegmentIndex {
     /// The spacing rule the entries were built with (so a rebuilt index can be compared).
     pub interval_bytes: u32,
     pub entries: Vec<IndexEntry>,
+    /// The generations of the segment's records, as runs (a version-1 index, written before
+    /// generations existed, decodes to one run of generation 0 when the segment holds any
+    /// record).
+    pub gens: Vec<GenRun>,
+}
+
+/// Records from `first` on (up to the next run's `first`, or the end) were written in
+/// generation `gen`. Generations never decrease along a log, so runs are few: one per
+/// leader change that wrote into the segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GenRun {
+    pub first: u64,
+    pub gen: u64,
+}
+
+/// Extend `runs` with `count` records from `first` in generation `gen` (contiguous with what
+/// `runs` already covers; a new run only where the generation changes).
+pub fn push_gen_run(runs: &mut Vec<GenRun>, first: u64, gen: u64) {
+    match runs.last() {
+        Some(r) if r.gen == gen => {}
+        Some(r) => {
+            assert!(
+                r.gen < gen && r.first < first,
+                "generations never decrease along a log: run {r:?}, then {gen} at {first}"
+            );
+            runs.push(GenRun { first, gen });
+        }
+        None => runs.push(GenRun { first, gen }),
+    }
+}
+
+/// The generation of the record at `offset`, from `runs` (which cover `[runs[0].first, end)`;
+/// the caller checks `offset < end`).
+pub fn gen_in_runs(runs: &[GenRun], offset: u64) -> Option<u64> {
+    let i = runs.partition_point(|r| r.first <= offset);
+    i.checked_sub(1).map(|i| runs[i].gen)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -151,10 +202,17 @@ pub enum IndexError {
 impl SegmentIndex {
     pub fn encode(&self) -> Vec<u8> {
         let n = self.entries.len();
-        let mut b = vec![0u8; IDX_HEADER_BYTES + n * IDX_ENTRY_BYTES];
+        let runs_at = IDX_HEADER_BYTES + n * IDX_ENTRY_BYTES;
+        let mut b = vec![0u8; runs_at + self.gens.len() * IDX_RUN_BYTES];
         b[0..8].copy_from_slice(INDEX_MAGIC);
         b[8..10].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
         b[12..16].copy_from_slice(&(n as u32).to_le_bytes());
+        b[56..60].copy_from_slice(&(self.gens.len() as u32).to_le_bytes());
+        for (i, r) in self.gens.iter().enumerate() {
+            let p = runs_at + i * IDX_RUN_BYTES;
+            b[p..p + 8].copy_from_slice(&r.first.to_le_bytes());
+            b[p + 8..p + 16].copy_from_slice(&r.gen.to_le_bytes());
+        }
         b[16..24].copy_from_slice(&self.base_offset.to_le_bytes());
         b[24..32].copy_from_slice(&self.end_offset.to_le_bytes());
         b[32..40].copy_from_slice(&self.end_pos.to_le_bytes());
@@ -182,12 +240,21 @@ impl SegmentIndex {
             return Err(IndexError::BadMagic);
         }
         let v = u16::from_le_bytes([b[8], b[9]]);
-        if v != FORMAT_VERSION {
+        if !(FORMAT_VERSION_OLDEST..=FORMAT_VERSION).contains(&v) {
             return Err(IndexError::BadVersion(v));
         }
         let n = u32::from_le_bytes(b[12..16].try_into().unwrap()) as usize;
-        let body_end = IDX_HEADER_BYTES
+        // Version 1 has no runs (bytes 56..60 were zero).
+        let n_runs = if v >= 2 {
+            u32::from_le_bytes(b[56..60].try_into().unwrap()) as usize
+        } else {
+            0
+        };
+        let runs_at = IDX_HEADER_BYTES
             .checked_add(n.checked_mul(IDX_ENTRY_BYTES).ok_or(IndexError::Short)?)
+            .ok_or(IndexError::Short)?;
+        let body_end = runs_at
+            .checked_add(n_runs.checked_mul(IDX_RUN_BYTES).ok_or(IndexError::Short)?)
             .ok_or(IndexError::Short)?;
         if b.len() < body_end {
             return Err(IndexError::Short);
@@ -218,6 +285,36 @@ impl SegmentIndex {
         if end_offset < base_offset || !ordered || !inside {
             return Err(IndexError::Inconsistent);
         }
+        let mut gens: Vec<GenRun> = (0..n_runs)
+            .map(|i| {
+                let p = runs_at + i * IDX_RUN_BYTES;
+                GenRun {
+                    first: u64_at(p),
+                    gen: u64_at(p + 8),
+                }
+            })
+            .collect();
+        if v < 2 && end_offset > base_offset {
+            gens.push(GenRun {
+                first: base_offset,
+                gen: 0,
+            });
+        }
+        // Runs start at the base (when there is a record), inside the segment, strictly
+        // increasing in both offset and generation.
+        let runs_ok = match gens.first() {
+            None => end_offset == base_offset,
+            Some(r) => {
+                r.first == base_offset
+                    && gens.last().is_some_and(|r| r.first < end_offset)
+                    && gens
+                        .windows(2)
+                        .all(|w| w[0].first < w[1].first && w[0].gen < w[1].gen)
+            }
+        };
+        if !runs_ok {
+            return Err(IndexError::Inconsistent);
+        }
         Ok(SegmentIndex {
             base_offset,
             end_offset,
@@ -225,6 +322,7 @@ impl SegmentIndex {
             max_ts_ms: u64_at(40),
             interval_bytes: u32::from_le_bytes(b[52..56].try_into().unwrap()),
             entries,
+            gens,
         })
     }
 
@@ -238,54 +336,113 @@ impl SegmentIndex {
 /// The header that starts every commit (on a block boundary).
 ///
 /// ```text
-/// 0   magic         4 bytes "FXCM"
-/// 4   crc32c        u32  CRC32C of bytes [8, 32)
+/// 0   magic         4 bytes "FXC2" (version 2; "FXCM" is version 1, 32 bytes, no gen)
+/// 4   crc32c        u32  CRC32C of bytes [8, 40)  (version 1: [8, 32))
 /// 8   records_bytes u32  bytes of records following this header (padding excluded)
 /// 12  count         u32  records in the commit (>= 1)
 /// 16  first_offset  u64
 /// 24  max_ts_ms     u64
+/// 32  gen           u64  the generation every record of the commit was written in
 /// ```
 /// It gives a commit's extent, so a scan can tell a torn final commit (damage inside the
 /// last commit, nothing after it) from damage in the middle (a valid commit header after the
-/// damage: that commit was written later, so the damaged one had completed).
+/// damage: that commit was written later, so the damaged one had completed). Its generation
+/// is what log matching compares (replication rule 6); a commit never mixes generations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CommitHeader {
     pub records_bytes: u32,
     pub count: u32,
     pub first_offset: u64,
     pub max_ts_ms: u64,
+    pub gen: u64,
+    /// 2, or 1 for a commit written before generations existed (its `gen` is 0).
+    pub version: u8,
 }
 
-pub const COMMIT_MAGIC: &[u8; 4] = b"FXCM";
-pub const COMMIT_HEADER_BYTES: usize = 32;
+pub const COMMIT_MAGIC: &[u8; 4] = b"FXC2";
+pub const COMMIT_MAGIC_V1: &[u8; 4] = b"FXCM";
+/// The header new commits get.
+pub const COMMIT_HEADER_BYTES: usize = 40;
+pub const COMMIT_HEADER_V1_BYTES: usize = 32;
 
 impl CommitHeader {
-    pub fn encode(&self) -> [u8; COMMIT_HEADER_BYTES] {
-        let mut b = [0u8; COMMIT_HEADER_BYTES];
-        b[0..4].copy_from_slice(COMMIT_MAGIC);
+    /// A version-2 header (what the log writes).
+    pub fn new(
+        records_bytes: u32,
+        count: u32,
+        first_offset: u64,
+        max_ts_ms: u64,
+        gen: u64,
+    ) -> Self {
+        CommitHeader {
+            records_bytes,
+            count,
+            first_offset,
+            max_ts_ms,
+            gen,
+            version: 2,
+        }
+    }
+
+    /// This header's length on disk.
+    pub fn header_bytes(&self) -> usize {
+        if self.version == 1 {
+            COMMIT_HEADER_V1_BYTES
+        } else {
+            COMMIT_HEADER_BYTES
+        }
+    }
+
+    /// The header's bytes (`header_bytes()` of them).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; self.header_bytes()];
+        self.write_to(&mut b);
+        b
+    }
+
+    /// Write the header into `b` (exactly `header_bytes()` long): the commit path encodes
+    /// straight into its write buffer.
+    pub fn write_to(&self, b: &mut [u8]) {
+        assert_eq!(b.len(), self.header_bytes());
+        b.fill(0);
+        if self.version == 1 {
+            assert_eq!(self.gen, 0, "a version-1 commit has no generation");
+            b[0..4].copy_from_slice(COMMIT_MAGIC_V1);
+        } else {
+            b[0..4].copy_from_slice(COMMIT_MAGIC);
+            b[32..40].copy_from_slice(&self.gen.to_le_bytes());
+        }
         b[8..12].copy_from_slice(&self.records_bytes.to_le_bytes());
         b[12..16].copy_from_slice(&self.count.to_le_bytes());
         b[16..24].copy_from_slice(&self.first_offset.to_le_bytes());
         b[24..32].copy_from_slice(&self.max_ts_ms.to_le_bytes());
         let crc = crc32c::crc32c(&b[8..]);
         b[4..8].copy_from_slice(&crc.to_le_bytes());
-        b
     }
 
-    /// Decode a commit header at `bytes[pos..]`; `None` if it is not a valid one.
+    /// Decode a commit header (either version) at `bytes[pos..]`; `None` if it is not a
+    /// valid one.
     pub fn decode_at(bytes: &[u8], pos: usize) -> Option<CommitHeader> {
-        let b = bytes.get(pos..pos + COMMIT_HEADER_BYTES)?;
-        if &b[0..4] != COMMIT_MAGIC {
+        let magic = bytes.get(pos..pos + 4)?;
+        let (version, len) = if magic == COMMIT_MAGIC {
+            (2u8, COMMIT_HEADER_BYTES)
+        } else if magic == COMMIT_MAGIC_V1 {
+            (1u8, COMMIT_HEADER_V1_BYTES)
+        } else {
             return None;
-        }
+        };
+        let b = bytes.get(pos..pos + len)?;
         if crc32c::crc32c(&b[8..]) != u32::from_le_bytes(b[4..8].try_into().unwrap()) {
             return None;
         }
+        let u64_at = |p: usize| u64::from_le_bytes(b[p..p + 8].try_into().unwrap());
         let h = CommitHeader {
             records_bytes: u32::from_le_bytes(b[8..12].try_into().unwrap()),
             count: u32::from_le_bytes(b[12..16].try_into().unwrap()),
-            first_offset: u64::from_le_bytes(b[16..24].try_into().unwrap()),
-            max_ts_ms: u64::from_le_bytes(b[24..32].try_into().unwrap()),
+            first_offset: u64_at(16),
+            max_ts_ms: u64_at(24),
+            gen: if version == 2 { u64_at(32) } else { 0 },
+            version,
         };
         (h.count >= 1 && h.records_bytes as usize >= h.count as usize * crate::record::HEADER_BYTES)
             .then_some(h)
@@ -293,7 +450,7 @@ impl CommitHeader {
 
     /// Bytes from the commit start to the end of its last record.
     pub fn span(&self) -> usize {
-        COMMIT_HEADER_BYTES + self.records_bytes as usize
+        self.header_bytes() + self.records_bytes as usize
     }
 }
 
@@ -314,6 +471,8 @@ pub enum ScanEnd {
     },
     /// Records are valid but their offsets are not contiguous.
     OffsetGap { pos: u64, expected: u64, found: u64 },
+    /// A valid commit whose generation is lower than the one before it.
+    GenerationBack { pos: u64, was: u64, found: u64 },
 }
 
 /// What scanning a segment's bytes found.
@@ -329,6 +488,8 @@ pub struct Scan {
     /// A sparse index rebuilt from the scan: the first commit, then each commit starting at
     /// least `interval_bytes` after the previous entry. Entries point at commit headers.
     pub index: Vec<IndexEntry>,
+    /// The generations of the intact records, from their commit headers.
+    pub gens: Vec<GenRun>,
     pub end: ScanEnd,
 }
 
@@ -341,6 +502,7 @@ impl Scan {
             max_ts_ms: self.max_ts_ms,
             interval_bytes: self.interval_bytes,
             entries: self.index.clone(),
+            gens: self.gens.clone(),
         }
     }
 }
@@ -354,7 +516,7 @@ fn check_commit(bytes: &[u8], pos: usize, h: &CommitHeader) -> Result<(), (usize
             "commit extends past the end of the file".into(),
         ));
     }
-    let mut p = pos + COMMIT_HEADER_BYTES;
+    let mut p = pos + h.header_bytes();
     for i in 0..h.count as u64 {
         match decode_at(&bytes[..end], p) {
             Ok(r) if r.offset == h.first_offset + i => p += r.len,
@@ -379,7 +541,7 @@ fn check_commit(bytes: &[u8], pos: usize, h: &CommitHeader) -> Result<(), (usize
 /// The first valid commit header at a block boundary at or after `from` (resync).
 fn next_commit_after(bytes: &[u8], from: usize) -> Option<usize> {
     let mut q = align_up(from);
-    while q + COMMIT_HEADER_BYTES <= bytes.len() {
+    while q + COMMIT_HEADER_V1_BYTES <= bytes.len() {
         if CommitHeader::decode_at(bytes, q).is_some() {
             return Some(q);
         }
@@ -400,6 +562,7 @@ pub fn scan_segment(bytes: &[u8], base_offset: u64, interval_bytes: u32) -> Scan
     let mut next = base_offset;
     let mut max_ts = 0u64;
     let mut index: Vec<IndexEntry> = Vec::new();
+    let mut gens: Vec<GenRun> = Vec::new();
     let mut end_pos = BLOCK as u64;
     let end = loop {
         if pos >= bytes.len() {
@@ -430,6 +593,16 @@ pub fn scan_segment(bytes: &[u8], base_offset: u64, interval_bytes: u32) -> Scan
         if let Err((at, why)) = check_commit(bytes, pos, &h) {
             break damaged(bytes, pos, at, pos + h.span(), why);
         }
+        if gens.last().is_some_and(|r| r.gen > h.gen) {
+            // Intact, but a generation lower than an earlier commit's: no writer does that
+            // (the log refuses such an append), so the bytes are not this log's history.
+            break ScanEnd::GenerationBack {
+                pos: pos as u64,
+                was: gens.last().map(|r| r.gen).unwrap_or(0),
+                found: h.gen,
+            };
+        }
+        push_gen_run(&mut gens, h.first_offset, h.gen);
         if index
             .last()
             .is_none_or(|e| pos as u64 - e.pos >= interval_bytes as u64)
@@ -451,6 +624,7 @@ pub fn scan_segment(bytes: &[u8], base_offset: u64, interval_bytes: u32) -> Scan
         max_ts_ms: max_ts,
         interval_bytes,
         index,
+        gens,
         end,
     }
 }
@@ -479,20 +653,26 @@ fn damaged(
 #[cfg(test)]
 pub(crate) mod tests {
     /// Encode one commit (header + records) into `out`, zero-padded to a block boundary.
-    /// Returns the commit header. `records` must be contiguous from `first_offset`.
+    /// Returns the commit header. `records` must be contiguous from `first_offset`. `gen`
+    /// `None` writes a version-1 commit.
     pub(crate) fn encode_commit(
         out: &mut Vec<u8>,
         records: &[u8],
         count: u32,
         first_offset: u64,
         max_ts_ms: u64,
+        gen: Option<u64>,
     ) -> CommitHeader {
-        let h = CommitHeader {
-            records_bytes: u32::try_from(records.len()).expect("commit < 4 GiB"),
+        let mut h = CommitHeader::new(
+            u32::try_from(records.len()).expect("commit < 4 GiB"),
             count,
             first_offset,
             max_ts_ms,
-        };
+            gen.unwrap_or(0),
+        );
+        if gen.is_none() {
+            h.version = 1;
+        }
         let start = out.len();
         debug_assert_eq!(start % BLOCK, 0);
         out.extend_from_slice(&h.encode());
@@ -504,14 +684,30 @@ pub(crate) mod tests {
     use super::*;
     use crate::record::{encode_into, RecordIn};
 
-    /// Build segment bytes: header + commits (each a list of payloads). Returns the bytes,
-    /// each record's (offset, start, end) and each commit's (start, end of records).
+    /// Build segment bytes: header + commits (each a list of payloads), all of generation
+    /// 0. Returns the bytes, each record's (offset, start, end) and each commit's (start, end
+    /// of records).
     #[allow(clippy::type_complexity)]
     pub(crate) fn build(
         base: u64,
         commits: &[Vec<Vec<u8>>],
     ) -> (Vec<u8>, Vec<(u64, usize, usize)>, Vec<(usize, usize)>) {
+        let gens = vec![Some(0); commits.len()];
+        build_gens(base, commits, &gens)
+    }
+
+    /// [`build`] with each commit's generation (`None`: a version-1 commit, and then a
+    /// version-1 segment header when every commit is one).
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn build_gens(
+        base: u64,
+        commits: &[Vec<Vec<u8>>],
+        gens: &[Option<u64>],
+    ) -> (Vec<u8>, Vec<(u64, usize, usize)>, Vec<(usize, usize)>) {
+        assert_eq!(commits.len(), gens.len());
+        let v1 = !gens.is_empty() && gens.iter().all(|g| g.is_none());
         let mut b = SegmentHeader {
+            version: if v1 { 1 } else { FORMAT_VERSION },
             base_offset: base,
             log_id: [7; 16],
             created_ms: 1,
@@ -521,7 +717,7 @@ pub(crate) mod tests {
         let mut recs = Vec::new();
         let mut spans = Vec::new();
         let mut off = base;
-        for c in commits {
+        for (c, gen) in commits.iter().zip(gens) {
             let mut body = Vec::new();
             let start = b.len();
             let mut local = Vec::new();
@@ -534,12 +730,19 @@ pub(crate) mod tests {
             if c.is_empty() {
                 continue;
             }
-            let h = encode_commit(&mut b, &body, c.len() as u32, local[0].0, 100 + off - 1);
+            let h = encode_commit(
+                &mut b,
+                &body,
+                c.len() as u32,
+                local[0].0,
+                100 + off - 1,
+                *gen,
+            );
             for (o, s0, e0) in local {
                 recs.push((
                     o,
-                    start + COMMIT_HEADER_BYTES + s0,
-                    start + COMMIT_HEADER_BYTES + e0,
+                    start + h.header_bytes() + s0,
+                    start + h.header_bytes() + e0,
                 ));
             }
             spans.push((start, start + h.span()));
@@ -550,6 +753,7 @@ pub(crate) mod tests {
     #[test]
     fn header_round_trip_and_damage() {
         let h = SegmentHeader {
+            version: FORMAT_VERSION,
             base_offset: 99,
             log_id: [3; 16],
             created_ms: 5,
@@ -579,6 +783,7 @@ pub(crate) mod tests {
                     pos: 8192,
                 },
             ],
+            gens: vec![GenRun { first: 10, gen: 3 }, GenRun { first: 14, gen: 5 }],
         };
         let mut b = i.encode();
         b.resize(BLOCK, 0);
@@ -622,5 +827,103 @@ pub(crate) mod tests {
             (s.end_offset, s.end_pos, s.end.clone()),
             (5, BLOCK as u64, ScanEnd::Clean)
         );
+    }
+
+    #[test]
+    fn commit_headers_of_both_versions_round_trip() {
+        let v2 = CommitHeader::new(100, 2, 7, 9, 4);
+        let b = v2.encode();
+        assert_eq!(b.len(), COMMIT_HEADER_BYTES);
+        assert_eq!(&b[..4], COMMIT_MAGIC);
+        assert_eq!(CommitHeader::decode_at(&b, 0), Some(v2));
+        let mut v1 = CommitHeader::new(100, 2, 7, 9, 0);
+        v1.version = 1;
+        let b1 = v1.encode();
+        assert_eq!(b1.len(), COMMIT_HEADER_V1_BYTES);
+        assert_eq!(&b1[..4], COMMIT_MAGIC_V1);
+        assert_eq!(CommitHeader::decode_at(&b1, 0), Some(v1));
+        assert_eq!(
+            v1.span() + 8,
+            v2.span(),
+            "the generation is 8 more header bytes"
+        );
+        // The generation is under the CRC.
+        let mut bad = b.clone();
+        bad[33] ^= 1;
+        assert_eq!(CommitHeader::decode_at(&bad, 0), None);
+    }
+
+    #[test]
+    fn a_scan_finds_the_generation_runs_and_refuses_one_going_back() {
+        let c = |n: u8| vec![vec![n; 10]];
+        let commits = vec![c(1), c(2), c(3), c(4)];
+        let (b, _, spans) = build_gens(20, &commits, &[Some(1), Some(1), Some(4), Some(6)]);
+        let s = scan_segment(&b, 20, 0);
+        assert_eq!(s.end, ScanEnd::Clean);
+        let runs = vec![
+            GenRun { first: 20, gen: 1 },
+            GenRun { first: 22, gen: 4 },
+            GenRun { first: 23, gen: 6 },
+        ];
+        assert_eq!(s.gens, runs);
+        assert_eq!(gen_in_runs(&runs, 21), Some(1));
+        assert_eq!(gen_in_runs(&runs, 22), Some(4));
+        assert_eq!(gen_in_runs(&runs, 99), Some(6), "the caller bounds the end");
+        assert_eq!(gen_in_runs(&runs, 19), None);
+        // The index carries the runs, and decoding checks them.
+        let mut idx = s.as_index().encode();
+        idx.resize(BLOCK, 0);
+        assert_eq!(SegmentIndex::decode(&idx).unwrap().gens, runs);
+        let (b2, _, _) = build_gens(20, &commits, &[Some(1), Some(4), Some(3), Some(6)]);
+        let s2 = scan_segment(&b2, 20, 0);
+        assert_eq!(
+            s2.end,
+            ScanEnd::GenerationBack {
+                pos: spans[2].0 as u64,
+                was: 4,
+                found: 3
+            }
+        );
+        assert_eq!(s2.end_offset, 22, "records before the step back are intact");
+    }
+
+    #[test]
+    fn version_1_segments_and_indexes_read_as_generation_0() {
+        let commits = vec![vec![vec![1u8; 10], vec![2; 30]], vec![vec![3; 5]]];
+        let (b, recs, _) = build_gens(40, &commits, &[None, None]);
+        assert_eq!(SegmentHeader::decode(&b).unwrap().version, 1);
+        let s = scan_segment(&b, 40, 0);
+        assert_eq!((s.end.clone(), s.end_offset), (ScanEnd::Clean, 43));
+        assert_eq!(s.gens, vec![GenRun { first: 40, gen: 0 }]);
+        assert_eq!(
+            recs[0].1,
+            BLOCK + COMMIT_HEADER_V1_BYTES,
+            "records follow a 32-byte header"
+        );
+        // A version-1 index (no runs, bytes 56..60 zero) as the previous release wrote it.
+        let mut idx = s.as_index();
+        idx.gens.clear();
+        let mut v1 = idx.encode();
+        v1[8..10].copy_from_slice(&1u16.to_le_bytes());
+        let crc = index_crc(&v1);
+        v1[48..52].copy_from_slice(&crc.to_le_bytes());
+        let d = SegmentIndex::decode(&v1).unwrap();
+        assert_eq!(d.gens, vec![GenRun { first: 40, gen: 0 }]);
+        assert_eq!(
+            d,
+            s.as_index(),
+            "a version-1 index matches the scan of its segment"
+        );
+        // A version-2 index whose runs do not start at the base is refused.
+        let mut bad = s.as_index();
+        bad.gens[0].first = 41;
+        assert_eq!(
+            SegmentIndex::decode(&bad.encode()),
+            Err(IndexError::Inconsistent)
+        );
+        // Unknown versions are refused.
+        let mut v9 = b.clone();
+        v9[8..10].copy_from_slice(&9u16.to_le_bytes());
+        assert_eq!(SegmentHeader::decode(&v9), Err(HeaderError::BadVersion(9)));
     }
 }

@@ -6,72 +6,11 @@ use felix_storage::retention::RetentionLimits;
 use felix_storage::segment::{segment_file_name, BLOCK};
 use felix_storage::RecordIn;
 use std::cell::Cell;
-use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
-fn run<F, Fut>(f: F)
-where
-    F: FnOnce() -> Fut + Send + 'static,
-    Fut: Future<Output = ()> + 'static,
-{
-    glommio::LocalExecutorBuilder::default()
-        .io_memory(1 << 20)
-        .spawn(move || async move { f().await })
-        .unwrap()
-        .join()
-        .unwrap();
-}
-
-fn small(fsync: FsyncMode) -> LogConfig {
-    LogConfig {
-        segment_bytes_max: 64 << 10,
-        commit_bytes_max: 16 << 10,
-        pending_bytes_max: 1 << 20,
-        index_interval_bytes: 8 << 10,
-        fsync,
-        ..LogConfig::default()
-    }
-}
-
-fn payload(i: u64) -> Vec<u8> {
-    let n = 1 + (i * 7919 % 1500) as usize;
-    (0..n).map(|k| (i as usize * 31 + k) as u8).collect()
-}
-
-async fn append_n(log: &Log, from: u64, n: u64, batch: u64) -> u64 {
-    let mut last = 0;
-    let mut i = from;
-    while i < from + n {
-        let ps: Vec<Vec<u8>> = (i..(i + batch).min(from + n)).map(payload).collect();
-        let recs: Vec<RecordIn> = ps.iter().map(|p| RecordIn::new(p)).collect();
-        let r = log.append(&recs, 1000 + i).unwrap();
-        assert_eq!(r.start, i, "offsets are assigned contiguously");
-        i = r.end;
-        last = r.end;
-    }
-    log.wait_acked(last).await.unwrap();
-    last
-}
-
-async fn check_all(log: &Log, from: u64, to: u64) {
-    let mut at = from;
-    while at < to {
-        let got = log.read(at, 37, 20_000).await.unwrap();
-        assert!(!got.is_empty(), "read at {at} returned nothing");
-        for r in got {
-            assert_eq!(r.offset, at);
-            assert_eq!(&r.payload[..], &payload(at)[..], "payload of {at}");
-            at += 1;
-        }
-    }
-}
-
-fn dir() -> (tempfile::TempDir, PathBuf) {
-    let t = tempfile::tempdir().unwrap();
-    let p = t.path().join("log");
-    (t, p)
-}
+mod common;
+use common::*;
 
 #[test]
 fn append_read_roll_and_reopen() {
@@ -287,10 +226,10 @@ fn torn_tail_is_cut_and_middle_corruption_refused() {
     let len = b.len();
     let last_commit = (BLOCK..len)
         .step_by(BLOCK)
-        .filter(|p| &b[*p..p + 4] == b"FXCM")
+        .filter(|p| &b[*p..p + 4] == b"FXC2")
         .max()
         .unwrap();
-    let cut = last_commit + 40;
+    let cut = last_commit + 48;
     b[cut..].fill(0);
     std::fs::write(&seg, &b).unwrap();
     let d2 = d.clone();
