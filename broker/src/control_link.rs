@@ -249,6 +249,9 @@ pub struct LinkConfig {
     pub jwks_refresh_ms: u64,
     /// CA certificates trusted for an `https://` control plane, besides the system's roots.
     pub ca: Vec<reqwest::Certificate>,
+    /// The durable directory's storage identity (replication rule 9), registered with the
+    /// broker.
+    pub storage_id: Option<String>,
 }
 
 /// The certificates of a PEM file (`controlplane_ca`); errors name the file.
@@ -818,11 +821,15 @@ async fn register(
         quic_addr: cfg.quic_addr.clone(),
         cores: cfg.cores,
         peer_addr: cfg.peer_addr.clone(),
-        capabilities: cfg
-            .peer_addr
-            .as_ref()
-            .map(|_| vec!["peer_addr".to_string()])
-            .unwrap_or_default(),
+        capabilities: [
+            cfg.peer_addr.as_ref().map(|_| "peer_addr"),
+            cfg.storage_id.as_ref().map(|_| "storage_id"),
+        ]
+        .into_iter()
+        .flatten()
+        .map(String::from)
+        .collect(),
+        storage_id: cfg.storage_id.clone(),
     };
     let reply: api::RegisterBrokerReply =
         call(http.post(format!("{base}/v1/brokers")).json(&req)).await?;
@@ -830,7 +837,12 @@ async fn register(
     // forwards that can never come.
     for c in &req.capabilities {
         if !reply.capabilities.contains(c) {
-            tracing::error!(capability = %c, "the control plane does not understand this registration field; other brokers cannot reach this one's peer listener");
+            let what = match c.as_str() {
+                "peer_addr" => "other brokers cannot reach this one's peer listener",
+                "storage_id" => "it cannot tell this broker's data from a wiped or restored copy, so replication must stay off",
+                _ => "it ignores this field",
+            };
+            tracing::error!(capability = %c, "the control plane does not understand this registration field: {what}");
         }
     }
     Ok(reply)

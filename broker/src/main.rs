@@ -376,6 +376,7 @@ fn run(cfg: Config, (node_token, controlplane_ca): Credentials) -> Result<(), St
                     .filter(|_| felix_broker::auth::mode(&cfg) == "controlplane"),
                 jwks_refresh_ms: cfg.auth_jwks_refresh_ms,
                 ca: controlplane_ca.unwrap_or_default(),
+                storage_id: identity.as_ref().map(|(_, id)| id.clone()),
             },
             catalog.clone(),
             synced.clone(),

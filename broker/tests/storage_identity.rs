@@ -1,9 +1,11 @@
 //! The durable directory's storage identity (replication rule 9) across real stops: a
 //! SIGKILL on this boot keeps it (syncfs succeeds), a SIGTERM drain records a clean stop and
 //! keeps it, `felix-broker restore-point` rotates it and the next start keeps the new one, and
-//! an unreadable record rotates it.
+//! an unreadable record rotates it. Registered with a control plane, the identity is what the
+//! broker record shows, and its revision moves only when it rotates.
 mod common;
 
+use common::cp::{eventually, start_control_plane};
 use common::Broker;
 use std::path::Path;
 use std::time::Duration;
@@ -75,5 +77,71 @@ fn the_storage_identity_survives_process_stops_and_rotates_by_hand_or_on_doubt()
     let b = Broker::start_in(data, 1, &args);
     let third = id(&durable);
     assert!(third != second && third != first);
+    drop(b);
+}
+
+/// The control plane's broker 1, once it shows incarnation `incarnation`.
+async fn registered(url: &str, incarnation: u64) -> serde_json::Value {
+    let url = format!("{url}/v1/brokers/1");
+    eventually("broker 1 registered", || {
+        let url = url.clone();
+        async move {
+            let b: serde_json::Value = reqwest::get(&url)
+                .await
+                .map_err(|e| e.to_string())?
+                .json()
+                .await
+                .map_err(|e| e.to_string())?;
+            if b["incarnation"] == incarnation {
+                Ok(b)
+            } else {
+                Err(format!("{b}"))
+            }
+        }
+    })
+    .await
+}
+
+#[test]
+fn the_control_plane_holds_the_identity_each_registration_names() {
+    let cp = start_control_plane(120_000);
+    let data = tempfile::tempdir().unwrap();
+    let durable = data.path().join("durable");
+    let durable_arg = durable.to_str().unwrap().to_string();
+    let args = [
+        "--controlplane-url",
+        cp.url.as_str(),
+        "--node-id",
+        "1",
+        "--durable-storage-dir",
+        durable_arg.as_str(),
+    ];
+    let rt = tokio::runtime::Runtime::new().unwrap();
+
+    let b = Broker::start_in(data, 1, &args);
+    let first = id(&durable);
+    let reg = rt.block_on(registered(&cp.url, 1));
+    assert_eq!(reg["storage_id"], first.as_str(), "{reg}");
+    let since = reg["storage_id_since"].as_u64().expect("a revision");
+
+    // A process crash keeps the identity, and the control plane keeps its revision.
+    let data = b.kill();
+    let b = Broker::start_in(data, 1, &args);
+    let reg = rt.block_on(registered(&cp.url, 2));
+    assert_eq!(reg["storage_id"], first.as_str(), "{reg}");
+    assert_eq!(reg["storage_id_since"], since, "{reg}");
+
+    // A restore point rotates it: the control plane sees the new one from a later revision.
+    let data = b.kill();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_felix-broker"))
+        .args(["restore-point", "--durable-storage-dir", &durable_arg])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let second = id(&durable);
+    let b = Broker::start_in(data, 1, &args);
+    let reg = rt.block_on(registered(&cp.url, 3));
+    assert_eq!(reg["storage_id"], second.as_str(), "{reg}");
+    assert!(reg["storage_id_since"].as_u64().unwrap() > since, "{reg}");
     drop(b);
 }

@@ -617,6 +617,7 @@ pub async fn run(cmd: &AdminCmd, g: &Globals) -> Result<(), Fail> {
                     "CORES",
                     "LIVE",
                     "INCARNATION",
+                    "STORAGE_ID",
                     "SHARDS",
                 ],
                 bs.iter()
@@ -628,6 +629,7 @@ pub async fn run(cmd: &AdminCmd, g: &Globals) -> Result<(), Fail> {
                             b.cores.to_string(),
                             b.live.to_string(),
                             b.incarnation.to_string(),
+                            b.storage_id.clone().unwrap_or_else(|| "-".into()),
                             shards(b.node_id).to_string(),
                         ]
                     })

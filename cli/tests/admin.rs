@@ -152,7 +152,8 @@ fn admin_commands_over_rest() {
     // Nodes and shards: register a broker over REST, as a broker would.
     // An unknown field is ignored (a newer broker talking to this control plane).
     let body = r#"{"node_id": 7, "quic_addr": "127.0.0.1:7400", "cores": 2,
-        "peer_addr": "127.0.0.1:7402", "storage_id": "from-a-newer-broker"}"#;
+        "peer_addr": "127.0.0.1:7402", "storage_id": "0123456789abcdef",
+        "rack": "from-a-newer-broker"}"#;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -170,7 +171,10 @@ fn admin_commands_over_rest() {
     assert!(st.is_success());
     let out = ok(&ctl(u, &cfg, &["node", "ls"]));
     assert!(
-        out.contains("127.0.0.1:7400") && out.contains("127.0.0.1:7402") && out.contains("true"),
+        out.contains("127.0.0.1:7400")
+            && out.contains("127.0.0.1:7402")
+            && out.contains("true")
+            && out.contains("0123456789abcdef"),
         "{out}"
     );
     // Every shard of the catalog (the stream orders' and the cache sessions') is node 7's.

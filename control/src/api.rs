@@ -240,6 +240,15 @@ pub struct Broker {
     /// `host:port` of its peer listener (other brokers forward there), if it has one.
     #[serde(default)]
     pub peer_addr: Option<String>,
+    /// The storage identity of its durable directory at its last registration (16 hex
+    /// digits; replication rule 9): it names the bytes the broker wrote. When it changes,
+    /// what the broker was reported to hold under the old one no longer counts.
+    #[serde(default)]
+    pub storage_id: Option<String>,
+    /// The catalog revision at which `storage_id` was first registered: a restart that
+    /// kept it leaves this, a rotation moves it.
+    #[serde(default)]
+    pub storage_id_since: Option<u64>,
 }
 
 // ---- requests ----
@@ -380,7 +389,7 @@ pub struct UpdateCache {
 /// `capabilities` it answers with). Registration and heartbeat bodies take fields they do not
 /// know and ignore them, so a newer broker can talk to an older control plane: the broker
 /// learns from the answer which of its fields were understood, instead of being refused.
-pub const CONTROL_CAPABILITIES: &[&str] = &["peer_addr"];
+pub const CONTROL_CAPABILITIES: &[&str] = &["peer_addr", "storage_id"];
 
 /// `POST /v1/brokers`: a broker announces itself (at start, and again whenever a heartbeat
 /// answers `not_found`). Unknown fields are ignored (see [`CONTROL_CAPABILITIES`]).
@@ -397,6 +406,11 @@ pub struct RegisterBroker {
     /// The capabilities the broker uses in this registration (for example `peer_addr`).
     #[serde(default)]
     pub capabilities: Vec<String>,
+    /// The storage identity of its durable directory (16 lowercase hex digits), if it has
+    /// one: settled at every start, kept across a clean stop or a process crash, rotated
+    /// after a machine crash, on any doubt, or by `felix-broker restore-point`.
+    #[serde(default)]
+    pub storage_id: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

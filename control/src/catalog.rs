@@ -961,6 +961,9 @@ impl Catalog {
                 ApiError::invalid(format!("peer_addr must be host:port, got {p:?}"))
             })?;
         }
+        if let Some(id) = &req.storage_id {
+            check_storage_id(id)?;
+        }
         let prev = self.brokers.get(&req.node_id).cloned();
         if prev.is_none() && self.brokers.len() >= self.limits.max_brokers {
             return Err(ApiError::new(
@@ -971,14 +974,22 @@ impl Catalog {
                 ),
             ));
         }
+        // The identity's revision moves only when the identity does (rule 9).
+        let storage_id_since = match (&prev, &req.storage_id) {
+            (_, None) => None,
+            (Some(p), Some(id)) if p.storage_id.as_ref() == Some(id) => p.storage_id_since,
+            (_, Some(_)) => Some(self.revision + 1),
+        };
         let b = Broker {
             node_id: req.node_id,
             quic_addr: req.quic_addr.clone(),
             cores: req.cores,
             live: true,
-            incarnation: prev.map(|p| p.incarnation + 1).unwrap_or(1),
+            incarnation: prev.as_ref().map(|p| p.incarnation + 1).unwrap_or(1),
             revision: self.revision + 1,
             peer_addr: req.peer_addr.clone(),
+            storage_id: req.storage_id.clone(),
+            storage_id_since,
         };
         self.brokers.insert(b.node_id, b.clone());
         self.emit(ChangeEvent::BrokerPut { broker: b.clone() });
@@ -1046,6 +1057,17 @@ fn in_ns<T: Clone>(m: &BTreeMap<ObjKey, T>, tenant: &str, namespace: &str) -> Ve
 }
 
 /// `host:port` with a non-empty host of sane characters and a non-zero port.
+/// A storage identity as brokers write it: 16 lowercase hex digits.
+pub fn check_storage_id(id: &str) -> Result<(), ApiError> {
+    if id.len() == 16 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(format!(
+            "storage_id must be 16 lowercase hex digits, got {id:?}"
+        )))
+    }
+}
+
 pub fn check_addr(a: &str) -> Result<(), ApiError> {
     let bad = || ApiError::invalid(format!("quic_addr must be host:port, got {a:?}"));
     if a.len() > 255 {

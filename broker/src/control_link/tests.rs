@@ -46,6 +46,8 @@ fn broker(id: u64) -> api::Broker {
         incarnation: 1,
         revision: 1,
         peer_addr: None,
+        storage_id: None,
+        storage_id_since: None,
     }
 }
 

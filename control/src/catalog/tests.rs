@@ -54,6 +54,7 @@ fn broker(c: &mut Catalog, id: u64) -> Outcome {
             cores: 2,
             peer_addr: None,
             capabilities: vec![],
+            storage_id: None,
         },
     })
 }
@@ -309,9 +310,70 @@ fn re_registration_bumps_incarnation() {
             cores: 1,
             peer_addr: None,
             capabilities: vec![],
+            storage_id: None,
         },
     });
     assert_eq!(code(bad), ErrorCode::InvalidRequest);
+}
+
+/// Rule 9's registration: the storage identity is kept with the broker, and the revision it
+/// was first seen at moves only when it changes; a malformed one is refused and changes
+/// nothing.
+#[test]
+fn the_storage_identity_is_registered_and_its_revision_moves_only_when_it_rotates() {
+    let mut c = base();
+    let reg = |c: &mut Catalog, sid: Option<&str>| {
+        c.apply(&Command::RegisterBroker {
+            req: RegisterBroker {
+                node_id: 3,
+                quic_addr: "127.0.0.1:7003".into(),
+                cores: 1,
+                peer_addr: None,
+                capabilities: vec!["storage_id".into()],
+                storage_id: sid.map(String::from),
+            },
+        })
+    };
+    let Reply::Broker(b) = reg(&mut c, Some("00000000000000aa")).unwrap() else {
+        panic!()
+    };
+    let first = b.storage_id_since.expect("registered with an identity");
+    assert_eq!(b.storage_id.as_deref(), Some("00000000000000aa"));
+    assert_eq!(first, b.revision);
+    // A restart that kept the identity.
+    let Reply::Broker(b) = reg(&mut c, Some("00000000000000aa")).unwrap() else {
+        panic!()
+    };
+    assert_eq!((b.incarnation, b.storage_id_since), (2, Some(first)));
+    // A rotation.
+    let Reply::Broker(b) = reg(&mut c, Some("00000000000000bb")).unwrap() else {
+        panic!()
+    };
+    assert_eq!(b.storage_id_since, Some(b.revision));
+    assert!(b.revision > first);
+    for bad in [
+        "00000000000000BB",
+        "abc",
+        "00000000000000gg",
+        "00000000000000aaa",
+    ] {
+        let rev = c.revision();
+        assert_eq!(
+            code(reg(&mut c, Some(bad))),
+            ErrorCode::InvalidRequest,
+            "{bad}"
+        );
+        assert_eq!(c.revision(), rev, "a refused registration changes nothing");
+    }
+    assert_eq!(
+        c.broker(3).unwrap().storage_id.as_deref(),
+        Some("00000000000000bb")
+    );
+    // A broker without a durable directory has none.
+    let Reply::Broker(b) = reg(&mut c, None).unwrap() else {
+        panic!()
+    };
+    assert_eq!((b.storage_id, b.storage_id_since), (None, None));
 }
 
 #[test]
@@ -443,6 +505,7 @@ fn arb_cmd() -> impl Strategy<Value = Command> {
                 cores: 1,
                 peer_addr: None,
                 capabilities: vec![],
+                storage_id: None,
             }
         }),
         (0u64..4, any::<bool>())
