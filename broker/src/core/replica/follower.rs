@@ -2,7 +2,7 @@
 //! messages from (rules 3 and 5), its answer to a fence, and log shipping's receiving end
 //! (rule 6). Every answer names this replica's storage identity (rule 9).
 
-use super::{breaks, Durable, Entry, Msg, NodeId, Replica, Shipped};
+use super::{breaks, Durable, Msg, NodeId, Replica, Shipped, Source};
 
 impl Replica {
     /// Whether a message of generation `gen` from `leader` is taken (rules 3 and 5): a lower
@@ -51,7 +51,7 @@ impl Replica {
                 led,
             });
         }
-        let end = self.log.len() as u64;
+        let end = self.log.end();
         self.send(
             leader,
             Msg::FenceAnswer {
@@ -70,14 +70,14 @@ impl Replica {
         leader: NodeId,
         start: u64,
         prev_gen: Option<u64>,
-        entries: Vec<Entry>,
+        gens: Vec<u64>,
     ) {
         // Only a leader whose fence this replica answered ships to it: a higher generation it
         // has not promised is refused too (that leader fences it first).
         if !self.takes_from(gen, leader) || self.leading().is_some() {
             return self.refuse(leader, gen);
         }
-        let end = self.log.len() as u64;
+        let end = self.log.end();
         let (me, sid) = (self.me, self.sid);
         let answer = move |shipped| Msg::ShipAnswer {
             gen,
@@ -90,26 +90,26 @@ impl Replica {
             return self.send(leader, a);
         }
         if let (Some(p), Some(pg)) = (start.checked_sub(1), prev_gen) {
-            if self.log[p as usize].gen != pg {
+            if self.log.gen_at(p) != pg {
                 let a = answer(Shipped::Mismatch { below: p });
                 return self.send(leader, a);
             }
         }
         // The first record that differs (by generation) starts what is appended.
         let mut skip = 0;
-        while skip < entries.len() {
-            let at = start as usize + skip;
-            if at >= self.log.len() {
+        while skip < gens.len() {
+            let at = start + skip as u64;
+            if at >= self.log.end() {
                 break;
             }
-            if self.log[at].gen != entries[skip].gen && !breaks::on(&breaks::NO_TRUNCATE) {
-                self.truncate(at as u64);
+            if self.log.gen_at(at) != gens[skip] && !breaks::on(&breaks::NO_TRUNCATE) {
+                self.truncate(at);
                 break;
             }
             skip += 1;
         }
-        let n = entries.len() as u64;
-        self.append(entries[skip..].to_vec());
+        let n = gens.len() as u64;
+        self.append(gens[skip..].to_vec(), Source::Shipment { skip });
         let a = answer(Shipped::Holds { end: start + n });
         self.send(leader, a);
     }

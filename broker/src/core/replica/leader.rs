@@ -4,8 +4,8 @@
 //! releases (rule 7).
 
 use super::{
-    breaks, Effect, Entry, Holding, Lead, Lease, Msg, NodeId, Peer, Pos, Replica, Report,
-    ReportAnswer, Role, Shipped, StorageId,
+    breaks, Effect, Holding, Lead, Lease, Msg, NodeId, Peer, Pos, Replica, Report, ReportAnswer,
+    Role, Shipped, Source, StorageId,
 };
 
 impl Replica {
@@ -37,7 +37,7 @@ impl Replica {
             return;
         }
         let (gen, answered) = (*gen, answered.clone());
-        let end = self.log.len() as u64;
+        let end = self.log.end();
         let peers = answered
             .into_iter()
             .filter(|(n, _)| *n != self.me)
@@ -64,7 +64,7 @@ impl Replica {
         });
         self.lease = Some(Lease::new(gen, now_ms, &self.cfg));
         self.effects.push(Effect::Elected { gen });
-        self.append(vec![Entry::start(gen)]);
+        self.append(vec![gen], Source::Start);
         self.renew(now_ms);
         self.ship_all();
         self.report(false);
@@ -86,10 +86,10 @@ impl Replica {
         };
         let Some(peer) = l.peers.get(&to) else { return };
         let gen = l.gen;
-        let start = peer.next.min(self.log.len() as u64);
-        let prev_gen = start.checked_sub(1).map(|p| self.log[p as usize].gen);
-        let upto = (start as usize + self.cfg.batch_max).min(self.log.len());
-        let entries = self.log[start as usize..upto].to_vec();
+        let start = peer.next.min(self.log.end());
+        let prev_gen = start.checked_sub(1).map(|p| self.log.gen_at(p));
+        let upto = (start + self.cfg.batch_max as u64).min(self.log.end());
+        let gens = self.log.gens(start..upto);
         self.send(
             to,
             Msg::Ship {
@@ -97,7 +97,7 @@ impl Replica {
                 leader: self.me,
                 start,
                 prev_gen,
-                entries,
+                gens,
             },
         );
     }
@@ -110,7 +110,7 @@ impl Replica {
         shipped: Shipped,
         now_ms: u64,
     ) {
-        let len = self.log.len() as u64;
+        let len = self.log.end();
         let Role::Leading(l) = &mut self.role else {
             return;
         };
@@ -164,12 +164,12 @@ impl Replica {
             return;
         }
         let pos_at = |end: u64| Pos {
-            last_gen: end.checked_sub(1).map_or(0, |p| self.log[p as usize].gen),
+            last_gen: self.log.gen_before(end),
             end,
         };
         let mut holders = vec![Holding {
             node: self.me,
-            pos: pos_at(self.log.len() as u64),
+            pos: pos_at(self.log.end()),
             sid: self.sid,
         }];
         for (&node, p) in &l.peers {
@@ -226,12 +226,7 @@ impl Replica {
 
     /// Whether a reported position is on this leader's log (the holder agrees with it there).
     fn on_my_log(&self, pos: Pos) -> bool {
-        let len = self.log.len() as u64;
-        let gen_at = pos
-            .end
-            .checked_sub(1)
-            .map_or(0, |p| self.log[p as usize].gen);
-        pos.end <= len && gen_at == pos.last_gen
+        pos.end <= self.log.end() && self.log.gen_before(pos.end) == pos.last_gen
     }
 
     /// Move the mark to the highest end a majority holds, if the record below it is of this
@@ -246,17 +241,17 @@ impl Replica {
         }
         ends.sort_unstable_by(|a, b| b.cmp(a));
         let e = ends[majority - 1];
-        if e > l.commit && self.log[e as usize - 1].gen == l.gen {
+        if e > l.commit && self.log.gen_before(e) == l.gen {
             l.commit = e;
         }
-        debug_assert!(l.commit <= self.log.len() as u64);
+        debug_assert!(l.commit <= self.log.end());
     }
 
     /// The twin of rule 7 (`breaks::ACK_BEFORE_REPORT`): the mark moves on the followers'
     /// answers, with no report landed.
     fn commit_on_answers(&mut self, now_ms: u64) {
         let Role::Leading(l) = &self.role else { return };
-        let mut ends = vec![self.log.len() as u64];
+        let mut ends = vec![self.log.end()];
         ends.extend(l.peers.values().filter_map(|p| p.held.map(|(e, _)| e)));
         self.commit_to(ends);
         self.release(now_ms);

@@ -30,9 +30,11 @@
 use std::collections::BTreeMap;
 
 mod follower;
+mod genlog;
 mod leader;
 mod lease;
 mod placement;
+pub(crate) use genlog::GenLog;
 pub(crate) use lease::{Lease, ReplicaCfg};
 #[cfg(test)]
 mod sim;
@@ -94,20 +96,16 @@ pub(crate) struct Assignment {
     pub sid: StorageId,
 }
 
-/// One record as replication sees it: the generation it was written in, and an identity the
-/// simulator uses to tell records apart (the payload lives in the log, not here). The
-/// machine itself compares generations only, as the real log can.
+/// Where the records of an [`Effect::Append`] come from: the driver holds them (the machine
+/// knows only their generations).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Entry {
-    pub gen: u64,
-    pub id: u64,
-}
-
-impl Entry {
+pub(crate) enum Source {
     /// The generation-start record (rule 6): no payload, the first record a new leader writes.
-    pub(crate) fn start(gen: u64) -> Entry {
-        Entry { gen, id: 0 }
-    }
+    Start,
+    /// The client record just proposed ([`Replica::propose`]).
+    Client,
+    /// The records of the shipment just handed in ([`Msg::Ship`]), from index `skip` on.
+    Shipment { skip: usize },
 }
 
 /// What must survive any crash, written with an fsync before it is answered (rules 1, 3, 5).
@@ -134,13 +132,16 @@ pub(crate) enum Msg {
         from: NodeId,
         end: u64,
     },
-    /// Records from offset `start`; `prev_gen` is the generation of the record at `start - 1`.
+    /// Records from offset `start`, one per generation in `gens`; `prev_gen` is the
+    /// generation of the record at `start - 1`. The machine names the records; the driver
+    /// reads them from its log and sends them with this message (their commit headers carry
+    /// the same generations).
     Ship {
         gen: u64,
         leader: NodeId,
         start: u64,
         prev_gen: Option<u64>,
-        entries: Vec<Entry>,
+        gens: Vec<u64>,
     },
     /// `from` answered a shipment, under its storage identity `sid` (rule 9).
     ShipAnswer {
@@ -184,8 +185,13 @@ pub(crate) enum Effect {
     Truncate {
         from: u64,
     },
-    /// Append at the log's end.
-    Append(Vec<Entry>),
+    /// Append records at the log's end, which is `at`: one per generation in `gens`, taken
+    /// from `source`.
+    Append {
+        at: u64,
+        gens: Vec<u64>,
+        source: Source,
+    },
     Send {
         to: NodeId,
         msg: Msg,
@@ -277,8 +283,8 @@ pub(crate) struct Replica {
     /// The replica set, this broker included.
     set: Vec<NodeId>,
     durable: Durable,
-    /// The generations of the log's records, offset 0 first (what the log holds, mirrored).
-    log: Vec<Entry>,
+    /// The generations of the log's records (what the log holds, mirrored).
+    log: GenLog,
     role: Role,
     /// While leading: the lease (rules 2 and 4).
     lease: Option<Lease>,
@@ -293,7 +299,7 @@ impl Replica {
         sid: StorageId,
         set: Vec<NodeId>,
         durable: Durable,
-        log: Vec<Entry>,
+        log: GenLog,
         cfg: ReplicaCfg,
     ) -> Self {
         assert!(set.contains(&me), "replica {me} is not in its set {set:?}");
@@ -326,7 +332,7 @@ impl Replica {
         self.durable
     }
 
-    pub(crate) fn log(&self) -> &[Entry] {
+    pub(crate) fn log(&self) -> &GenLog {
         &self.log
     }
 
@@ -353,17 +359,20 @@ impl Replica {
         self.effects.push(Effect::Send { to, msg });
     }
 
-    fn append(&mut self, entries: Vec<Entry>) {
-        if entries.is_empty() {
+    fn append(&mut self, gens: Vec<u64>, source: Source) {
+        if gens.is_empty() {
             return;
         }
-        self.log.extend_from_slice(&entries);
-        self.effects.push(Effect::Append(entries));
+        let at = self.log.end();
+        for &g in &gens {
+            self.log.push(g);
+        }
+        self.effects.push(Effect::Append { at, gens, source });
     }
 
     fn truncate(&mut self, from: u64) {
-        debug_assert!(from < self.log.len() as u64);
-        self.log.truncate(from as usize);
+        debug_assert!(from < self.log.end());
+        self.log.truncate(from);
         self.effects.push(Effect::Truncate { from });
     }
 
@@ -381,7 +390,7 @@ impl Replica {
         // Every publish still waiting is answered: this broker can no longer vouch for it.
         if let Role::Leading(l) = &self.role {
             let from = l.acked.max(l.gave_up);
-            let below = self.log.len() as u64;
+            let below = self.log.end();
             if below > from && !breaks::on(&breaks::FORGET_WAITS_ON_STEP_DOWN) {
                 self.effects.push(Effect::CannotVouch { from, below });
             }
@@ -411,7 +420,7 @@ impl Replica {
             ballot: Some(self.me),
             led: gen,
         });
-        let end = self.log.len() as u64;
+        let end = self.log.end();
         self.role = Role::Fencing {
             gen,
             answered: BTreeMap::from([(self.me, end)]),
@@ -432,10 +441,11 @@ impl Replica {
         self.set.iter().copied().filter(|&n| n != self.me).collect()
     }
 
-    /// A client's record, appended by the leader and shipped; its offset.
-    pub(crate) fn propose(&mut self, id: u64, now_ms: u64) -> Result<u64, NotLeader> {
+    /// A client's record, appended by the leader (the driver holds it: [`Source::Client`])
+    /// and shipped; its offset.
+    pub(crate) fn propose(&mut self, now_ms: u64) -> Result<u64, NotLeader> {
         let serving = self.serving(now_ms);
-        let at = self.log.len() as u64;
+        let at = self.log.end();
         let gen = match &mut self.role {
             Role::Leading(_) if !serving => return Err(NotLeader::NoLease),
             Role::Leading(l) => {
@@ -446,7 +456,7 @@ impl Replica {
             Role::Fencing { .. } => return Err(NotLeader::Fencing),
             Role::Follower => return Err(NotLeader::Follower),
         };
-        self.append(vec![Entry { gen, id }]);
+        self.append(vec![gen], Source::Client);
         self.ship_all();
         Ok(at)
     }
@@ -507,8 +517,8 @@ impl Replica {
                 leader,
                 start,
                 prev_gen,
-                entries,
-            } => self.on_ship(gen, leader, start, prev_gen, entries),
+                gens,
+            } => self.on_ship(gen, leader, start, prev_gen, gens),
             Msg::ShipAnswer {
                 gen,
                 from,
@@ -604,7 +614,7 @@ mod tests {
         panic!("the replicas never went quiet");
     }
 
-    fn three(logs: [Vec<Entry>; 3]) -> BTreeMap<NodeId, Replica> {
+    fn three(logs: [GenLog; 3]) -> BTreeMap<NodeId, Replica> {
         let set = vec![1, 2, 3];
         (1..=3)
             .zip(logs)
@@ -618,14 +628,9 @@ mod tests {
 
     #[test]
     fn a_new_leader_fences_writes_its_start_record_and_cuts_a_divergent_suffix() {
-        let e = |gen, id| Entry { gen, id };
         // Node 3 holds a record of generation 1 that the others never got.
-        let base = vec![Entry::start(1), e(1, 7)];
-        let mut rs = three([
-            base.clone(),
-            base.clone(),
-            vec![Entry::start(1), e(1, 7), e(1, 8)],
-        ]);
+        let base = GenLog::from_gens([1, 1]);
+        let mut rs = three([base.clone(), base.clone(), GenLog::from_gens([1, 1, 1])]);
         for r in rs.values_mut() {
             r.durable = Durable {
                 promised: 1,
@@ -663,17 +668,18 @@ mod tests {
         // It serves once the wait after its fence is over and a renewal was answered.
         let later = 3_000;
         assert_eq!(
-            rs.get_mut(&1).unwrap().propose(9, 0),
+            rs.get_mut(&1).unwrap().propose(0),
             Err(NotLeader::NoLease),
             "no lease yet: refused"
         );
         rs.get_mut(&1).unwrap().tick(later);
         settle(&mut rs);
-        rs.get_mut(&1).unwrap().propose(9, later).unwrap();
+        rs.get_mut(&1).unwrap().propose(later).unwrap();
         settle(&mut rs);
-        let want = vec![Entry::start(1), e(1, 7), Entry::start(2), e(2, 9)];
+        // Node 3's third record (generation 1) was cut for generation 2's start record.
+        let want = GenLog::from_gens([1, 1, 2, 2]);
         for r in rs.values() {
-            assert_eq!(r.log(), want.as_slice(), "node {}", r.me);
+            assert_eq!(r.log(), &want, "node {}", r.me);
         }
         // Node 3 refuses generation 2's fence from another leader (its ballot is node 1),
         // and a lower generation's fence; node 1 will not lead generation 2 twice.
@@ -695,7 +701,7 @@ mod tests {
         rs.get_mut(&1).unwrap().assign(to_1, 0);
         assert!(rs.get_mut(&1).unwrap().drain_effects().is_empty());
         assert_eq!(
-            rs.get_mut(&2).unwrap().propose(1, later),
+            rs.get_mut(&2).unwrap().propose(later),
             Err(NotLeader::Follower)
         );
     }

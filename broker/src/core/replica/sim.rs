@@ -60,10 +60,21 @@ const CFG: ReplicaCfg = ReplicaCfg {
     quorum_wait_ms: 2_000,
 };
 
+/// One record as a simulated disk holds it: its generation, and an identity that tells
+/// records apart (0: a generation-start record). The machine never sees the identity: it
+/// travels beside a shipment as a real driver's record bytes would.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Entry {
+    gen: u64,
+    id: u64,
+}
+
 /// What travels on the simulated network.
 #[derive(Clone, Debug)]
 enum Wire {
-    Peer(Msg),
+    /// A peer message; a shipment carries the identities of its records, read from the
+    /// sender's disk as a driver reads the records from its log.
+    Peer(Msg, Vec<u64>),
     Report(Report),
     Answer(ReportAnswer),
     Assign(Assignment),
@@ -128,6 +139,10 @@ struct World {
     /// generations overtaking each other before they serve).
     eager: bool,
     next_id: u64,
+    /// The identity of the client record just proposed (its `Source::Client` append).
+    proposed: Option<u64>,
+    /// The record identities of the shipment just delivered (its `Source::Shipment` append).
+    in_hand: Vec<u64>,
     /// True time, ms.
     true_ms: u64,
     elected: BTreeMap<u64, NodeId>,
@@ -152,7 +167,7 @@ impl World {
             .iter()
             .map(|&n| {
                 let d = Durable::default();
-                let r = Replica::new(n, n, set.clone(), d, Vec::new(), CFG);
+                let r = Replica::new(n, n, set.clone(), d, GenLog::default(), CFG);
                 let node = Node {
                     r,
                     sid: n,
@@ -181,6 +196,8 @@ impl World {
             crashy,
             eager,
             next_id: 1,
+            proposed: None,
+            in_hand: Vec::new(),
             true_ms: 0,
             elected: BTreeMap::new(),
             reached: Reached::default(),
@@ -221,8 +238,47 @@ impl World {
                     node.disk_log.truncate(from as usize);
                     self.reached.truncated = true;
                 }
-                Effect::Append(v) => node.disk_log.extend(v),
-                Effect::Send { to, msg } => self.net.push((n, to, Wire::Peer(msg))),
+                Effect::Append { at, gens, source } => {
+                    if at as usize != node.disk_log.len() {
+                        return Err(format!(
+                            "append_at_end: node {n} appends at {at} to a log of {}",
+                            node.disk_log.len()
+                        ));
+                    }
+                    let ids = match source {
+                        Source::Start => vec![0],
+                        Source::Client => vec![self.proposed.take().expect("a proposal")],
+                        Source::Shipment { skip } => self.in_hand[skip..].to_vec(),
+                    };
+                    if ids.len() != gens.len() {
+                        return Err(format!(
+                            "append_source: node {n} appends {} records from {source:?} holding {}",
+                            gens.len(),
+                            ids.len()
+                        ));
+                    }
+                    let new = gens.iter().zip(ids).map(|(&gen, id)| Entry { gen, id });
+                    node.disk_log.extend(new);
+                }
+                Effect::Send { to, msg } => {
+                    // A driver reads the records a shipment names from its log.
+                    let ids = match &msg {
+                        Msg::Ship { start, gens, .. } => {
+                            let s = *start as usize;
+                            let on_disk = node.disk_log.get(s..s + gens.len());
+                            if on_disk
+                                .is_none_or(|d| !d.iter().map(|e| e.gen).eq(gens.iter().copied()))
+                            {
+                                return Err(format!(
+                                    "ship_from_disk: node {n} ships {gens:?} from {start}, its disk holds {on_disk:?}"
+                                ));
+                            }
+                            on_disk.unwrap().iter().map(|e| e.id).collect()
+                        }
+                        _ => Vec::new(),
+                    };
+                    self.net.push((n, to, Wire::Peer(msg, ids)))
+                }
                 Effect::Report(r) => self.net.push((n, PLACEMENT, Wire::Report(r))),
                 Effect::Ack { from, below } => {
                     self.answered(n, from, below);
@@ -254,7 +310,8 @@ impl World {
         }
         let node = &self.nodes[&n];
         // Both sides of the write: the machine's view is what the disk holds.
-        if node.r.log() != node.disk_log.as_slice() || node.r.durable() != node.disk {
+        let on_disk = GenLog::from_gens(node.disk_log.iter().map(|e| e.gen));
+        if *node.r.log() != on_disk || node.r.durable() != node.disk {
             return Err(format!("view_is_disk: node {n} drifted from its disk"));
         }
         Ok(())
@@ -291,7 +348,7 @@ impl World {
         self.waiting.remove(&n);
         let set: Vec<NodeId> = (1..=NODES).collect();
         let node = self.nodes.get_mut(&n).unwrap();
-        let log = node.disk_log.clone();
+        let log = GenLog::from_gens(node.disk_log.iter().map(|e| e.gen));
         node.r = Replica::new(n, node.sid, set, node.disk, log, CFG);
         Ok(())
     }
@@ -392,7 +449,8 @@ impl World {
         let was = self.nodes[&to].r.leading();
         let r = &mut self.nodes.get_mut(&to).unwrap().r;
         match w {
-            Wire::Peer(msg) => {
+            Wire::Peer(msg, ids) => {
+                self.in_hand = ids;
                 let refusal = matches!(msg, Msg::Refuse { .. });
                 r.on_msg(msg, now);
                 if refusal && was.is_some() && r.leading().is_none() {
@@ -506,9 +564,10 @@ impl World {
                 let id = self.next_id;
                 self.next_id += 1;
                 let now = self.now(n);
-                let r = self.nodes.get_mut(&n).unwrap().r.propose(id, now);
+                let r = self.nodes.get_mut(&n).unwrap().r.propose(now);
                 if let Ok(at) = r {
                     self.waiting.entry(n).or_default().insert(at);
+                    self.proposed = Some(id);
                 }
                 self.trace.push(format!("propose {id} at {n}: {r:?}"));
                 n
@@ -583,10 +642,10 @@ impl World {
                 continue;
             }
             for (&off, (e, by)) in &self.acked {
-                if x.r.log().get(off as usize) != Some(e) {
+                if x.disk_log.get(off as usize) != Some(e) {
                     return Err(format!(
                         "NoAckedRecordLost: node {n} leads generation {newest} without {e:?} at offset {off} (acknowledged by {by}); it holds {:?}",
-                        x.r.log().get(off as usize)
+                        x.disk_log.get(off as usize)
                     ));
                 }
             }
