@@ -816,6 +816,17 @@ impl Log {
         records: &[RecordIn<'_>],
         ts_ms: u64,
     ) -> Result<Range<u64>, LogError> {
+        self.append_stamped(gen, records, |_| ts_ms)
+    }
+
+    /// [`Log::append_in`] with each record's own timestamp, `ts_ms_of(k)` for the `k`-th: a
+    /// follower writes the timestamps its leader wrote, so that replicas hold the same bytes.
+    pub fn append_stamped(
+        &self,
+        gen: u64,
+        records: &[RecordIn<'_>],
+        ts_ms_of: impl Fn(usize) -> u64,
+    ) -> Result<Range<u64>, LogError> {
         let mut i = self.inner.borrow_mut();
         if let Some(f) = &i.failed {
             return Err(LogError::Failed(f.clone()));
@@ -848,7 +859,10 @@ impl Log {
             });
         }
         let first = i.next_offset;
+        let mut max_ts_ms = 0;
         for (k, r) in records.iter().enumerate() {
+            let ts_ms = ts_ms_of(k);
+            max_ts_ms = max_ts_ms.max(ts_ms);
             encode_into(&mut i.pending, first + k as u64, ts_ms, r);
         }
         let end = i.pending.len();
@@ -856,7 +870,7 @@ impl Log {
             first,
             count: records.len() as u32,
             bytes_end: end,
-            max_ts_ms: ts_ms,
+            max_ts_ms,
             gen,
         });
         i.newest_gen = Some(gen);
@@ -898,6 +912,25 @@ impl Log {
     pub fn newest_gen(&self) -> Option<u64> {
         self.inner.borrow().newest_gen
     }
+    /// The generations of the written records, as runs from the oldest offset (one per change
+    /// of generation, across segments).
+    pub fn gen_runs(&self) -> Vec<GenRun> {
+        let i = self.inner.borrow();
+        let mut out: Vec<GenRun> = Vec::new();
+        for r in i.segs.iter().flat_map(|s| s.gens.iter()) {
+            if out.last().is_none_or(|l| l.gen != r.gen) {
+                out.push(*r);
+            }
+        }
+        out
+    }
+
+    /// Offsets below this are written (in the file, not only queued): what [`Log::gen_at`]
+    /// and [`Log::gen_runs`] cover.
+    pub fn written(&self) -> u64 {
+        self.inner.borrow().written
+    }
+
     /// The generation of the written record at `offset` (what log matching compares), or
     /// `None` if no written record has that offset (below retention, or not written yet).
     pub fn gen_at(&self, offset: u64) -> Option<u64> {

@@ -5,7 +5,7 @@
 //! 4   crc32c     u32  CRC32C (Castagnoli) of bytes [8, len)
 //! 8   offset     u64  the record's log offset
 //! 16  ts_ms      u64  the append timestamp, milliseconds since the Unix epoch
-//! 24  flags      u8   bit 0 = tombstone; other bits must be zero
+//! 24  flags      u8   bit 0 = tombstone, bit 1 = generation start; other bits must be zero
 //! 25  reserved   u8   zero
 //! 26  key_len    u16
 //! 28  key        key_len bytes
@@ -20,7 +20,10 @@ pub const HEADER_BYTES: usize = 28;
 pub const RECORD_BYTES_MAX: usize = 16 << 20;
 /// Flag bit: the record deletes its key (used by caches).
 pub const FLAG_TOMBSTONE: u8 = 0x01;
-const FLAGS_KNOWN: u8 = FLAG_TOMBSTONE;
+/// Flag bit: the generation-start record a new leader writes first (replication rule 6; no
+/// key, no payload). It occupies an offset like any record.
+pub const FLAG_GEN_START: u8 = 0x02;
+const FLAGS_KNOWN: u8 = FLAG_TOMBSTONE | FLAG_GEN_START;
 
 /// A record to append (offset and timestamp are assigned by the log).
 #[derive(Debug, Clone, Copy)]

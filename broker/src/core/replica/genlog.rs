@@ -24,6 +24,25 @@ impl GenLog {
         l
     }
 
+    /// A log from its runs `(first offset, generation)`, up to `end` (what a real log's
+    /// commit headers say). The first run must start at 0 and each next one later, with
+    /// another generation.
+    pub(crate) fn from_runs(
+        runs: impl IntoIterator<Item = (u64, u64)>,
+        end: u64,
+    ) -> Result<GenLog, String> {
+        let runs: Vec<(u64, u64)> = runs.into_iter().collect();
+        let starts_at_0 = runs.first().map_or(end == 0, |r| r.0 == 0);
+        let ordered = runs.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 != w[1].1);
+        let inside = runs.last().is_none_or(|r| r.0 < end);
+        if !(starts_at_0 && ordered && inside) {
+            return Err(format!(
+                "generation runs {runs:?} do not describe a log ending at {end}"
+            ));
+        }
+        Ok(GenLog { runs, end })
+    }
+
     /// The offset after the last record.
     pub(crate) fn end(&self) -> u64 {
         self.end
@@ -90,5 +109,15 @@ mod tests {
         }
         l.push(3);
         assert_eq!(l, GenLog::from_gens([3]));
+        let l = GenLog::from_gens(gens);
+        assert_eq!(GenLog::from_runs(l.runs.clone(), 8), Ok(l));
+        assert!(GenLog::from_runs([(1, 1)], 3).is_err(), "not from 0");
+        assert!(GenLog::from_runs([(0, 1), (2, 1)], 3).is_err(), "no change");
+        assert!(
+            GenLog::from_runs([(0, 1), (3, 2)], 3).is_err(),
+            "past the end"
+        );
+        assert!(GenLog::from_runs([], 3).is_err(), "records without runs");
+        assert_eq!(GenLog::from_runs([], 0), Ok(GenLog::default()));
     }
 }

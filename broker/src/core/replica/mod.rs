@@ -23,8 +23,11 @@
 //! carried out, because a promise or ballot is never answered before it is kept (rule 3).
 //!
 //! Not here yet (later slices of issue 23): retention held at the mark (10), the followers'
-//! knowledge of the mark, rotating the identity on disk. The shard host and the control plane
-//! do not run these machines yet; only their simulator (`sim.rs`) does.
+//! knowledge of the mark. The machine keeps generations, not records ([`GenLog`]): the driver
+//! holds the records, reads a shipment's from its log and writes what an `Effect::Append`
+//! names (`core/replica_store.rs` does both on real files, with the durable promise). The
+//! shard host and the control plane do not run these machines yet; the simulator (`sim.rs`)
+//! and `replica_store`'s tests, three machines over real logs, do.
 #![cfg_attr(not(test), allow(dead_code))]
 
 use std::collections::BTreeMap;
@@ -33,7 +36,7 @@ mod follower;
 mod genlog;
 mod leader;
 mod lease;
-mod placement;
+pub(crate) mod placement;
 pub(crate) use genlog::GenLog;
 pub(crate) use lease::{Lease, ReplicaCfg};
 #[cfg(test)]

@@ -1,0 +1,387 @@
+//! Three replica machines over real logs (glommio DMA files in temporary directories), with
+//! placement in process and an in-memory network the test steers: a failover that cuts a
+//! deposed leader's unacknowledged suffix on disk, and a restart from the files.
+
+use super::*;
+use crate::core::replica::placement::Placement;
+use crate::core::replica::{Effect, Msg, Replica, ReplicaCfg, ReportAnswer};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+const CFG: ReplicaCfg = ReplicaCfg {
+    lease_ms: 1_000,
+    margin_ms: 250,
+    renew_ms: 300,
+    batch_max: 4,
+    quorum_wait_ms: 5_000,
+};
+
+/// Every loop of the harness ends within this many rounds (or the test fails).
+const ROUNDS_MAX: usize = 10_000;
+
+fn log_cfg() -> LogConfig {
+    LogConfig {
+        segment_bytes_max: 64 << 10,
+        commit_bytes_max: 16 << 10,
+        fsync: felix_storage::FsyncMode::OnCommit,
+        ..LogConfig::default()
+    }
+}
+
+struct Node {
+    r: Replica,
+    store: ReplicaStore,
+    dir: PathBuf,
+}
+
+struct Harness {
+    nodes: BTreeMap<NodeId, Node>,
+    placement: Placement,
+    /// In order: (from, to, message, the records a shipment carries).
+    net: VecDeque<(NodeId, NodeId, Msg, Vec<Carried>)>,
+    /// Placement's answers, in order.
+    answers: VecDeque<(NodeId, ReportAnswer)>,
+    /// A node cut off from its peers and from placement (frozen, or partitioned away): what
+    /// it sends and what is sent to it waits here until the cut heals.
+    cut: Option<NodeId>,
+    held: Vec<(NodeId, NodeId, Msg, Vec<Carried>)>,
+    held_reports: Vec<(NodeId, crate::core::replica::Report)>,
+    /// The machines' clock (ms).
+    now: u64,
+    /// Acknowledged client records: offset → payload.
+    acked: BTreeMap<u64, Bytes>,
+    /// Offsets answered "cannot vouch".
+    not_vouched: BTreeSet<u64>,
+}
+
+impl Harness {
+    async fn new(root: &Path) -> Harness {
+        let set = vec![1, 2, 3];
+        let mut nodes = BTreeMap::new();
+        for n in 1..=3u64 {
+            let dir = root.join(format!("n{n}"));
+            let (store, d, view) = ReplicaStore::open(&dir, log_cfg()).await.unwrap();
+            assert_eq!((d, view.end()), (Durable::default(), 0));
+            let r = Replica::new(n, 100 + n, set.clone(), d, view, CFG);
+            nodes.insert(n, Node { r, store, dir });
+        }
+        let placement = Placement::new((1..=3).map(|n| (n, 100 + n)).collect());
+        Harness {
+            nodes,
+            placement,
+            net: VecDeque::new(),
+            answers: VecDeque::new(),
+            cut: None,
+            held: Vec::new(),
+            held_reports: Vec::new(),
+            now: 1_000,
+            acked: BTreeMap::new(),
+            not_vouched: BTreeSet::new(),
+        }
+    }
+
+    fn post(&mut self, from: NodeId, to: NodeId, msg: Msg, recs: Vec<Carried>) {
+        if self.cut.is_some_and(|c| c == from || c == to) {
+            self.held.push((from, to, msg, recs));
+        } else {
+            self.net.push_back((from, to, msg, recs));
+        }
+    }
+
+    /// Carry out `n`'s effects in order, as a driver does.
+    async fn carry_out(&mut self, n: NodeId, client: Option<&Carried>, in_hand: &[Carried]) {
+        let effects = self.nodes.get_mut(&n).unwrap().r.drain_effects();
+        for e in effects {
+            let store = &self.nodes[&n].store;
+            match e {
+                Effect::Persist(d) => store.persist(d).await.unwrap(),
+                Effect::Truncate { from } => store.truncate(from).await.unwrap(),
+                Effect::Append { at, gens, source } => {
+                    let recs = records_for(source, &gens, client, in_hand, 7).unwrap();
+                    store.append(at, &gens, &recs).await.unwrap();
+                }
+                Effect::Send { to, msg } => {
+                    let recs = match &msg {
+                        Msg::Ship { start, gens, .. } => {
+                            store.read_shipment(*start, gens).await.unwrap()
+                        }
+                        _ => Vec::new(),
+                    };
+                    self.post(n, to, msg, recs);
+                }
+                Effect::Report(r) if self.cut == Some(n) => self.held_reports.push((n, r)),
+                Effect::Report(r) => {
+                    let a = self.placement.on_report(&r);
+                    self.answers.push_back((n, a));
+                }
+                Effect::Ack { from, below } => {
+                    for o in from..below {
+                        let r = store.log().read(o, 1, 1 << 20).await.unwrap();
+                        if r[0].flags & FLAG_GEN_START == 0 {
+                            let old = self.acked.insert(o, r[0].payload.clone());
+                            assert!(
+                                old.is_none_or(|p| p == r[0].payload),
+                                "offset {o} acknowledged twice, with different records"
+                            );
+                        }
+                    }
+                }
+                Effect::CannotVouch { from, below } => self.not_vouched.extend(from..below),
+                Effect::Elected { .. } | Effect::SteppedDown { .. } => {}
+            }
+        }
+    }
+
+    /// Deliver everything in flight (answers from placement first), carrying out effects.
+    async fn settle(&mut self) {
+        for _ in 0..ROUNDS_MAX {
+            if let Some((n, a)) = self.answers.pop_front() {
+                self.nodes
+                    .get_mut(&n)
+                    .unwrap()
+                    .r
+                    .on_report_answer(a, self.now);
+                self.carry_out(n, None, &[]).await;
+                continue;
+            }
+            let Some((_, to, msg, recs)) = self.net.pop_front() else {
+                return;
+            };
+            self.nodes.get_mut(&to).unwrap().r.on_msg(msg, self.now);
+            self.carry_out(to, None, &recs).await;
+        }
+        panic!("the replicas never went quiet");
+    }
+
+    /// Advance the clock by `ms` in renewal-sized ticks of every node, settling each.
+    async fn run_for(&mut self, ms: u64) {
+        let until = self.now + ms;
+        while self.now < until {
+            self.now += 100;
+            for n in 1..=3 {
+                self.nodes.get_mut(&n).unwrap().r.tick(self.now);
+                self.carry_out(n, None, &[]).await;
+            }
+            self.settle().await;
+        }
+    }
+
+    async fn assign(&mut self, leader: NodeId) {
+        let a = self.placement.promote(leader, false).unwrap();
+        self.nodes.get_mut(&leader).unwrap().r.assign(a, self.now);
+        self.carry_out(leader, None, &[]).await;
+        self.settle().await;
+    }
+
+    async fn propose(&mut self, n: NodeId, payload: &str) -> u64 {
+        let gen = self.nodes[&n]
+            .r
+            .leading()
+            .expect("proposals go to a leader");
+        let at = self.nodes.get_mut(&n).unwrap().r.propose(self.now).unwrap();
+        let rec = Carried {
+            gen,
+            ts_ms: 1_000 + at,
+            flags: 0,
+            payload: Bytes::copy_from_slice(payload.as_bytes()),
+        };
+        self.carry_out(n, Some(&rec), &[]).await;
+        self.settle().await;
+        at
+    }
+
+    fn heal(&mut self) {
+        self.cut = None;
+        self.net.extend(self.held.drain(..));
+        for (n, r) in std::mem::take(&mut self.held_reports) {
+            let a = self.placement.on_report(&r);
+            self.answers.push_back((n, a));
+        }
+    }
+
+    /// Every record of `n`'s log: (generation, flags, payload).
+    async fn records(&self, n: NodeId) -> Vec<(u64, u8, Bytes)> {
+        let log = self.nodes[&n].store.log();
+        let mut out = Vec::new();
+        while (out.len() as u64) < log.acked() {
+            for r in log.read(out.len() as u64, 100, 1 << 20).await.unwrap() {
+                out.push((r.gen, r.flags, r.payload));
+            }
+        }
+        out
+    }
+
+    /// A process crash and restart of `n`: the machine comes back from its files.
+    async fn restart(&mut self, n: NodeId) {
+        let node = self.nodes.remove(&n).unwrap();
+        node.store.log().close().await.unwrap();
+        let (store, d, view) = ReplicaStore::open(&node.dir, log_cfg()).await.unwrap();
+        assert_eq!(d, node.r.durable(), "the promise on disk is the machine's");
+        assert_eq!(&view, node.r.log(), "the log on disk is the machine's view");
+        let r = Replica::new(n, 100 + n, vec![1, 2, 3], d, view, CFG);
+        self.nodes.insert(
+            n,
+            Node {
+                r,
+                store,
+                dir: node.dir,
+            },
+        );
+    }
+}
+
+fn run<F, Fut>(f: F)
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + 'static,
+{
+    glommio::LocalExecutorBuilder::default()
+        .io_memory(1 << 20)
+        .spawn(move || async move { f().await })
+        .unwrap()
+        .join()
+        .unwrap();
+}
+
+/// Node 1 leads generation 1 and gets ten records acknowledged; cut off from everyone, it
+/// takes three more that no follower gets and no report names. Placement promotes node 2
+/// (generation 2), which gets five records acknowledged. Node 1 restarts from its files, the
+/// cut heals (its late reports are refused), and node 2's shipments cut node 1's three
+/// records from its log on disk. Every log then holds the same records, generations and
+/// timestamps, every acknowledged record among them.
+#[test]
+fn a_failover_cuts_the_deposed_leaders_suffix_on_disk_and_the_logs_agree() {
+    let root = tempfile::tempdir().unwrap();
+    let path = root.path().to_path_buf();
+    run(move || async move {
+        let mut h = Harness::new(&path).await;
+        h.assign(1).await;
+        // Serving starts after the old lease could have run out, once a renewal is answered.
+        h.run_for(1_500).await;
+        assert!(h.nodes[&1].r.serving(h.now));
+        for i in 0..10 {
+            h.propose(1, &format!("a{i}")).await;
+        }
+        h.run_for(500).await;
+        assert_eq!(h.acked.len(), 10, "{:?}", h.acked);
+        assert_eq!(
+            h.acked[&1],
+            Bytes::from_static(b"a0"),
+            "offset 0 is the start record"
+        );
+
+        h.cut = Some(1);
+        let lost: Vec<u64> = {
+            let mut v = Vec::new();
+            for i in 0..3 {
+                v.push(h.propose(1, &format!("lost{i}")).await);
+            }
+            v
+        };
+        assert_eq!(lost, vec![11, 12, 13]);
+        assert_eq!(
+            h.nodes[&1].store.log().acked(),
+            14,
+            "written on node 1 only"
+        );
+        h.run_for(2_000).await;
+        assert!(!h.nodes[&1].r.serving(h.now), "its lease ran out");
+        for o in &lost {
+            assert!(!h.acked.contains_key(o), "never acknowledged");
+        }
+
+        h.assign(2).await;
+        h.run_for(1_500).await;
+        assert!(h.nodes[&2].r.serving(h.now));
+        for i in 0..5 {
+            h.propose(2, &format!("b{i}")).await;
+        }
+        h.run_for(500).await;
+        assert_eq!(h.acked.len(), 15, "{:?}", h.acked);
+        // Node 1 still believes it leads generation 1, and holds its suffix.
+        assert_eq!(h.nodes[&1].r.leading(), Some(1));
+        assert_eq!(h.records(1).await[11].2, Bytes::from_static(b"lost0"));
+
+        h.restart(1).await;
+        h.heal();
+        h.run_for(1_000).await;
+        let want = h.records(2).await;
+        assert_eq!(want.len(), 17, "start, 10, start, 5");
+        assert_eq!((want[11].0, want[11].1), (2, FLAG_GEN_START));
+        for n in [1, 3] {
+            assert_eq!(h.records(n).await, want, "node {n}'s log is node 2's");
+        }
+        for (o, p) in &h.acked {
+            assert_eq!(&want[*o as usize].2, p, "acknowledged record at {o}");
+        }
+        // The logs agree byte for byte on what a reader sees, timestamps included.
+        let ts = |n: NodeId| {
+            let log = h.nodes[&n].store.log().clone();
+            async move {
+                let r = log.read(0, 100, 1 << 20).await.unwrap();
+                r.iter().map(|r| r.ts_ms).collect::<Vec<_>>()
+            }
+        };
+        assert_eq!(ts(1).await, ts(2).await);
+        assert_eq!(ts(3).await, ts(2).await);
+        // And a restart reads back what every machine believes.
+        for n in 1..=3 {
+            h.restart(n).await;
+        }
+    });
+}
+
+/// What the store refuses rather than write or send wrongly: an append where the log does
+/// not end, records of other generations than the machine names, a shipment naming
+/// generations the log does not hold, an unreadable promise. The promise round-trips.
+#[test]
+fn the_store_refuses_what_does_not_match_the_machine() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("n");
+    run(move || async move {
+        let (store, _, _) = ReplicaStore::open(&dir, log_cfg()).await.unwrap();
+        let d = Durable {
+            promised: 4,
+            ballot: Some(2),
+            led: 3,
+        };
+        store.persist(d).await.unwrap();
+        let rec = |gen: u64, p: &'static [u8]| Carried {
+            gen,
+            ts_ms: 5,
+            flags: 0,
+            payload: Bytes::from_static(p),
+        };
+        let start = records_for(Source::Start, &[3], None, &[], 9).unwrap();
+        assert_eq!(start[0].flags, FLAG_GEN_START);
+        store.append(0, &[3], &start).await.unwrap();
+        store
+            .append(1, &[3, 4], &[rec(3, b"x"), rec(4, b"y")])
+            .await
+            .unwrap();
+        assert!(
+            store.append(1, &[4], &[rec(4, b"z")]).await.is_err(),
+            "not at the end"
+        );
+        let shipped = [rec(4, b"a"), rec(4, b"b")];
+        let e = records_for(Source::Shipment { skip: 1 }, &[5], None, &shipped, 9);
+        assert!(
+            e.is_err(),
+            "records of another generation than the machine names"
+        );
+        assert!(records_for(Source::Client, &[4], None, &[], 9).is_err());
+        assert_eq!(
+            store.read_shipment(1, &[3, 4]).await.unwrap(),
+            vec![rec(3, b"x"), rec(4, b"y")]
+        );
+        let e = store.read_shipment(1, &[3, 3]).await.unwrap_err();
+        assert!(e.contains("generation 4 at offset 2"), "{e}");
+        store.log().close().await.unwrap();
+        let (store, d2, view) = ReplicaStore::open(&dir, log_cfg()).await.unwrap();
+        assert_eq!(d2, d);
+        assert_eq!(view, GenLog::from_gens([3, 3, 4]));
+        store.log().close().await.unwrap();
+        std::fs::write(dir.join(STATE_FILE), b"{not json").unwrap();
+        let e = ReplicaStore::open(&dir, log_cfg()).await.err().unwrap();
+        assert!(e.contains("unreadable"), "{e}");
+    });
+}
