@@ -646,6 +646,15 @@ async fn stream_rules(s: &mut Suite) {
             },
             inner: Box::new(publish(210, events(), 3, true, &[b"x"])),
         }),
+        Frame::Replicate {
+            shard: felix_quic::wire::replica::ShardRef {
+                stream: events(),
+                incarnation: 0,
+                shard: 3,
+            },
+            msg: felix_quic::wire::replica::ReplicaMsg::Fence { gen: 1, leader: 9 },
+            records: vec![],
+        },
     ];
     for f in &peer_frames {
         let rid = f.request_id().unwrap_or(0);

@@ -17,6 +17,7 @@ pub mod error;
 pub mod group;
 pub mod hash;
 pub mod peer;
+pub mod replica;
 pub mod streams;
 
 pub use auth::AuthFrame;
@@ -89,7 +90,7 @@ pub mod kind {
     /// After the peer kinds (45..=47).
     pub const DESCRIBE_CLUSTER: u8 = 48;
     pub const CLUSTER_INFO: u8 = 49;
-    pub const LAST: u8 = super::auth::kind::LAST;
+    pub const LAST: u8 = super::replica::kind::LAST;
 }
 
 /// A decode failure. Every malformed input maps to one of these; decoding never panics.
@@ -490,6 +491,13 @@ pub enum Frame {
     Peer(PeerFrame),
     /// Authentication frames (kinds 50–51, see [`auth`]).
     Auth(AuthFrame),
+    /// A replica message about one shard, and a shipment's records (kind 52, see
+    /// [`replica`]; peer links only).
+    Replicate {
+        shard: replica::ShardRef,
+        msg: replica::ReplicaMsg,
+        records: Vec<replica::ShippedRecord>,
+    },
     /// A kind this build does not know (from a newer peer); skipped by receivers.
     Unknown {
         kind: u8,
@@ -571,6 +579,7 @@ impl Frame {
             Frame::Cache(c) => c.kind(),
             Frame::Peer(p) => p.kind(),
             Frame::Auth(a) => a.kind(),
+            Frame::Replicate { .. } => replica::kind::REPLICATE,
             Frame::Unknown { kind, .. } => *kind,
         }
     }
@@ -827,6 +836,11 @@ impl Frame {
             Frame::Cache(c) => c.encode_body(&mut body),
             Frame::Peer(p) => p.encode_body(&mut body),
             Frame::Auth(a) => a.encode_body(&mut body),
+            Frame::Replicate {
+                shard,
+                msg,
+                records,
+            } => replica::encode_body(&mut body, shard, msg, records),
             Frame::Unknown {
                 flags: f, body: b, ..
             } => {
@@ -860,6 +874,10 @@ impl Reader {
         let out = self.buf.slice(self.pos..self.pos + n);
         self.pos += n;
         Ok(out)
+    }
+    /// Bytes not read yet.
+    fn left(&self) -> usize {
+        self.buf.len() - self.pos
     }
     fn u8(&mut self, f: &'static str) -> Result<u8, WireError> {
         Ok(self.take(1, f)?[0])
@@ -1122,6 +1140,14 @@ pub fn decode_body(kind_: u8, flags: u16, body: Bytes) -> Result<Frame, WireErro
         k @ cache::kind::FIRST..=cache::kind::LAST => Frame::Cache(CacheFrame::decode(k, &mut r)?),
         k @ peer::kind::FIRST..=peer::kind::LAST => Frame::Peer(PeerFrame::decode(k, &mut r)?),
         k @ auth::kind::FIRST..=auth::kind::LAST => Frame::Auth(AuthFrame::decode(k, &mut r)?),
+        replica::kind::REPLICATE => {
+            let (shard, msg, records) = replica::decode_body(&mut r)?;
+            Frame::Replicate {
+                shard,
+                msg,
+                records,
+            }
+        }
         k => Frame::Unknown {
             kind: k,
             flags,

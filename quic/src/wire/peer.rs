@@ -229,7 +229,7 @@ fn decode_inner(buf: Bytes) -> Result<Frame, WireError> {
         buf[..HEADER_LEN].try_into().expect("checked length"),
         usize::MAX,
     )?;
-    if (kind::FIRST..=kind::LAST).contains(&k) {
+    if (kind::FIRST..=kind::LAST).contains(&k) || k == super::replica::kind::REPLICATE {
         return Err(WireError::InvalidValue {
             field: "inner_kind",
             value: k as u64,

@@ -174,6 +174,11 @@ pub const KINDS: &[(u8, &str, Placement)] = &[
     ),
     (peer::kind::FORWARD, "Forward", Placement::PeerLink),
     (
+        super::replica::kind::REPLICATE,
+        "Replicate",
+        Placement::PeerLink,
+    ),
+    (
         kind::DESCRIBE_CLUSTER,
         "DescribeCluster",
         Placement::Control,

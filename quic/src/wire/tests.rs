@@ -1192,7 +1192,10 @@ fn request_id_is_known_for_exactly_the_kinds_that_start_with_one() {
                 | cache::kind::CACHE_STATE_DONE
                 | cache::kind::CACHE_WATCH_END
                 | cache::kind::CACHE_MUX
-        ) && !matches!(*k, peer::kind::PEER_HELLO | peer::kind::PEER_HELLO_OK);
+        ) && !matches!(
+            *k,
+            peer::kind::PEER_HELLO | peer::kind::PEER_HELLO_OK | replica::kind::REPLICATE
+        );
         assert_eq!(has, known, "{name}");
     }
 }
@@ -1415,4 +1418,187 @@ fn stream_info_without_owners_decodes() {
             owners: vec![],
         }
     );
+}
+
+mod replicate {
+    use super::super::replica::{ReplicaMsg, ShardRef, Shipped, ShippedRecord};
+    use super::*;
+
+    fn shard() -> ShardRef {
+        ShardRef {
+            stream: StreamName::new("t", "n", "orders"),
+            incarnation: 17,
+            shard: 3,
+        }
+    }
+
+    fn rec(ts_ms: u64, flags: u8, p: &'static [u8]) -> ShippedRecord {
+        ShippedRecord {
+            ts_ms,
+            flags,
+            payload: Bytes::from_static(p),
+        }
+    }
+
+    fn frame(msg: ReplicaMsg, records: Vec<ShippedRecord>) -> Frame {
+        Frame::Replicate {
+            shard: shard(),
+            msg,
+            records,
+        }
+    }
+
+    #[test]
+    fn every_replica_message_round_trips() {
+        let ship = ReplicaMsg::Ship {
+            gen: 4,
+            leader: 2,
+            start: 10,
+            prev_gen: Some(3),
+            gens: vec![3, 3, 4, 4, 4],
+        };
+        let recs = vec![
+            rec(1, 0, b"a"),
+            rec(2, 0, b""),
+            rec(3, 2, b""),
+            rec(4, 0, b"dd"),
+            rec(5, 0, b"eee"),
+        ];
+        let frames = [
+            frame(ship, recs),
+            frame(
+                ReplicaMsg::Ship {
+                    gen: 1,
+                    leader: 1,
+                    start: 0,
+                    prev_gen: None,
+                    gens: vec![],
+                },
+                vec![],
+            ),
+            frame(ReplicaMsg::Fence { gen: 9, leader: 1 }, vec![]),
+            frame(
+                ReplicaMsg::FenceAnswer {
+                    gen: 9,
+                    from: 2,
+                    end: 77,
+                },
+                vec![],
+            ),
+            frame(
+                ReplicaMsg::ShipAnswer {
+                    gen: 9,
+                    from: 3,
+                    sid: u64::MAX,
+                    shipped: Shipped::Holds { end: 5 },
+                },
+                vec![],
+            ),
+            frame(
+                ReplicaMsg::ShipAnswer {
+                    gen: 9,
+                    from: 3,
+                    sid: 1,
+                    shipped: Shipped::Mismatch { below: 4 },
+                },
+                vec![],
+            ),
+            frame(
+                ReplicaMsg::LeaseAsk {
+                    gen: 9,
+                    leader: 1,
+                    round: 123,
+                },
+                vec![],
+            ),
+            frame(
+                ReplicaMsg::LeaseGrant {
+                    gen: 9,
+                    from: 2,
+                    round: 123,
+                },
+                vec![],
+            ),
+            frame(
+                ReplicaMsg::Refuse {
+                    gen: 8,
+                    from: 2,
+                    promised: 9,
+                },
+                vec![],
+            ),
+        ];
+        for f in frames {
+            assert_eq!(decode_frame(&f.encode(), MAX).unwrap(), f);
+            assert_eq!(f.request_id(), None);
+            assert_eq!(f.kind(), replica::kind::REPLICATE);
+        }
+    }
+
+    #[test]
+    fn a_replicate_frame_that_lies_is_refused() {
+        let ship = frame(
+            ReplicaMsg::Ship {
+                gen: 2,
+                leader: 1,
+                start: 0,
+                prev_gen: None,
+                gens: vec![2, 2],
+            },
+            vec![rec(1, 0, b"x"), rec(2, 0, b"y")],
+        );
+        let good = ship.encode().to_vec();
+        let body_at = HEADER_LEN;
+        // The message tag sits after the stream address (3 strings), incarnation and shard.
+        let tag_at = body_at + (2 + 1) + (2 + 1) + (2 + 6) + 8 + 4;
+        assert_eq!(good[tag_at], 3, "the Ship tag");
+        let mut bad_tag = good.clone();
+        bad_tag[tag_at] = 99;
+        assert!(matches!(
+            decode_frame(&bad_tag, MAX),
+            Err(WireError::InvalidValue {
+                field: "replica_tag",
+                value: 99
+            })
+        ));
+        // A record count that is not the runs' total.
+        let count_at = tag_at + 1 + 8 + 8 + 8 + 1 + 8 + 4 + 12;
+        assert_eq!(good[count_at], 2, "the record count");
+        let mut bad_count = good.clone();
+        bad_count[count_at] = 1;
+        assert!(matches!(
+            decode_frame(&bad_count, MAX),
+            Err(WireError::InvalidValue {
+                field: "records",
+                ..
+            })
+        ));
+        // A run claiming more records than the frame could hold is refused before any
+        // allocation for them.
+        let mut huge_run = good.clone();
+        huge_run[count_at - 12..count_at - 8].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(
+            decode_frame(&huge_run, MAX),
+            Err(WireError::InvalidValue {
+                field: "gen_runs",
+                ..
+            })
+        ));
+        // Cut anywhere: never a panic, always an error.
+        for cut in HEADER_LEN..good.len() {
+            let mut f = good[..cut].to_vec();
+            let len = (cut - HEADER_LEN) as u32;
+            f[6..10].copy_from_slice(&len.to_le_bytes());
+            assert!(decode_frame(&f, MAX).is_err(), "cut at {cut}");
+        }
+        // Not inside a Forward, and not on a client connection or a peer link today.
+        assert_eq!(
+            streams::kind_info(replica::kind::REPLICATE).map(|i| i.1),
+            Some(streams::Placement::PeerLink)
+        );
+        assert!(matches!(
+            streams::admit_peer(replica::kind::REPLICATE, 8, true),
+            Verdict::Refuse { .. }
+        ));
+    }
 }

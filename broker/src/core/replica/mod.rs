@@ -122,63 +122,9 @@ pub(crate) struct Durable {
     pub led: u64,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Msg {
-    /// A new leader's fence for `gen` (rule 3).
-    Fence {
-        gen: u64,
-        leader: NodeId,
-    },
-    /// `from` promised `gen` to the leader, and holds records up to `end` (exclusive).
-    FenceAnswer {
-        gen: u64,
-        from: NodeId,
-        end: u64,
-    },
-    /// Records from offset `start`, one per generation in `gens`; `prev_gen` is the
-    /// generation of the record at `start - 1`. The machine names the records; the driver
-    /// reads them from its log and sends them with this message (their commit headers carry
-    /// the same generations).
-    Ship {
-        gen: u64,
-        leader: NodeId,
-        start: u64,
-        prev_gen: Option<u64>,
-        gens: Vec<u64>,
-    },
-    /// `from` answered a shipment, under its storage identity `sid` (rule 9).
-    ShipAnswer {
-        gen: u64,
-        from: NodeId,
-        sid: StorageId,
-        shipped: Shipped,
-    },
-    /// Renew the leader's lease: the exchange sent at `round` (the leader's clock, rule 2).
-    LeaseAsk {
-        gen: u64,
-        leader: NodeId,
-        round: u64,
-    },
-    LeaseGrant {
-        gen: u64,
-        from: NodeId,
-        round: u64,
-    },
-    /// `from` refused a message of generation `gen`: it promised `promised` (to another).
-    Refuse {
-        gen: u64,
-        from: NodeId,
-        promised: u64,
-    },
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Shipped {
-    /// The follower's log agrees with the leader's up to `end` (exclusive).
-    Holds { end: u64 },
-    /// The follower's log does not agree at `start - 1`: ship again from `below` or lower.
-    Mismatch { below: u64 },
-}
+/// The replica messages are the wire's own (`Replicate` frames, docs/protocol.md): what the
+/// machine sends is what a peer link carries.
+pub(crate) use felix_quic::wire::replica::{ReplicaMsg as Msg, Shipped};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Effect {
@@ -440,6 +386,16 @@ impl Replica {
         self.maybe_elected(now_ms);
     }
 
+    /// Whether this replica leads `gen` and `n`, of its set, has not answered its fence.
+    fn missing_from_lead(&self, gen: u64, n: NodeId) -> bool {
+        match &self.role {
+            Role::Leading(l) => {
+                l.gen == gen && n != self.me && self.set.contains(&n) && !l.peers.contains_key(&n)
+            }
+            _ => false,
+        }
+    }
+
     fn others(&self) -> Vec<NodeId> {
         self.set.iter().copied().filter(|&n| n != self.me).collect()
     }
@@ -543,9 +499,20 @@ impl Replica {
                     l.granted(round, from, majority, &self.cfg);
                 }
             }
-            Msg::Refuse { gen, promised, .. } => {
+            Msg::Refuse {
+                gen,
+                from,
+                promised,
+            } => {
                 if self.taken() == Some(gen) && promised > gen {
                     self.step_down();
+                } else if promised < gen && self.missing_from_lead(gen, from) {
+                    // A replica that never answered this generation's fence (it was down or
+                    // cut off during the election) refuses the lease renewals: fence it
+                    // again, so it rejoins now instead of staying out of the set until the
+                    // next generation. Safe: it is the same fence, late.
+                    let leader = self.me;
+                    self.send(from, Msg::Fence { gen, leader });
                 }
             }
         }

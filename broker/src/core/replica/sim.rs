@@ -763,11 +763,20 @@ fn replicas_keep_one_server_one_leader_per_generation_matching_logs_and_acked_re
         .collect();
     eprintln!("{} seeds; reached: {}", seeds.len(), reached.join(", "));
     // Probes: a run that never reaches these exercised nothing (a replay of one seed is
-    // exempt). Each must be reached in at least 1 seed in 100.
+    // exempt). Each must be reached in at least 1 seed in 100, but an acknowledgement
+    // followed by a failover in 1 in 200: it needs a served lease, a landed report and then a
+    // promotion in one 900-step run, and the leader's fence of a replica that missed its
+    // election (which keeps replica sets whole) made it rarer (25 of the first 2,000 seeds
+    // before, 18 after).
     if seeds.len() >= 1000 {
         for (what, c) in names.iter().zip(counts) {
+            let per = if *what == "an ack, then another replica led" {
+                200
+            } else {
+                100
+            };
             assert!(
-                c * 100 >= seeds.len() as u64,
+                c * per >= seeds.len() as u64,
                 "{what}: reached in only {c} seeds"
             );
         }

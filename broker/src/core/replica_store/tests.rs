@@ -45,6 +45,8 @@ struct Harness {
     cut: Option<NodeId>,
     held: Vec<(NodeId, NodeId, Msg, Vec<Carried>)>,
     held_reports: Vec<(NodeId, crate::core::replica::Report)>,
+    /// The cut loses messages instead of holding them (a node that was down).
+    lossy: bool,
     /// The machines' clock (ms).
     now: u64,
     /// Acknowledged client records: offset → payload.
@@ -73,6 +75,7 @@ impl Harness {
             cut: None,
             held: Vec::new(),
             held_reports: Vec::new(),
+            lossy: false,
             now: 1_000,
             acked: BTreeMap::new(),
             not_vouched: BTreeSet::new(),
@@ -81,7 +84,9 @@ impl Harness {
 
     fn post(&mut self, from: NodeId, to: NodeId, msg: Msg, recs: Vec<Carried>) {
         if self.cut.is_some_and(|c| c == from || c == to) {
-            self.held.push((from, to, msg, recs));
+            if !self.lossy {
+                self.held.push((from, to, msg, recs));
+            }
         } else {
             self.net.push_back((from, to, msg, recs));
         }
@@ -383,5 +388,38 @@ fn the_store_refuses_what_does_not_match_the_machine() {
         std::fs::write(dir.join(STATE_FILE), b"{not json").unwrap();
         let e = ReplicaStore::open(&dir, log_cfg()).await.err().unwrap();
         assert!(e.contains("unreadable"), "{e}");
+    });
+}
+
+/// Node 3 is down while node 1 is elected (it never sees the fence) and while records are
+/// acknowledged by nodes 1 and 2. Restarted, it is fenced again by the leader's ticks, rejoins
+/// generation 1 and catches up: a replica set stays whole without waiting for a failover.
+#[test]
+fn a_replica_down_during_the_election_rejoins_and_catches_up() {
+    let root = tempfile::tempdir().unwrap();
+    let path = root.path().to_path_buf();
+    run(move || async move {
+        let mut h = Harness::new(&path).await;
+        h.cut = Some(3);
+        h.lossy = true;
+        h.assign(1).await;
+        h.run_for(1_500).await;
+        for i in 0..6 {
+            h.propose(1, &format!("c{i}")).await;
+        }
+        h.run_for(500).await;
+        assert_eq!(h.acked.len(), 6, "a majority without node 3");
+        assert!(h.records(3).await.is_empty());
+        h.restart(3).await;
+        h.heal();
+        h.run_for(1_000).await;
+        let want = h.records(1).await;
+        assert_eq!(want.len(), 7);
+        assert_eq!(h.records(3).await, want, "node 3 caught up");
+        assert_eq!(
+            h.nodes[&3].r.durable().promised,
+            1,
+            "it promised generation 1"
+        );
     });
 }
