@@ -129,7 +129,11 @@ fn admin_commands_over_rest() {
     // Refusals are typed and exit 1; bad flags exit 2.
     let o = run(&["stream", "create", "r3", "--replication-factor", "3"]);
     assert_eq!(o.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("unsupported"));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("invalid_request") && err.contains("durable"),
+        "{err}"
+    );
     let o = run(&["stream", "create", "x", "--fsync", "sometimes"]);
     assert_eq!(o.status.code(), Some(2));
     let o = run(&["stream", "get", "bad name"]);

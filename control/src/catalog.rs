@@ -751,14 +751,33 @@ impl Catalog {
         Ok(Reply::Namespace(n))
     }
 
+    /// The replication a new stream asks for, checked in this order: a factor of 1..=5;
+    /// more than one copy or `quorum` only on a durable stream (an ephemeral one keeps no
+    /// log to replicate); no more copies than brokers registered (each copy needs its own).
+    /// A request that passes and asks for more than one copy or `quorum` is still refused
+    /// `unsupported`: brokers do not run replicas yet (docs/replication-design.md).
     fn replication(
         consistency: Option<Consistency>,
         rf: Option<u32>,
+        durable: bool,
+        brokers: usize,
     ) -> Result<(Consistency, u32), ApiError> {
         let c = consistency.unwrap_or_default();
         let rf = rf.unwrap_or(1);
-        if rf == 0 {
-            return Err(ApiError::invalid("replication_factor must be at least 1"));
+        if !(1..=REPLICATION_FACTOR_MAX).contains(&rf) {
+            return Err(ApiError::invalid(format!(
+                "replication_factor must be 1..={REPLICATION_FACTOR_MAX}, got {rf}"
+            )));
+        }
+        if (rf > 1 || c == Consistency::Quorum) && !durable {
+            return Err(ApiError::invalid(format!(
+                "replication_factor {rf} with consistency {c:?} needs a durable stream: an ephemeral stream keeps no log to replicate"
+            )));
+        }
+        if rf as usize > brokers && rf > 1 {
+            return Err(ApiError::invalid(format!(
+                "replication_factor {rf} needs {rf} brokers, one per copy; {brokers} registered"
+            )));
         }
         if rf > 1 {
             return Err(ApiError::new(
@@ -801,8 +820,12 @@ impl Catalog {
         self.namespace(tenant, namespace)?;
         check_name("stream", &req.name)?;
         let shards = self.shards(req.shards)?;
-        let (consistency, replication_factor) =
-            Self::replication(req.consistency, req.replication_factor)?;
+        let (consistency, replication_factor) = Self::replication(
+            req.consistency,
+            req.replication_factor,
+            req.durable,
+            self.brokers.len(),
+        )?;
         let k = key(tenant, namespace, &req.name);
         Self::obj_exists(&self.streams, &k, "stream", |s| s.state)?;
         self.room()?;
@@ -861,10 +884,15 @@ impl Catalog {
         }
         Self::fixed("shards", cur.shards, req.shards)?;
         Self::fixed("durable", cur.durable, req.durable)?;
-        let (consistency, replication_factor) = Self::replication(
-            req.consistency.or(Some(cur.consistency)),
-            req.replication_factor.or(Some(cur.replication_factor)),
+        // A stream's copies and what acknowledges a write are settled at creation: moving
+        // between them would need a reconfiguration protocol nothing implements.
+        Self::fixed(
+            "replication_factor",
+            cur.replication_factor,
+            req.replication_factor,
         )?;
+        Self::fixed("consistency", cur.consistency, req.consistency)?;
+        let (consistency, replication_factor) = (cur.consistency, cur.replication_factor);
         let mut s = cur.clone();
         if let Some(b) = req.retention_bytes {
             s.retention_bytes = nz(Some(b));
@@ -1057,6 +1085,9 @@ fn in_ns<T: Clone>(m: &BTreeMap<ObjKey, T>, tenant: &str, namespace: &str) -> Ve
 }
 
 /// `host:port` with a non-empty host of sane characters and a non-zero port.
+/// The most copies a stream may ask for.
+pub const REPLICATION_FACTOR_MAX: u32 = 5;
+
 /// A storage identity as brokers write it: 16 lowercase hex digits.
 pub fn check_storage_id(id: &str) -> Result<(), ApiError> {
     if id.len() == 16 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {

@@ -325,12 +325,21 @@ async fn suite(s: &Server) {
         Some(json!({"name": "s", "replication_factor": 3})),
     )
     .await;
-    assert_eq!((st, code(&e)), (400, "unsupported"));
+    assert_eq!((st, code(&e)), (400, "invalid_request"), "ephemeral: {e}");
     let (st, e) = call(
         &c,
         "POST",
         &streams,
-        Some(json!({"name": "s", "consistency": "quorum"})),
+        Some(json!({"name": "s", "replication_factor": 3, "durable": true})),
+    )
+    .await;
+    assert_eq!((st, code(&e)), (400, "invalid_request"), "no brokers: {e}");
+    assert!(e.to_string().contains("0 registered"), "{e}");
+    let (st, e) = call(
+        &c,
+        "POST",
+        &streams,
+        Some(json!({"name": "s", "consistency": "quorum", "durable": true})),
     )
     .await;
     assert_eq!((st, code(&e)), (400, "unsupported"));

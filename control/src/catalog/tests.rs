@@ -105,24 +105,37 @@ fn names_are_validated() {
 #[test]
 fn unsupported_fields_are_refused() {
     let mut c = base();
-    let r = c.apply(&Command::CreateStream {
-        tenant: "t".into(),
-        namespace: "n".into(),
-        req: CreateStream {
-            replication_factor: Some(3),
-            ..CreateStream::named("s")
-        },
-    });
-    assert_eq!(code(r), ErrorCode::Unsupported);
-    let r = c.apply(&Command::CreateStream {
-        tenant: "t".into(),
-        namespace: "n".into(),
-        req: CreateStream {
-            consistency: Some(Consistency::Quorum),
-            ..CreateStream::named("s")
-        },
-    });
-    assert_eq!(code(r), ErrorCode::Unsupported);
+    let repl = |c: &mut Catalog, rf: u32, q: bool, durable: bool| {
+        c.apply(&Command::CreateStream {
+            tenant: "t".into(),
+            namespace: "n".into(),
+            req: CreateStream {
+                replication_factor: Some(rf),
+                consistency: q.then_some(Consistency::Quorum),
+                durable,
+                ..CreateStream::named("s")
+            },
+        })
+    };
+    // Bad input first, each with its reason; then what is valid but not built.
+    let msg = |r: Outcome| r.unwrap_err().message;
+    assert!(msg(repl(&mut c, 0, false, true)).contains("1..=5"));
+    assert!(msg(repl(&mut c, 6, false, true)).contains("1..=5"));
+    assert!(msg(repl(&mut c, 3, false, false)).contains("durable"));
+    assert!(msg(repl(&mut c, 1, true, false)).contains("durable"));
+    let e = repl(&mut c, 3, false, true).unwrap_err();
+    assert_eq!(e.code, ErrorCode::InvalidRequest);
+    assert!(e.message.contains("0 registered"), "{}", e.message);
+    for id in 1..=3 {
+        broker(&mut c, id).unwrap();
+    }
+    assert!(msg(repl(&mut c, 4, false, true)).contains("3 registered"));
+    assert_eq!(code(repl(&mut c, 3, false, true)), ErrorCode::Unsupported);
+    assert_eq!(code(repl(&mut c, 1, true, true)), ErrorCode::Unsupported);
+    assert_eq!(
+        c.stream("t", "n", "s").err().map(|e| e.code),
+        Some(ErrorCode::UnknownStream)
+    );
     assert_eq!(
         code(stream(&mut c, "s", 0, false)),
         ErrorCode::InvalidRequest
@@ -142,6 +155,27 @@ fn unsupported_fields_are_refused() {
         },
     });
     assert_eq!(code(r), ErrorCode::Unsupported);
+    // Copies and consistency are settled at creation; asking for the same is no change.
+    let upd = |c: &mut Catalog, rf: Option<u32>, q: Option<Consistency>| {
+        c.apply(&Command::UpdateStream {
+            tenant: "t".into(),
+            namespace: "n".into(),
+            name: "s".into(),
+            req: UpdateStream {
+                replication_factor: rf,
+                consistency: q,
+                ..Default::default()
+            },
+        })
+    };
+    let rev = c.revision();
+    assert_eq!(code(upd(&mut c, Some(3), None)), ErrorCode::Unsupported);
+    assert_eq!(
+        code(upd(&mut c, None, Some(Consistency::Quorum))),
+        ErrorCode::Unsupported
+    );
+    upd(&mut c, Some(1), Some(Consistency::Leader)).unwrap();
+    assert_eq!(c.revision(), rev);
 }
 
 #[test]
