@@ -4,6 +4,8 @@
 //! * [`catalog`] — the deterministic catalog state machine: commands, revisions, the bounded
 //!   change ring, validation.
 //! * [`placement`] — which broker owns each shard (pure).
+//! * [`replication`] — placement's side of shard replication: generations, reports,
+//!   promotion (pure), and the types brokers exchange with it.
 //! * `store`, `server`, `raft` (feature `server`) — the metadata stores behind one trait, the
 //!   axum REST server with its OpenAPI document, and the openraft adapters.
 
@@ -14,6 +16,7 @@ pub mod ca_bundle;
 pub mod catalog;
 pub mod docs;
 pub mod placement;
+pub mod replication;
 
 #[cfg(feature = "server")]
 pub mod config;

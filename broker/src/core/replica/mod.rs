@@ -9,7 +9,8 @@
 //!   (rule 6, `leader.rs` and `follower.rs`), the generation-start record included;
 //! - reports to placement, the commit mark moved only by a landed report, and the
 //!   acknowledgements it releases (rule 7, `leader.rs`);
-//! - promotion of the furthest-ahead vouched replica (rule 8, `placement.rs`);
+//! - promotion of the furthest-ahead vouched replica (rule 8, placement's side, in
+//!   `felix_control::replication`);
 //! - storage identities: answers and reports name them, placement counts only current ones,
 //!   and a broker refuses an assignment made for an identity it no longer has (rule 9).
 //!
@@ -36,68 +37,14 @@ mod follower;
 mod genlog;
 mod leader;
 mod lease;
-pub(crate) mod placement;
 pub(crate) use genlog::GenLog;
 pub(crate) use lease::{Lease, ReplicaCfg};
 #[cfg(test)]
 mod sim;
 
-pub(crate) type NodeId = u64;
-
-/// A data directory's storage identity (rule 9): it names the bytes a broker wrote. A machine
-/// crash that may have lost unsynced records rotates it, and placement then stops counting
-/// what the broker was reported to hold under the old one.
-pub(crate) type StorageId = u64;
-
-/// A position on a log, ordered as rule 6 compares them: the generation of the last record
-/// first, then the end (the offset after the last record).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) struct Pos {
-    pub last_gen: u64,
-    pub end: u64,
-}
-
-/// One replica in a report: it holds the leader's log up to `pos.end`, as it answered under
-/// storage identity `sid`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Holding {
-    pub node: NodeId,
-    pub pos: Pos,
-    pub sid: StorageId,
-}
-
-/// The leader's report to placement: who holds what (rule 7).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Report {
-    pub gen: u64,
-    pub leader: NodeId,
-    /// Numbers the leader's reports within its generation: a report delivered late, after a
-    /// newer one, is not stored over it.
-    pub seq: u64,
-    pub holders: Vec<Holding>,
-}
-
-/// Placement's answer to a [`Report`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum ReportAnswer {
-    /// Stored durably. `counted` are the holders placement vouches for: those whose identity
-    /// is still the one they registered (rule 9). Only these move the commit mark.
-    Landed { gen: u64, counted: Vec<Holding> },
-    /// Placement names another leader at `gen`, or has issued a newer generation `newest`.
-    Refused { gen: u64, newest: u64 },
-    /// Placement holds a newer report of this leader (`seq` is the one it holds): this one
-    /// arrived late and was not stored.
-    Stale { gen: u64, seq: u64 },
-}
-
-/// Placement names `leader` for `gen`, decided on the storage identity `sid` it was reported
-/// under (rule 9: a broker whose identity has rotated since refuses it).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Assignment {
-    pub gen: u64,
-    pub leader: NodeId,
-    pub sid: StorageId,
-}
+pub(crate) use felix_control::replication::{
+    Assignment, Holding, NodeId, Pos, Report, ReportAnswer, StorageId,
+};
 
 /// Where the records of an [`Effect::Append`] come from: the driver holds them (the machine
 /// knows only their generations).
@@ -360,7 +307,8 @@ impl Replica {
         if leader != self.me || gen <= self.durable.led || !self.accepts(gen, self.me) {
             return;
         }
-        if sid != self.sid && !breaks::on(&breaks::NO_STORAGE_IDENTITY) {
+        if sid != self.sid && !felix_control::replication::breaks::on(&breaks::NO_STORAGE_IDENTITY)
+        {
             return;
         }
         self.step_down();
@@ -536,14 +484,12 @@ pub(crate) mod breaks {
     /// Rule 7 dropped: the leader moves its commit mark, and acknowledges, on its followers'
     /// answers, whether or not placement has the report.
     pub(crate) static ACK_BEFORE_REPORT: AtomicBool = AtomicBool::new(false);
-    /// Rule 9 dropped: placement counts a report entry whatever identity it was made under,
-    /// and a broker takes an assignment decided on an identity it no longer has.
-    pub(crate) static NO_STORAGE_IDENTITY: AtomicBool = AtomicBool::new(false);
-    /// Placement stores a report delivered late over a newer one of the same leader.
-    pub(crate) static REPORTS_IN_ANY_ORDER: AtomicBool = AtomicBool::new(false);
-    /// Placement stores a report entry under an identity the replica no longer has over one
-    /// under the identity it has now.
-    pub(crate) static STALE_IDENTITY_OVER_CURRENT: AtomicBool = AtomicBool::new(false);
+    // Rule 9's twin (NO_STORAGE_IDENTITY) and placement's twins live with placement, in
+    // `felix_control::replication::breaks`: one switch breaks both sides of rule 9.
+    #[cfg_attr(not(test), allow(unused_imports))]
+    pub(crate) use felix_control::replication::breaks::{
+        NO_STORAGE_IDENTITY, REPORTS_IN_ANY_ORDER, STALE_IDENTITY_OVER_CURRENT,
+    };
     /// A deposed leader drops the publishes still waiting for the mark without an answer.
     pub(crate) static FORGET_WAITS_ON_STEP_DOWN: AtomicBool = AtomicBool::new(false);
 

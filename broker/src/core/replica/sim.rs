@@ -1,4 +1,4 @@
-//! The replica machine's simulator: three replicas of one shard, placement (`placement.rs`, an
+//! The replica machine's simulator: three replicas of one shard, placement (`felix_control::replication`, an
 //! actor on the network like the replicas), and a network that drops, duplicates, delays,
 //! reorders and partitions (any link, placement's included, one way or both), driven from a
 //! seed. Reports, their answers and assignments travel over it too. Each node's disk is the
@@ -37,9 +37,9 @@
 //! Seeds: `FELIX_REPLICA_SEEDS` (default 2000) or `FELIX_REPLICA_SEED=N` to replay one:
 //! `FELIX_REPLICA_SEED=N cargo nextest run -p felix-broker replica::sim`.
 
-use super::placement::Placement;
 use super::*;
 use crate::core::sim::{seeds_from_env, Rng};
+use felix_control::replication::Placement;
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 

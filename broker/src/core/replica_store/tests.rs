@@ -3,8 +3,8 @@
 //! deposed leader's unacknowledged suffix on disk, and a restart from the files.
 
 use super::*;
-use crate::core::replica::placement::Placement;
 use crate::core::replica::{Effect, Msg, Replica, ReplicaCfg, ReportAnswer};
+use felix_control::replication::Placement;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 const CFG: ReplicaCfg = ReplicaCfg {

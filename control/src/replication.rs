@@ -1,15 +1,103 @@
-//! Placement's side of one shard's replication, as a pure state machine: the generations it
-//! issues and the leader it names at each (rule 1), the reports it takes and what it counts in
-//! them (rules 7 and 9), and promotion (rule 8). The control plane is to hold this state in
-//! its Raft store; here it is what the replica simulator drives. No clock, no I/O: every
-//! decision is a function of what it was told.
+//! Placement's side of one shard's replication (docs/replication-design.md), as a pure state
+//! machine: the generations it issues and the leader it names at each (rule 1), the reports
+//! it takes and what it counts in them (rules 7 and 9), and promotion (rule 8); and the types
+//! brokers and the control plane exchange about it. It lives in the control plane's crate
+//! because the control plane is to hold this state in its Raft store (it does not yet); the
+//! broker's replica machine (`broker/src/core/replica`) uses the same types, and its
+//! simulator drives this machine. No clock, no I/O: every decision is a function of what it
+//! was told.
 
-use super::{breaks, Assignment, Holding, NodeId, Pos, Report, ReportAnswer, StorageId};
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+pub type NodeId = u64;
+
+/// A data directory's storage identity (rule 9): it names the bytes a broker wrote. A machine
+/// crash that may have lost unsynced records rotates it, and placement then stops counting
+/// what the broker was reported to hold under the old one.
+pub type StorageId = u64;
+
+/// A position on a log, ordered as rule 6 compares them: the generation of the last record
+/// first, then the end (the offset after the last record).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Pos {
+    pub last_gen: u64,
+    pub end: u64,
+}
+
+/// One replica in a report: it holds the leader's log up to `pos.end`, as it answered under
+/// storage identity `sid`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Holding {
+    pub node: NodeId,
+    pub pos: Pos,
+    pub sid: StorageId,
+}
+
+/// The leader's report to placement: who holds what (rule 7).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Report {
+    pub gen: u64,
+    pub leader: NodeId,
+    /// Numbers the leader's reports within its generation: a report delivered late, after a
+    /// newer one, is not stored over it.
+    pub seq: u64,
+    pub holders: Vec<Holding>,
+}
+
+/// Placement's answer to a [`Report`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "answer", rename_all = "snake_case")]
+pub enum ReportAnswer {
+    /// Stored durably. `counted` are the holders placement vouches for: those whose identity
+    /// is still the one they registered (rule 9). Only these move the commit mark.
+    Landed { gen: u64, counted: Vec<Holding> },
+    /// Placement names another leader at `gen`, or has issued a newer generation `newest`.
+    Refused { gen: u64, newest: u64 },
+    /// Placement holds a newer report of this leader (`seq` is the one it holds): this one
+    /// arrived late and was not stored.
+    Stale { gen: u64, seq: u64 },
+}
+
+/// Placement names `leader` for `gen`, decided on the storage identity `sid` it was reported
+/// under (rule 9: a broker whose identity has rotated since refuses it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Assignment {
+    pub gen: u64,
+    pub leader: NodeId,
+    pub sid: StorageId,
+}
+
+/// Test-build switches that break one rule each, so the replica simulator's negative twins
+/// show its checkers catch the break (`broker/src/core/replica/sim.rs`). They are read only in
+/// this crate's tests and with the `twins` feature (the broker's tests turn it on); otherwise
+/// [`breaks::on`] is `false`.
+pub mod breaks {
+    use std::sync::atomic::AtomicBool;
+    /// Rule 9 dropped: placement counts a report entry whatever identity it was made under,
+    /// and a broker takes an assignment decided on an identity it no longer has.
+    pub static NO_STORAGE_IDENTITY: AtomicBool = AtomicBool::new(false);
+    /// Placement stores a report delivered late over a newer one of the same leader.
+    pub static REPORTS_IN_ANY_ORDER: AtomicBool = AtomicBool::new(false);
+    /// Placement stores a report entry under an identity the replica no longer has over one
+    /// under the identity it has now.
+    pub static STALE_IDENTITY_OVER_CURRENT: AtomicBool = AtomicBool::new(false);
+
+    #[inline]
+    pub fn on(b: &AtomicBool) -> bool {
+        #[cfg(any(test, feature = "twins"))]
+        return b.load(std::sync::atomic::Ordering::Relaxed);
+        #[cfg(not(any(test, feature = "twins")))]
+        {
+            let _ = b;
+            false
+        }
+    }
+}
+
 /// Why placement did not name a leader.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum PromoteError {
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PromoteError {
     /// The candidate is not the furthest ahead among the replicas the last landed report
     /// vouches for, or is not vouched for itself (rule 8).
     NotEligible { node: NodeId },
@@ -18,8 +106,8 @@ pub(crate) enum PromoteError {
 }
 
 /// One shard's placement.
-#[derive(Clone, Debug)]
-pub(crate) struct Placement {
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
     set: Vec<NodeId>,
     /// The newest generation issued, and the leader named at it.
     gen: u64,
@@ -34,7 +122,7 @@ pub(crate) struct Placement {
 
 impl Placement {
     /// A new shard: every replica registered under `sids`, each at the empty position.
-    pub(crate) fn new(sids: BTreeMap<NodeId, StorageId>) -> Placement {
+    pub fn new(sids: BTreeMap<NodeId, StorageId>) -> Placement {
         let set: Vec<NodeId> = sids.keys().copied().collect();
         assert!(!set.is_empty(), "a shard needs a replica");
         let rep = sids
@@ -55,25 +143,25 @@ impl Placement {
     }
 
     /// The newest generation and its named leader.
-    pub(crate) fn newest(&self) -> (u64, Option<NodeId>) {
+    pub fn newest(&self) -> (u64, Option<NodeId>) {
         (self.gen, self.leader)
     }
 
     /// What the last landed reports say `n` holds.
-    pub(crate) fn reported(&self, n: NodeId) -> Option<Holding> {
+    pub fn reported(&self, n: NodeId) -> Option<Holding> {
         self.rep.get(&n).copied()
     }
 
     /// `n` came back under storage identity `sid` (a rotation after a machine crash, rule 9).
     /// A broker registers before it answers any leader.
-    pub(crate) fn register(&mut self, n: NodeId, sid: StorageId) {
+    pub fn register(&mut self, n: NodeId, sid: StorageId) {
         assert!(self.set.contains(&n), "{n} is not a replica of this shard");
         self.registered.insert(n, sid);
     }
 
     /// Whether the last report naming `n` still vouches for it: it was made under the
     /// identity `n` has registered now (rule 9).
-    pub(crate) fn vouched(&self, n: NodeId) -> bool {
+    pub fn vouched(&self, n: NodeId) -> bool {
         let Some(h) = self.rep.get(&n) else {
             return false;
         };
@@ -82,7 +170,7 @@ impl Placement {
 
     /// The replicas placement may promote (rule 8): vouched for, and no vouched replica is
     /// reported further ahead. Empty when none is vouched.
-    pub(crate) fn eligible(&self) -> Vec<NodeId> {
+    pub fn eligible(&self) -> Vec<NodeId> {
         let vouched: Vec<&Holding> = self
             .set
             .iter()
@@ -103,11 +191,7 @@ impl Placement {
     /// under (rule 8). With `reuse_gen`, the newest generation is issued again: not something
     /// placement does, but a fault the simulator injects (a racing placement pass, a control
     /// plane restored from a backup), which ballots (rule 5) exist for.
-    pub(crate) fn promote(
-        &mut self,
-        c: NodeId,
-        reuse_gen: bool,
-    ) -> Result<Assignment, PromoteError> {
+    pub fn promote(&mut self, c: NodeId, reuse_gen: bool) -> Result<Assignment, PromoteError> {
         let eligible = self.eligible();
         if eligible.is_empty() {
             return Err(PromoteError::NoneQualifies);
@@ -134,7 +218,7 @@ impl Placement {
     /// holders placement vouches for. A report older than the one stored (delivered late) is
     /// not stored over it: it would bring back positions and identities that newer reports
     /// replaced, and a replica could be promoted on what it held before a machine crash.
-    pub(crate) fn on_report(&mut self, r: &Report) -> ReportAnswer {
+    pub fn on_report(&mut self, r: &Report) -> ReportAnswer {
         if r.gen != self.gen || Some(r.leader) != self.leader {
             return ReportAnswer::Refused {
                 gen: r.gen,
@@ -270,5 +354,27 @@ mod tests {
         p.register(1, 11);
         p.register(3, 31);
         assert_eq!(p.promote(2, false), Err(PromoteError::NoneQualifies));
+    }
+
+    /// Placement's state and answers travel as JSON (the Raft store and REST, later): a
+    /// round trip keeps every decision the same.
+    #[test]
+    fn placement_and_its_answers_round_trip_through_json() {
+        let mut p = Placement::new(BTreeMap::from([(1, 10), (2, 20), (3, 30)]));
+        p.promote(2, false).unwrap();
+        let r = Report {
+            gen: 1,
+            leader: 2,
+            seq: 1,
+            holders: vec![at(2, 1, 4, 20), at(3, 1, 4, 30)],
+        };
+        let a = p.on_report(&r);
+        let json = serde_json::to_string(&a).unwrap();
+        assert!(json.starts_with(r#"{"answer":"landed""#), "{json}");
+        assert_eq!(serde_json::from_str::<ReportAnswer>(&json).unwrap(), a);
+        let back: Placement = serde_json::from_str(&serde_json::to_string(&p).unwrap()).unwrap();
+        assert_eq!(back, p);
+        assert_eq!(back.eligible(), p.eligible());
+        assert_eq!(back.eligible(), vec![2, 3]);
     }
 }
