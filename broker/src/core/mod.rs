@@ -65,6 +65,7 @@ mod peer;
 #[cfg(test)]
 mod peer_check;
 mod replica;
+mod replica_driver;
 mod replica_store;
 pub(crate) mod shard;
 pub use shard::Refusal;

@@ -3,8 +3,10 @@
 //! deposed leader's unacknowledged suffix on disk, and a restart from the files.
 
 use super::*;
-use crate::core::replica::{Effect, Msg, Replica, ReplicaCfg, ReportAnswer};
+use crate::core::replica::{Msg, Replica, ReplicaCfg, ReportAnswer};
+use crate::core::replica_driver::{Input, Output, ReplicaDriver};
 use felix_control::replication::Placement;
+use felix_quic::wire::replica::ShippedRecord;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 const CFG: ReplicaCfg = ReplicaCfg {
@@ -28,8 +30,7 @@ fn log_cfg() -> LogConfig {
 }
 
 struct Node {
-    r: Replica,
-    store: ReplicaStore,
+    d: ReplicaDriver,
     dir: PathBuf,
 }
 
@@ -37,17 +38,17 @@ struct Harness {
     nodes: BTreeMap<NodeId, Node>,
     placement: Placement,
     /// In order: (from, to, message, the records a shipment carries).
-    net: VecDeque<(NodeId, NodeId, Msg, Vec<Carried>)>,
+    net: VecDeque<(NodeId, NodeId, Msg, Vec<ShippedRecord>)>,
     /// Placement's answers, in order.
     answers: VecDeque<(NodeId, ReportAnswer)>,
     /// A node cut off from its peers and from placement (frozen, or partitioned away): what
     /// it sends and what is sent to it waits here until the cut heals.
     cut: Option<NodeId>,
-    held: Vec<(NodeId, NodeId, Msg, Vec<Carried>)>,
+    held: Vec<(NodeId, NodeId, Msg, Vec<ShippedRecord>)>,
     held_reports: Vec<(NodeId, crate::core::replica::Report)>,
     /// The cut loses messages instead of holding them (a node that was down).
     lossy: bool,
-    /// The machines' clock (ms).
+    /// The machines' clock (ms); the wall clock of record timestamps is the same.
     now: u64,
     /// Acknowledged client records: offset → payload.
     acked: BTreeMap<u64, Bytes>,
@@ -55,16 +56,22 @@ struct Harness {
     not_vouched: BTreeSet<u64>,
 }
 
+async fn open_node(root: &Path, n: NodeId) -> Node {
+    let dir = root.join(format!("n{n}"));
+    let d = ReplicaDriver::open(n, 100 + n, vec![1, 2, 3], &dir, log_cfg(), CFG)
+        .await
+        .unwrap();
+    Node { d, dir }
+}
+
 impl Harness {
     async fn new(root: &Path) -> Harness {
-        let set = vec![1, 2, 3];
         let mut nodes = BTreeMap::new();
         for n in 1..=3u64 {
-            let dir = root.join(format!("n{n}"));
-            let (store, d, view) = ReplicaStore::open(&dir, log_cfg()).await.unwrap();
-            assert_eq!((d, view.end()), (Durable::default(), 0));
-            let r = Replica::new(n, 100 + n, set.clone(), d, view, CFG);
-            nodes.insert(n, Node { r, store, dir });
+            let node = open_node(root, n).await;
+            let r = node.d.replica();
+            assert_eq!((r.durable(), r.log().end()), (Durable::default(), 0));
+            nodes.insert(n, node);
         }
         let placement = Placement::new((1..=3).map(|n| (n, 100 + n)).collect());
         Harness {
@@ -82,7 +89,7 @@ impl Harness {
         }
     }
 
-    fn post(&mut self, from: NodeId, to: NodeId, msg: Msg, recs: Vec<Carried>) {
+    fn post(&mut self, from: NodeId, to: NodeId, msg: Msg, recs: Vec<ShippedRecord>) {
         if self.cut.is_some_and(|c| c == from || c == to) {
             if !self.lossy {
                 self.held.push((from, to, msg, recs));
@@ -92,35 +99,30 @@ impl Harness {
         }
     }
 
-    /// Carry out `n`'s effects in order, as a driver does.
-    async fn carry_out(&mut self, n: NodeId, client: Option<&Carried>, in_hand: &[Carried]) {
-        let effects = self.nodes.get_mut(&n).unwrap().r.drain_effects();
-        for e in effects {
-            let store = &self.nodes[&n].store;
-            match e {
-                Effect::Persist(d) => store.persist(d).await.unwrap(),
-                Effect::Truncate { from } => store.truncate(from).await.unwrap(),
-                Effect::Append { at, gens, source } => {
-                    let recs = records_for(source, &gens, client, in_hand, 7).unwrap();
-                    store.append(at, &gens, &recs).await.unwrap();
-                }
-                Effect::Send { to, msg } => {
-                    let recs = match &msg {
-                        Msg::Ship { start, gens, .. } => {
-                            store.read_shipment(*start, gens).await.unwrap()
-                        }
-                        _ => Vec::new(),
-                    };
-                    self.post(n, to, msg, recs);
-                }
-                Effect::Report(r) if self.cut == Some(n) => self.held_reports.push((n, r)),
-                Effect::Report(r) => {
+    /// Hand `n`'s driver one input and route what comes out.
+    async fn input(&mut self, n: NodeId, input: Input) -> Vec<Output> {
+        let now = self.now;
+        let outs = self
+            .nodes
+            .get_mut(&n)
+            .unwrap()
+            .d
+            .handle(input, now, now)
+            .await
+            .unwrap();
+        let mut rest = Vec::new();
+        for o in outs {
+            match o {
+                Output::Send { to, msg, records } => self.post(n, to, msg, records),
+                Output::Report(r) if self.cut == Some(n) => self.held_reports.push((n, r)),
+                Output::Report(r) => {
                     let a = self.placement.on_report(&r);
                     self.answers.push_back((n, a));
                 }
-                Effect::Ack { from, below } => {
+                Output::Ack { from, below } => {
+                    let log = self.nodes[&n].d.store().log().clone();
                     for o in from..below {
-                        let r = store.log().read(o, 1, 1 << 20).await.unwrap();
+                        let r = log.read(o, 1, 1 << 20).await.unwrap();
                         if r[0].flags & FLAG_GEN_START == 0 {
                             let old = self.acked.insert(o, r[0].payload.clone());
                             assert!(
@@ -130,29 +132,24 @@ impl Harness {
                         }
                     }
                 }
-                Effect::CannotVouch { from, below } => self.not_vouched.extend(from..below),
-                Effect::Elected { .. } | Effect::SteppedDown { .. } => {}
+                Output::CannotVouch { from, below } => self.not_vouched.extend(from..below),
+                other => rest.push(other),
             }
         }
+        rest
     }
 
-    /// Deliver everything in flight (answers from placement first), carrying out effects.
+    /// Deliver everything in flight (answers from placement first).
     async fn settle(&mut self) {
         for _ in 0..ROUNDS_MAX {
             if let Some((n, a)) = self.answers.pop_front() {
-                self.nodes
-                    .get_mut(&n)
-                    .unwrap()
-                    .r
-                    .on_report_answer(a, self.now);
-                self.carry_out(n, None, &[]).await;
+                self.input(n, Input::ReportAnswer(a)).await;
                 continue;
             }
-            let Some((_, to, msg, recs)) = self.net.pop_front() else {
+            let Some((_, to, msg, records)) = self.net.pop_front() else {
                 return;
             };
-            self.nodes.get_mut(&to).unwrap().r.on_msg(msg, self.now);
-            self.carry_out(to, None, &recs).await;
+            self.input(to, Input::Msg { msg, records }).await;
         }
         panic!("the replicas never went quiet");
     }
@@ -163,8 +160,7 @@ impl Harness {
         while self.now < until {
             self.now += 100;
             for n in 1..=3 {
-                self.nodes.get_mut(&n).unwrap().r.tick(self.now);
-                self.carry_out(n, None, &[]).await;
+                self.input(n, Input::Tick).await;
             }
             self.settle().await;
         }
@@ -172,24 +168,25 @@ impl Harness {
 
     async fn assign(&mut self, leader: NodeId) {
         let a = self.placement.promote(leader, false).unwrap();
-        self.nodes.get_mut(&leader).unwrap().r.assign(a, self.now);
-        self.carry_out(leader, None, &[]).await;
+        self.input(leader, Input::Assign(a)).await;
         self.settle().await;
     }
 
     async fn propose(&mut self, n: NodeId, payload: &str) -> u64 {
-        let gen = self.nodes[&n]
-            .r
-            .leading()
-            .expect("proposals go to a leader");
-        let at = self.nodes.get_mut(&n).unwrap().r.propose(self.now).unwrap();
-        let rec = Carried {
-            gen,
-            ts_ms: 1_000 + at,
-            flags: 0,
-            payload: Bytes::copy_from_slice(payload.as_bytes()),
+        let p = Bytes::copy_from_slice(payload.as_bytes());
+        let outs = self
+            .input(
+                n,
+                Input::Propose {
+                    payload: p,
+                    flags: 0,
+                },
+            )
+            .await;
+        let at = match outs.first() {
+            Some(Output::Proposed { at }) => *at,
+            other => panic!("proposal at node {n} not taken: {other:?}"),
         };
-        self.carry_out(n, Some(&rec), &[]).await;
         self.settle().await;
         at
     }
@@ -203,9 +200,17 @@ impl Harness {
         }
     }
 
+    fn replica(&self, n: NodeId) -> &Replica {
+        self.nodes[&n].d.replica()
+    }
+
+    fn log(&self, n: NodeId) -> &felix_storage::Log {
+        self.nodes[&n].d.store().log()
+    }
+
     /// Every record of `n`'s log: (generation, flags, payload).
     async fn records(&self, n: NodeId) -> Vec<(u64, u8, Bytes)> {
-        let log = self.nodes[&n].store.log();
+        let log = self.log(n);
         let mut out = Vec::new();
         while (out.len() as u64) < log.acked() {
             for r in log.read(out.len() as u64, 100, 1 << 20).await.unwrap() {
@@ -218,19 +223,17 @@ impl Harness {
     /// A process crash and restart of `n`: the machine comes back from its files.
     async fn restart(&mut self, n: NodeId) {
         let node = self.nodes.remove(&n).unwrap();
-        node.store.log().close().await.unwrap();
-        let (store, d, view) = ReplicaStore::open(&node.dir, log_cfg()).await.unwrap();
-        assert_eq!(d, node.r.durable(), "the promise on disk is the machine's");
-        assert_eq!(&view, node.r.log(), "the log on disk is the machine's view");
-        let r = Replica::new(n, 100 + n, vec![1, 2, 3], d, view, CFG);
-        self.nodes.insert(
-            n,
-            Node {
-                r,
-                store,
-                dir: node.dir,
-            },
+        node.d.store().log().close().await.unwrap();
+        let root = node.dir.parent().unwrap().to_path_buf();
+        let back = open_node(&root, n).await;
+        let (was, is) = (node.d.replica(), back.d.replica());
+        assert_eq!(
+            is.durable(),
+            was.durable(),
+            "the promise on disk is the machine's"
         );
+        assert_eq!(is.log(), was.log(), "the log on disk is the machine's view");
+        self.nodes.insert(n, back);
     }
 }
 
@@ -262,7 +265,7 @@ fn a_failover_cuts_the_deposed_leaders_suffix_on_disk_and_the_logs_agree() {
         h.assign(1).await;
         // Serving starts after the old lease could have run out, once a renewal is answered.
         h.run_for(1_500).await;
-        assert!(h.nodes[&1].r.serving(h.now));
+        assert!(h.replica(1).serving(h.now));
         for i in 0..10 {
             h.propose(1, &format!("a{i}")).await;
         }
@@ -283,27 +286,23 @@ fn a_failover_cuts_the_deposed_leaders_suffix_on_disk_and_the_logs_agree() {
             v
         };
         assert_eq!(lost, vec![11, 12, 13]);
-        assert_eq!(
-            h.nodes[&1].store.log().acked(),
-            14,
-            "written on node 1 only"
-        );
+        assert_eq!(h.log(1).acked(), 14, "written on node 1 only");
         h.run_for(2_000).await;
-        assert!(!h.nodes[&1].r.serving(h.now), "its lease ran out");
+        assert!(!h.replica(1).serving(h.now), "its lease ran out");
         for o in &lost {
             assert!(!h.acked.contains_key(o), "never acknowledged");
         }
 
         h.assign(2).await;
         h.run_for(1_500).await;
-        assert!(h.nodes[&2].r.serving(h.now));
+        assert!(h.replica(2).serving(h.now));
         for i in 0..5 {
             h.propose(2, &format!("b{i}")).await;
         }
         h.run_for(500).await;
         assert_eq!(h.acked.len(), 15, "{:?}", h.acked);
         // Node 1 still believes it leads generation 1, and holds its suffix.
-        assert_eq!(h.nodes[&1].r.leading(), Some(1));
+        assert_eq!(h.replica(1).leading(), Some(1));
         assert_eq!(h.records(1).await[11].2, Bytes::from_static(b"lost0"));
 
         h.restart(1).await;
@@ -320,7 +319,7 @@ fn a_failover_cuts_the_deposed_leaders_suffix_on_disk_and_the_logs_agree() {
         }
         // The logs agree byte for byte on what a reader sees, timestamps included.
         let ts = |n: NodeId| {
-            let log = h.nodes[&n].store.log().clone();
+            let log = h.log(n).clone();
             async move {
                 let r = log.read(0, 100, 1 << 20).await.unwrap();
                 r.iter().map(|r| r.ts_ms).collect::<Vec<_>>()
@@ -417,9 +416,53 @@ fn a_replica_down_during_the_election_rejoins_and_catches_up() {
         assert_eq!(want.len(), 7);
         assert_eq!(h.records(3).await, want, "node 3 caught up");
         assert_eq!(
-            h.nodes[&3].r.durable().promised,
+            h.replica(3).durable().promised,
             1,
             "it promised generation 1"
         );
+    });
+}
+
+/// The driver refuses what cannot be right before the machine sees it: a node outside its
+/// replica set, a shipment whose records do not match its generations; and a proposal to a
+/// follower is answered, not dropped.
+#[test]
+fn the_driver_refuses_a_shipment_that_does_not_carry_its_records() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("n");
+    run(move || async move {
+        let e = ReplicaDriver::open(4, 1, vec![1, 2, 3], &dir, log_cfg(), CFG).await;
+        assert!(e.err().unwrap().contains("not in the replica set"));
+        let mut d = ReplicaDriver::open(1, 101, vec![1, 2, 3], &dir, log_cfg(), CFG)
+            .await
+            .unwrap();
+        let ship = Msg::Ship {
+            gen: 1,
+            leader: 2,
+            start: 0,
+            prev_gen: None,
+            gens: vec![1, 1],
+        };
+        let one = vec![ShippedRecord {
+            ts_ms: 1,
+            flags: 0,
+            payload: Bytes::from_static(b"x"),
+        }];
+        let input = Input::Msg {
+            msg: ship,
+            records: one,
+        };
+        let e = d.handle(input, 0, 0).await.unwrap_err();
+        assert!(e.contains("2 records carries 1"), "{e}");
+        let p = Input::Propose {
+            payload: Bytes::from_static(b"y"),
+            flags: 0,
+        };
+        let out = d.handle(p, 0, 0).await.unwrap();
+        assert_eq!(
+            out,
+            vec![Output::NotTaken(crate::core::replica::NotLeader::Follower)]
+        );
+        assert_eq!(d.store().log().next_offset(), 0, "nothing written");
     });
 }
