@@ -35,7 +35,10 @@
 //!   what its disk holds.
 //!
 //! Seeds: `FELIX_REPLICA_SEEDS` (default 2000) or `FELIX_REPLICA_SEED=N` to replay one:
-//! `FELIX_REPLICA_SEED=N cargo nextest run -p felix-broker replica::sim`.
+//! `FELIX_REPLICA_SEED=N cargo nextest run -p felix-broker replica::sim`. With
+//! `FELIX_REPLICA_BUDGET_S` the positive run goes on past its seeds until that many seconds
+//! are spent (`scripts/test.sh`, the CI run, gives it 200). Every message also goes through
+//! the `Replicate` frame's codec and back (`wire_round_trip`).
 
 use super::*;
 use crate::core::sim::{seeds_from_env, Rng};
@@ -277,6 +280,7 @@ impl World {
                         }
                         _ => Vec::new(),
                     };
+                    wire_round_trip(&msg, &ids)?;
                     self.net.push((n, to, Wire::Peer(msg, ids)))
                 }
                 Effect::Report(r) => self.net.push((n, PLACEMENT, Wire::Report(r))),
@@ -699,6 +703,32 @@ impl Mix {
     }
 }
 
+/// Every message the machines send goes through the `Replicate` frame's codec and must come
+/// back the same (the records a shipment carries stand in as record identities).
+fn wire_round_trip(msg: &Msg, ids: &[u64]) -> Result<(), String> {
+    use felix_quic::wire::{decode_frame, replica, Frame, StreamName};
+    let frame = Frame::Replicate {
+        shard: replica::ShardRef {
+            stream: StreamName::new("t", "n", "s"),
+            incarnation: 1,
+            shard: 0,
+        },
+        msg: msg.clone(),
+        records: ids
+            .iter()
+            .map(|&id| replica::ShippedRecord {
+                ts_ms: id,
+                flags: 0,
+                payload: bytes::Bytes::new(),
+            })
+            .collect(),
+    };
+    match decode_frame(&frame.encode(), 16 << 20) {
+        Ok(back) if back == frame => Ok(()),
+        other => Err(format!("wire_round_trip: {msg:?} came back as {other:?}")),
+    }
+}
+
 fn run(seed: u64, mix: Mix) -> Result<Reached, String> {
     let mut w = World::new(seed, mix);
     for i in 0..=STEPS {
@@ -741,7 +771,25 @@ fn replicas_keep_one_server_one_leader_per_generation_matching_logs_and_acked_re
         "a stale report after a machine crash",
     ];
     let mut counts = [0u64; 8];
-    for &seed in &seeds {
+    // With FELIX_REPLICA_BUDGET_S (scripts/test.sh sets it), seeds go on past the ones asked
+    // for until the budget is spent: as many as fit, never fewer than asked.
+    let budget = std::env::var("FELIX_REPLICA_BUDGET_S")
+        .ok()
+        .filter(|_| seeds.len() > 1)
+        .map(|s| {
+            std::time::Duration::from_secs(s.parse().expect("FELIX_REPLICA_BUDGET_S is seconds"))
+        });
+    let started = std::time::Instant::now();
+    let mut more = seeds.last().map_or(0, |s| s + 1)..;
+    let mut asked = seeds.iter().copied();
+    let mut ran = 0u64;
+    loop {
+        let seed = match asked.next() {
+            Some(s) => s,
+            None if budget.is_some_and(|b| started.elapsed() < b) => more.next().unwrap(),
+            None => break,
+        };
+        ran += 1;
         let r = run(seed, Mix::of_seed(seed)).unwrap_or_else(|e| panic!("{e}"));
         for (c, hit) in counts.iter_mut().zip([
             r.truncated,
@@ -761,24 +809,25 @@ fn replicas_keep_one_server_one_leader_per_generation_matching_logs_and_acked_re
         .zip(counts)
         .map(|(what, c)| format!("{what} {c}"))
         .collect();
-    eprintln!("{} seeds; reached: {}", seeds.len(), reached.join(", "));
+    eprintln!(
+        "{ran} seeds in {:.1} s; reached: {}",
+        started.elapsed().as_secs_f64(),
+        reached.join(", ")
+    );
     // Probes: a run that never reaches these exercised nothing (a replay of one seed is
     // exempt). Each must be reached in at least 1 seed in 100, but an acknowledgement
     // followed by a failover in 1 in 200: it needs a served lease, a landed report and then a
     // promotion in one 900-step run, and the leader's fence of a replica that missed its
     // election (which keeps replica sets whole) made it rarer (25 of the first 2,000 seeds
     // before, 18 after).
-    if seeds.len() >= 1000 {
+    if ran >= 1000 {
         for (what, c) in names.iter().zip(counts) {
             let per = if *what == "an ack, then another replica led" {
                 200
             } else {
                 100
             };
-            assert!(
-                c * per >= seeds.len() as u64,
-                "{what}: reached in only {c} seeds"
-            );
+            assert!(c * per >= ran, "{what}: reached in only {c} seeds");
         }
     }
 }
