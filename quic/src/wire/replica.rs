@@ -55,12 +55,15 @@ pub enum ReplicaMsg {
         end: u64,
     },
     /// Records from offset `start`, one per generation in `gens`; `prev_gen` is the
-    /// generation of the record at `start - 1` (rule 6).
+    /// generation of the record at `start - 1` (rule 6). `commit` is the leader's commit
+    /// mark when it shipped: the records below it are committed (rule 7), which the follower
+    /// learns for what it holds in agreement with the leader.
     Ship {
         gen: u64,
         leader: u64,
         start: u64,
         prev_gen: Option<u64>,
+        commit: u64,
         gens: Vec<u64>,
     },
     /// `from` answered a shipment, under its storage identity `sid` (rule 9).
@@ -137,6 +140,7 @@ pub(super) fn encode_body(
             leader,
             start,
             prev_gen,
+            commit,
             gens,
         } => {
             b.put_u8(tag::SHIP);
@@ -145,6 +149,7 @@ pub(super) fn encode_body(
             b.put_u64_le(*start);
             b.put_u8(prev_gen.is_some() as u8);
             b.put_u64_le(prev_gen.unwrap_or(0));
+            b.put_u64_le(*commit);
             let runs: Vec<&[u64]> = gens.chunk_by(|a, b| a == b).collect();
             b.put_u32_le(runs.len() as u32);
             for r in runs {
@@ -212,6 +217,7 @@ pub(super) fn decode_body(
             let start = r.u64("start")?;
             let has_prev = r.bool("has_prev_gen")?;
             let prev = r.u64("prev_gen")?;
+            let commit = r.u64("commit")?;
             let n = r.u32("gen_runs")?;
             let runs = r.list(n, "gen_runs", |r| {
                 Ok((r.u32("run_records")?, r.u64("run_gen")?))
@@ -233,6 +239,7 @@ pub(super) fn decode_body(
                 leader: x,
                 start,
                 prev_gen: has_prev.then_some(prev),
+                commit,
                 gens,
             }
         }

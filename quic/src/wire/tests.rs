@@ -1455,6 +1455,7 @@ mod replicate {
             leader: 2,
             start: 10,
             prev_gen: Some(3),
+            commit: 12,
             gens: vec![3, 3, 4, 4, 4],
         };
         let recs = vec![
@@ -1472,6 +1473,7 @@ mod replicate {
                     leader: 1,
                     start: 0,
                     prev_gen: None,
+                    commit: 0,
                     gens: vec![],
                 },
                 vec![],
@@ -1543,6 +1545,7 @@ mod replicate {
                 leader: 1,
                 start: 0,
                 prev_gen: None,
+                commit: 0,
                 gens: vec![2, 2],
             },
             vec![rec(1, 0, b"x"), rec(2, 0, b"y")],
@@ -1562,7 +1565,7 @@ mod replicate {
             })
         ));
         // A record count that is not the runs' total.
-        let count_at = tag_at + 1 + 8 + 8 + 8 + 1 + 8 + 4 + 12;
+        let count_at = tag_at + 1 + 8 + 8 + 8 + 1 + 8 + 8 + 4 + 12;
         assert_eq!(good[count_at], 2, "the record count");
         let mut bad_count = good.clone();
         bad_count[count_at] = 1;

@@ -70,12 +70,16 @@ impl Replica {
         leader: NodeId,
         start: u64,
         prev_gen: Option<u64>,
+        commit: u64,
         gens: Vec<u64>,
     ) {
         // Only a leader whose fence this replica answered ships to it: a higher generation it
         // has not promised is refused too (that leader fences it first).
         if !self.takes_from(gen, leader) || self.leading().is_some() {
             return self.refuse(leader, gen);
+        }
+        if breaks::on(&breaks::COMMIT_BEFORE_MATCH) {
+            self.known_commit = self.known_commit.max(commit.min(self.log.end()));
         }
         let end = self.log.end();
         let (me, sid) = (self.me, self.sid);
@@ -110,6 +114,9 @@ impl Replica {
         }
         let n = gens.len() as u64;
         self.append(gens[skip..].to_vec(), Source::Shipment { skip });
+        // The log now agrees with the leader's below `start + n`: what of it lies below the
+        // leader's mark is committed (rule 7).
+        self.known_commit = self.known_commit.max(commit.min(start + n));
         let a = answer(Shipped::Holds { end: start + n });
         self.send(leader, a);
     }

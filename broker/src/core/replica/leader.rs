@@ -55,6 +55,7 @@ impl Replica {
             gen,
             peers,
             commit: end,
+            first: end,
             acked: end + 1,
             gave_up: end + 1,
             waits: std::collections::VecDeque::new(),
@@ -90,6 +91,7 @@ impl Replica {
         let prev_gen = start.checked_sub(1).map(|p| self.log.gen_at(p));
         let upto = (start + self.cfg.batch_max as u64).min(self.log.end());
         let gens = self.log.gens(start..upto);
+        let commit = l.known(self.known_commit);
         self.send(
             to,
             Msg::Ship {
@@ -97,6 +99,7 @@ impl Replica {
                 leader: self.me,
                 start,
                 prev_gen,
+                commit,
                 gens,
             },
         );

@@ -134,8 +134,12 @@ struct Lead {
     gen: u64,
     peers: BTreeMap<NodeId, Peer>,
     /// The commit mark: the records below it are committed (rule 7). It starts at the
-    /// generation-start record's offset and moves only onto a record of `gen`.
+    /// generation-start record's offset and moves only onto a record of `gen`. Until it has
+    /// moved it is a floor, not a mark: the records of earlier generations below it commit
+    /// only with a record of this one.
     commit: u64,
+    /// The generation-start record's offset (where `commit` starts).
+    first: u64,
     /// `Quorum` publishes below this were acknowledged.
     acked: u64,
     /// Publishes below this were answered "cannot vouch" (or acknowledged).
@@ -148,6 +152,18 @@ struct Lead {
     report_seq: u64,
     /// Something the report would say changed since the last one was built.
     report_due: bool,
+}
+
+impl Lead {
+    /// What this leader knows committed: its mark once it moved past the generation-start
+    /// record, else what it knew before it led (`before`).
+    fn known(&self, before: u64) -> u64 {
+        if self.commit > self.first {
+            self.commit.max(before)
+        } else {
+            before
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -184,6 +200,13 @@ pub(crate) struct Replica {
     role: Role,
     /// While leading: the lease (rules 2 and 4).
     lease: Option<Lease>,
+    /// The records below this are committed, as far as this replica has learnt: from its own
+    /// mark while it led, from its leaders' shipments for what it holds in agreement with
+    /// them. It never passes the log's end, and only grows, since no leader ever cuts a
+    /// committed record (the simulator checks that on every cut, with the seed). Not
+    /// persisted yet (0 after a restart is a true lower bound): retention at the mark (rule
+    /// 10) is to use it.
+    known_commit: u64,
     cfg: ReplicaCfg,
     effects: Vec<Effect>,
 }
@@ -208,6 +231,7 @@ impl Replica {
             log,
             role: Role::Follower,
             lease: None,
+            known_commit: 0,
             cfg,
             effects: Vec::new(),
         }
@@ -226,6 +250,14 @@ impl Replica {
 
     pub(crate) fn durable(&self) -> Durable {
         self.durable
+    }
+
+    /// The records below this are known committed (see the field).
+    pub(crate) fn known_commit(&self) -> u64 {
+        match &self.role {
+            Role::Leading(l) => l.known(self.known_commit),
+            _ => self.known_commit,
+        }
     }
 
     pub(crate) fn log(&self) -> &GenLog {
@@ -268,6 +300,7 @@ impl Replica {
 
     fn truncate(&mut self, from: u64) {
         debug_assert!(from < self.log.end());
+        self.known_commit = self.known_commit.min(from);
         self.log.truncate(from);
         self.effects.push(Effect::Truncate { from });
     }
@@ -285,6 +318,7 @@ impl Replica {
         let Some(gen) = self.taken() else { return };
         // Every publish still waiting is answered: this broker can no longer vouch for it.
         if let Role::Leading(l) = &self.role {
+            self.known_commit = l.known(self.known_commit);
             let from = l.acked.max(l.gave_up);
             let below = self.log.end();
             if below > from && !breaks::on(&breaks::FORGET_WAITS_ON_STEP_DOWN) {
@@ -424,8 +458,9 @@ impl Replica {
                 leader,
                 start,
                 prev_gen,
+                commit,
                 gens,
-            } => self.on_ship(gen, leader, start, prev_gen, gens),
+            } => self.on_ship(gen, leader, start, prev_gen, commit, gens),
             Msg::ShipAnswer {
                 gen,
                 from,
@@ -490,6 +525,10 @@ pub(crate) mod breaks {
     pub(crate) use felix_control::replication::breaks::{
         NO_STORAGE_IDENTITY, REPORTS_IN_ANY_ORDER, STALE_IDENTITY_OVER_CURRENT,
     };
+    /// A follower takes its leader's commit mark as soon as a shipment arrives, before
+    /// matching it against its own log: it may then believe records committed that it holds
+    /// from a deposed leader, and that the leader cuts.
+    pub(crate) static COMMIT_BEFORE_MATCH: AtomicBool = AtomicBool::new(false);
     /// A deposed leader drops the publishes still waiting for the mark without an answer.
     pub(crate) static FORGET_WAITS_ON_STEP_DOWN: AtomicBool = AtomicBool::new(false);
 

@@ -441,6 +441,7 @@ fn the_driver_refuses_a_shipment_that_does_not_carry_its_records() {
             leader: 2,
             start: 0,
             prev_gen: None,
+            commit: 0,
             gens: vec![1, 1],
         };
         let one = vec![ShippedRecord {
