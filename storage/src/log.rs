@@ -106,6 +106,10 @@ pub struct LogConfig {
     pub retention: RetentionLimits,
     /// The offset an empty log starts at.
     pub first_offset: u64,
+    /// Retention and [`Log::delete_below`] delete no segment holding an offset at or above
+    /// this (replication rule 10: trims stop at the commit mark). In force from open, before
+    /// any sweep; [`Log::set_retention_hold`] moves it. `None`: no hold.
+    pub retention_hold: Option<u64>,
     /// Fault injection hook for device-error tests. `None` in production.
     pub faults: Option<FaultHook>,
     /// Fsync latency observer (metrics).
@@ -131,6 +135,7 @@ impl Default for LogConfig {
             fsync: FsyncMode::Periodic { interval_ms: 250 },
             retention: RetentionLimits::default(),
             first_offset: 0,
+            retention_hold: None,
             faults: None,
             on_sync: None,
             inline_write_slow_us: 1000,
@@ -378,6 +383,8 @@ struct Inner {
     newest_gen: Option<u64>,
     /// Set while [`Log::truncate_from`] runs: appends are refused and retention waits.
     truncating: bool,
+    /// No segment holding an offset at or above this is deleted ([`LogConfig::retention_hold`]).
+    retention_hold: Option<u64>,
     /// Truncations so far, and where the last one cut: a wait for acknowledgement that a
     /// truncation overtook ends with [`LogError::Truncated`].
     truncations: u64,
@@ -661,6 +668,7 @@ impl Log {
             scratch: Vec::new(),
             newest_gen,
             truncating: false,
+            retention_hold: cfg.retention_hold,
             truncations: 0,
             truncated_to: 0,
         };
@@ -912,6 +920,12 @@ impl Log {
     pub fn newest_gen(&self) -> Option<u64> {
         self.inner.borrow().newest_gen
     }
+    /// Move the retention hold ([`LogConfig::retention_hold`]): a replica raises it as it
+    /// learns the commit mark. A lower hold only keeps more.
+    pub fn set_retention_hold(&self, hold: Option<u64>) {
+        self.inner.borrow_mut().retention_hold = hold;
+    }
+
     /// The generations of the written records, as runs from the oldest offset (one per change
     /// of generation, across segments).
     pub fn gen_runs(&self) -> Vec<GenRun> {
@@ -1288,6 +1302,7 @@ impl Log {
                     sealed: s.sealed && Some(s.base) != last,
                 })
                 .collect();
+            let offset = i.retention_hold.map_or(offset, |h| h.min(offset));
             let n = segments_below(&facts, offset);
             i.segs.drain(..n).map(|s| (s.base, s.file)).collect()
         };
@@ -1319,7 +1334,10 @@ impl Log {
                     sealed: s.sealed && (s.base != i.segs.back().unwrap().base),
                 })
                 .collect();
-            let n = segments_to_delete(&facts, i.cfg.retention, now_ms());
+            let mut n = segments_to_delete(&facts, i.cfg.retention, now_ms());
+            if let Some(hold) = i.retention_hold {
+                n = n.min(segments_below(&facts, hold));
+            }
             i.segs.drain(..n).map(|s| (s.base, s.file)).collect()
         };
         if victims.is_empty() {

@@ -269,6 +269,49 @@ fn torn_tail_is_cut_and_middle_corruption_refused() {
     });
 }
 
+/// Rule 10's storage side: retention deletes no segment holding an offset at or above the
+/// hold, the hold is in force from open (before any sweep), and raising it lets retention
+/// go on; a compaction's trim stops at it too.
+#[test]
+fn retention_stops_at_the_hold_from_open_and_moves_with_it() {
+    let (_t, d) = dir();
+    run(move || async move {
+        let mut cfg = small(FsyncMode::None);
+        cfg.retention = RetentionLimits {
+            bytes_max: Some(100 << 10),
+            age_max_ms: None,
+        };
+        cfg.retention_hold = Some(0);
+        let (log, _) = Log::open(&d, cfg.clone()).await.unwrap();
+        let end = append_n(&log, 0, 1000, 10).await;
+        assert!(log.segment_count() > 5, "{} segments", log.segment_count());
+        assert_eq!(
+            log.oldest_offset(),
+            0,
+            "nothing deleted at or above the hold"
+        );
+        assert_eq!(
+            log.delete_below(500).await,
+            0,
+            "a compaction stops at it too"
+        );
+        log.close().await.unwrap();
+        // Reopened with the hold at 300: the first sweep (at the next roll) keeps 300 and on.
+        cfg.retention_hold = Some(300);
+        let (log, _) = Log::open(&d, cfg.clone()).await.unwrap();
+        let end = append_n(&log, end, 300, 10).await;
+        let oldest = log.oldest_offset();
+        assert!(oldest > 0 && oldest <= 300, "oldest {oldest}");
+        check_all(&log, oldest, end).await;
+        // The hold moves: retention goes on to its own bound.
+        log.set_retention_hold(None);
+        let end = append_n(&log, end, 300, 10).await;
+        assert!(log.oldest_offset() > 300, "oldest {}", log.oldest_offset());
+        check_all(&log, log.oldest_offset(), end).await;
+        log.close().await.unwrap();
+    });
+}
+
 #[test]
 fn retention_deletes_whole_old_segments() {
     let (_t, d) = dir();
