@@ -926,6 +926,11 @@ impl Log {
         self.inner.borrow_mut().retention_hold = hold;
     }
 
+    /// The retention hold now.
+    pub fn retention_hold(&self) -> Option<u64> {
+        self.inner.borrow().retention_hold
+    }
+
     /// The generations of the written records, as runs from the oldest offset (one per change
     /// of generation, across segments).
     pub fn gen_runs(&self) -> Vec<GenRun> {

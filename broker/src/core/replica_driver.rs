@@ -152,6 +152,8 @@ impl ReplicaDriver {
             self.carry_out(e, client.as_ref(), &in_hand, wall_ms, &mut out)
                 .await?;
         }
+        // Rule 10: retention stops at the mark this replica has learnt.
+        self.store.hold_at(self.r.known_commit()).await?;
         Ok(out)
     }
 

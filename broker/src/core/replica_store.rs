@@ -29,7 +29,16 @@ struct StateFile {
     promised: u64,
     ballot: Option<NodeId>,
     led: u64,
+    /// The retention hold (rule 10): the commit mark this replica had learnt when the file
+    /// was written. It lags the mark (written with the promise, and every
+    /// [`HOLD_PERSIST_EVERY_RECORDS`]), which only keeps more.
+    #[serde(default)]
+    hold: u64,
 }
+
+/// The retention hold is written again once the learnt mark has moved this many records past
+/// the one on disk (a lagging hold keeps more records, never fewer).
+pub(crate) const HOLD_PERSIST_EVERY_RECORDS: u64 = 4096;
 
 /// One record as a shipment carries it: what the leader's log holds at its offset.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -73,6 +82,9 @@ pub(crate) fn records_for(
 pub(crate) struct ReplicaStore {
     dir: PathBuf,
     log: Log,
+    /// What `replica-state.json` holds now.
+    durable: Durable,
+    hold_on_disk: u64,
 }
 
 impl ReplicaStore {
@@ -81,19 +93,25 @@ impl ReplicaStore {
         dir: &Path,
         cfg: LogConfig,
     ) -> Result<(ReplicaStore, Durable, GenLog), String> {
-        let durable = match std::fs::read(dir.join(STATE_FILE)) {
+        let (durable, hold) = match std::fs::read(dir.join(STATE_FILE)) {
             Ok(b) => {
                 let s: StateFile = serde_json::from_slice(&b).map_err(|e| {
                     format!("{} is unreadable: {e}", dir.join(STATE_FILE).display())
                 })?;
-                Durable {
+                let d = Durable {
                     promised: s.promised,
                     ballot: s.ballot,
                     led: s.led,
-                }
+                };
+                (d, s.hold)
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Durable::default(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (Durable::default(), 0),
             Err(e) => return Err(format!("read {}: {e}", dir.join(STATE_FILE).display())),
+        };
+        // Rule 10: the hold is in force from open, before any retention sweep.
+        let cfg = LogConfig {
+            retention_hold: Some(hold),
+            ..cfg
         };
         let (log, _) = Log::open(dir, cfg)
             .await
@@ -102,8 +120,23 @@ impl ReplicaStore {
         let store = ReplicaStore {
             dir: dir.to_path_buf(),
             log,
+            durable,
+            hold_on_disk: hold,
         };
         Ok((store, durable, view))
+    }
+
+    /// Retention stops at `known_commit` (rule 10); written to disk with the promise, or once
+    /// it has moved [`HOLD_PERSIST_EVERY_RECORDS`] past what the file says.
+    pub(crate) async fn hold_at(&mut self, known_commit: u64) -> Result<(), String> {
+        let now = self.log.retention_hold().unwrap_or(0);
+        if known_commit > now {
+            self.log.set_retention_hold(Some(known_commit));
+        }
+        if known_commit >= self.hold_on_disk + HOLD_PERSIST_EVERY_RECORDS {
+            self.write_state(self.durable, known_commit).await?;
+        }
+        Ok(())
     }
 
     pub(crate) fn log(&self) -> &Log {
@@ -111,18 +144,27 @@ impl ReplicaStore {
     }
 
     /// `Effect::Persist`: durable before it returns.
-    pub(crate) async fn persist(&self, d: Durable) -> Result<(), String> {
+    pub(crate) async fn persist(&mut self, d: Durable) -> Result<(), String> {
+        let hold = self.log.retention_hold().unwrap_or(0);
+        self.write_state(d, hold).await
+    }
+
+    async fn write_state(&mut self, d: Durable, hold: u64) -> Result<(), String> {
         let bytes = serde_json::to_vec(&StateFile {
             promised: d.promised,
             ballot: d.ballot,
             led: d.led,
+            hold,
         })
         .expect("the state serializes");
         let dir = self.dir.clone();
         glommio::executor()
             .spawn_blocking(move || super::atomic_write(&dir, STATE_FILE, &bytes))
             .await
-            .map_err(|e| format!("write {STATE_FILE}: {e}"))
+            .map_err(|e| format!("write {STATE_FILE}: {e}"))?;
+        self.durable = d;
+        self.hold_on_disk = hold;
+        Ok(())
     }
 
     /// `Effect::Truncate`.

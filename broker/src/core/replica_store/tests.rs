@@ -327,9 +327,19 @@ fn a_failover_cuts_the_deposed_leaders_suffix_on_disk_and_the_logs_agree() {
         };
         assert_eq!(ts(1).await, ts(2).await);
         assert_eq!(ts(3).await, ts(2).await);
-        // And a restart reads back what every machine believes.
+        // Every replica learnt the mark past the last acknowledged record, and retention
+        // holds there (rule 10).
+        for n in 1..=3 {
+            let k = h.replica(n).known_commit();
+            assert!(k >= 17, "node {n} knows {k} committed");
+            assert_eq!(h.log(n).retention_hold(), Some(k), "node {n}");
+        }
+        // And a restart reads back what every machine believes; the hold written with the
+        // promise is in force from open (it lags the mark: it only keeps more).
         for n in 1..=3 {
             h.restart(n).await;
+            let hold = h.log(n).retention_hold().expect("a hold from open");
+            assert!(hold <= 17, "node {n}: {hold}");
         }
     });
 }
@@ -342,7 +352,7 @@ fn the_store_refuses_what_does_not_match_the_machine() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("n");
     run(move || async move {
-        let (store, _, _) = ReplicaStore::open(&dir, log_cfg()).await.unwrap();
+        let (mut store, _, _) = ReplicaStore::open(&dir, log_cfg()).await.unwrap();
         let d = Durable {
             promised: 4,
             ballot: Some(2),
@@ -379,8 +389,13 @@ fn the_store_refuses_what_does_not_match_the_machine() {
         );
         let e = store.read_shipment(1, &[3, 3]).await.unwrap_err();
         assert!(e.contains("generation 4 at offset 2"), "{e}");
+        // The retention hold moves with the learnt mark and is written with the promise.
+        store.hold_at(2).await.unwrap();
+        assert_eq!(store.log().retention_hold(), Some(2));
+        store.persist(d).await.unwrap();
         store.log().close().await.unwrap();
         let (store, d2, view) = ReplicaStore::open(&dir, log_cfg()).await.unwrap();
+        assert_eq!(store.log().retention_hold(), Some(2), "in force from open");
         assert_eq!(d2, d);
         assert_eq!(view, GenLog::from_gens([3, 3, 4]));
         store.log().close().await.unwrap();
