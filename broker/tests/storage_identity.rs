@@ -20,6 +20,16 @@ fn id(durable: &Path) -> String {
     record(durable)["id"].as_str().unwrap().to_string()
 }
 
+/// `felix-broker restore-point --durable-storage-dir DIR`, which must succeed.
+fn restore_point(durable: &str) -> std::process::Output {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_felix-broker"))
+        .args(["restore-point", "--durable-storage-dir", durable])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    out
+}
+
 #[test]
 fn the_storage_identity_survives_process_stops_and_rotates_by_hand_or_on_doubt() {
     let data = tempfile::tempdir().unwrap();
@@ -52,11 +62,7 @@ fn the_storage_identity_survives_process_stops_and_rotates_by_hand_or_on_doubt()
     let data = b.kill();
 
     // By hand, after a restore: a new identity, which the next start keeps.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_felix-broker"))
-        .args(["restore-point", "--durable-storage-dir", &durable_arg])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
+    let out = restore_point(&durable_arg);
     let second = id(&durable);
     assert_ne!(second, first);
     assert!(String::from_utf8_lossy(&out.stdout).contains(&second));
@@ -133,11 +139,7 @@ fn the_control_plane_holds_the_identity_each_registration_names() {
 
     // A restore point rotates it: the control plane sees the new one from a later revision.
     let data = b.kill();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_felix-broker"))
-        .args(["restore-point", "--durable-storage-dir", &durable_arg])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
+    restore_point(&durable_arg);
     let second = id(&durable);
     let b = Broker::start_in(data, 1, &args);
     let reg = rt.block_on(registered(&cp.url, 3));

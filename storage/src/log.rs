@@ -403,6 +403,20 @@ impl Inner {
             w.wake();
         }
     }
+    /// Whether the log takes a write now: not failed, not closing, not cutting a suffix.
+    fn writable(&self) -> Result<(), LogError> {
+        if let Some(f) = &self.failed {
+            return Err(LogError::Failed(f.clone()));
+        }
+        if self.closing {
+            return Err(LogError::Closed);
+        }
+        if self.truncating {
+            return Err(LogError::Truncating);
+        }
+        Ok(())
+    }
+
     fn fail(&mut self, why: String) {
         if self.failed.is_none() {
             tracing::error!(dir = %self.dir.display(), %why, "log failed; no further acknowledgements");
@@ -836,15 +850,7 @@ impl Log {
         ts_ms_of: impl Fn(usize) -> u64,
     ) -> Result<Range<u64>, LogError> {
         let mut i = self.inner.borrow_mut();
-        if let Some(f) = &i.failed {
-            return Err(LogError::Failed(f.clone()));
-        }
-        if i.closing {
-            return Err(LogError::Closed);
-        }
-        if i.truncating {
-            return Err(LogError::Truncating);
-        }
+        i.writable()?;
         if let Some(newest) = i.newest_gen.filter(|n| *n > gen) {
             return Err(LogError::GenerationBehind { gen, newest });
         }

@@ -37,15 +37,7 @@ impl Log {
     pub async fn truncate_from(&self, to: u64) -> Result<(), LogError> {
         {
             let mut i = self.inner.borrow_mut();
-            if let Some(f) = &i.failed {
-                return Err(LogError::Failed(f.clone()));
-            }
-            if i.closing {
-                return Err(LogError::Closed);
-            }
-            if i.truncating {
-                return Err(LogError::Truncating);
-            }
+            i.writable()?;
             let oldest = i.segs.front().map(|s| s.base).unwrap_or(i.next_offset);
             if to < oldest {
                 return Err(LogError::BelowRetention {
