@@ -22,6 +22,7 @@ use utoipa::{IntoParams, OpenApi};
 
 mod resources;
 mod sweep;
+mod unread_body;
 pub use sweep::sweep;
 pub mod rest_auth;
 use crate::catalog::auth_state::TokenRecord;
@@ -306,6 +307,8 @@ pub fn router(st: Arc<AppState>) -> Router {
             st.clone(),
             observe_request,
         ))
+        // Outermost, so that it sees every refusal made before a body was read.
+        .layer(axum::middleware::from_fn(unread_body::close_if_unread))
         .with_state(st.clone());
     api
 }

@@ -202,3 +202,68 @@ async fn a_configured_certificate_and_bad_tls_settings() {
         assert!(err.contains(says), "{args:?} should say {says:?}: {err}");
     }
 }
+
+/// A refusal made before the request's body was read (the bearer check's 401, a body past
+/// `--max-body-bytes`) closes the connection and says so with `Connection: close`: without
+/// it, a client reuses the connection hyper is about to drop and its next request fails
+/// (Schemathesis saw "EOF occurred in violation of protocol" on a 401 to a 100 KB POST).
+/// An answer to a body that was read to its end keeps the connection.
+#[tokio::test]
+async fn a_refusal_before_the_body_is_read_closes_the_connection_and_says_so() {
+    let d = tempdir();
+    let s = start_tls(d.path(), &[]);
+    let ca = d.path().join("tls").join("ca.pem");
+    let admin = admin_token(&d.path().join("admin.token"));
+    let closes = |r: &reqwest::Response| {
+        r.headers()
+            .get("connection")
+            .map(|v| v.as_bytes().eq_ignore_ascii_case(b"close"))
+            .unwrap_or(false)
+    };
+    let big = json!({"name": "x".repeat(100_000)}).to_string();
+    let url = s.url("/v1/tenants");
+
+    let anon = client_tls(None, &ca);
+    let r = anon
+        .post(&url)
+        .header("content-type", "application/json")
+        .body(big.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    assert!(closes(&r), "a 401 to an unread body: {:?}", r.headers());
+    // The same client goes on, on a new connection.
+    let r = anon.get(s.url("/livez")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    // Nothing to leave unread: the connection stays.
+    let r = anon.get(&url).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    assert!(!closes(&r), "a 401 to a GET: {:?}", r.headers());
+
+    let c = client_tls(Some(&admin), &ca);
+    let huge = json!({"name": "x".repeat(3_000_000)}).to_string();
+    let r = c
+        .post(&url)
+        .header("content-type", "application/json")
+        .body(huge)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 413);
+    assert!(
+        closes(&r),
+        "a 413 read only to the limit: {:?}",
+        r.headers()
+    );
+    // A body read to its end and refused keeps the connection.
+    let r = c
+        .post(&url)
+        .header("content-type", "application/json")
+        .body(r#"{"name": 7}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert!(!closes(&r), "a 400 to a read body: {:?}", r.headers());
+}
