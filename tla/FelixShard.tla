@@ -31,6 +31,7 @@ CONSTANTS
     AckAfterReport, \* rule R: the commit mark moves only on the leader's landed report
     CheckStorageIdentity, \* rule S: a report or assignment counts only under the storage
                           \*         identity it names
+    PromoteAtCommit, \* rule P: placement promotes only a replica at or past its commit mark
     WaitOutLease,   \* rule W: a new leader waits out every lease held when its fence completed
     RacingPlacement, \* environment: placement may name a second leader at an issued generation
     CrashNamedLeader \* environment: a lossy crash may hit the replica placement names as leader
@@ -38,13 +39,15 @@ CONSTANTS
 ASSUME /\ MaxGen \in Nat /\ MaxLen \in Nat /\ MaxCrashes \in Nat
        /\ None \notin Nodes
        /\ \A b \in {UseFence, UseBallot, AckAfterReport, CheckStorageIdentity,
-                    WaitOutLease, RacingPlacement, CrashNamedLeader} : b \in BOOLEAN
+                    PromoteAtCommit, WaitOutLease, RacingPlacement, CrashNamedLeader}
+              : b \in BOOLEAN
 
 VARIABLES
     \* control plane (durable)
     cpGen,      \* the newest generation placement has issued (0: none yet)
     cpLeader,   \* the leader placement names at cpGen
     cpSid,      \* the storage identity of cpLeader the promotion was decided on
+    cpCommit,   \* the commit mark the landed reports showed: [lg, off], never moved back
     rep,        \* rep[n]: the last landed report about n: [lg, off, sid]
                 \*   (position = generation of the last record held, offset held)
     \* replicas: durable state
@@ -65,7 +68,7 @@ VARIABLES
     elected,    \* [g, n] for every fence that completed
     crashes     \* lossy machine crashes so far
 
-vars == <<cpGen, cpLeader, cpSid, rep, log, sid, promised, ballot, lgen, role, fenced,
+vars == <<cpGen, cpLeader, cpSid, cpCommit, rep, log, sid, promised, ballot, lgen, role, fenced,
           match, lease, waitfor, acked, elected, crashes>>
 
 Leading == {"fencing", "waiting", "serving"}
@@ -109,6 +112,7 @@ Init ==
     /\ cpGen = 0
     /\ cpLeader = None
     /\ cpSid = 0
+    /\ cpCommit = [lg |-> 0, off |-> 0]
     /\ rep = [n \in Nodes |-> [lg |-> 0, off |-> 0, sid |-> 0]]
     /\ log = [n \in Nodes |-> << >>]
     /\ sid = [n \in Nodes |-> 0]
@@ -126,14 +130,16 @@ Init ==
 
 (* Promotion (doc: "Promotion").  Placement may replace the leader at any    *)
 (* time (lease lapse, the followers' word, an operator): failure detection   *)
-(* is not trusted for safety.  It names the replica furthest ahead among     *)
-(* those whose report still vouches for them (rule S); the current leader    *)
-(* is a candidate too, so a shard whose only vouched holder is its leader    *)
-(* waits for it instead of being served short.  The assignment names the    *)
-(* storage identity the decision was made on.                                *)
+(* is not trusted for safety.  It names a replica whose report still        *)
+(* vouches for it (rule S) at or past the commit mark the landed reports    *)
+(* showed (rule P); the current leader is a candidate like any other, and a  *)
+(* shard with no such replica waits.  Which one of them is a liveness       *)
+(* choice (the code takes the furthest ahead that is up): any may be named  *)
+(* here.  The assignment names the storage identity the decision was made   *)
+(* on.                                                                      *)
 Eligible(c) ==
     /\ Vouched(c)
-    /\ \A n \in Nodes : Vouched(n) => PosLeq(rep[n], rep[c])
+    /\ PromoteAtCommit => PosLeq(cpCommit, rep[c])
 
 Promote(c) ==
     /\ Eligible(c)
@@ -143,7 +149,7 @@ Promote(c) ==
           /\ cpGen' = g
           /\ cpLeader' = c
     /\ cpSid' = rep[c].sid
-    /\ UNCHANGED <<rep, log, sid, promised, ballot, lgen, role, fenced, match,
+    /\ UNCHANGED <<cpCommit, rep, log, sid, promised, ballot, lgen, role, fenced, match,
                    lease, waitfor, acked, elected, crashes>>
 
 (* The named replica takes the generation, if the assignment names its      *)
@@ -164,7 +170,7 @@ TakeLead(c) ==
     /\ match' = [match EXCEPT ![c] = [f \in Nodes |-> NoMatch]]
     /\ lease' = [lease EXCEPT ![c] = FALSE]
     /\ waitfor' = [m \in Nodes |-> IF m = c THEN {} ELSE waitfor[m] \ {c}]
-    /\ UNCHANGED <<cpGen, cpLeader, cpSid, rep, log, sid, acked, elected, crashes>>
+    /\ UNCHANGED <<cpGen, cpLeader, cpSid, cpCommit, rep, log, sid, acked, elected, crashes>>
 
 (* Fencing (doc: "Fencing a new generation").  f promises generation g to l  *)
 (* and records l in its ballot, fsynced before the answer.  A replica that   *)
@@ -183,7 +189,7 @@ Fence(l, f) ==
     /\ match' = [match EXCEPT ![f] = [n \in Nodes |-> NoMatch]]
     /\ fenced' = [fenced EXCEPT ![l] = @ \cup {f}, ![f] = {}]
     /\ waitfor' = [n \in Nodes |-> IF n = f THEN {} ELSE waitfor[n] \ {f}]
-    /\ UNCHANGED <<cpGen, cpLeader, cpSid, rep, log, sid, lgen, acked, elected, crashes>>
+    /\ UNCHANGED <<cpGen, cpLeader, cpSid, cpCommit, rep, log, sid, lgen, acked, elected, crashes>>
 
 (* The fence is complete once a majority (the leader included) answered.    *)
 (* From here the old generation cannot renew a lease or commit.  The leader  *)
@@ -196,7 +202,7 @@ FenceComplete(n) ==
     /\ waitfor' = [waitfor EXCEPT ![n] = {m \in Nodes \ {n} : lease[m]}]
     /\ elected' = elected \cup {[g |-> lgen[n], n |-> n]}
     /\ log' = [log EXCEPT ![n] = Append(@, [g |-> lgen[n], w |-> n, c |-> FALSE])]
-    /\ UNCHANGED <<cpGen, cpLeader, cpSid, rep, sid, promised, ballot, lgen, fenced,
+    /\ UNCHANGED <<cpGen, cpLeader, cpSid, cpCommit, rep, sid, promised, ballot, lgen, fenced,
                    match, lease, acked, crashes>>
 
 (* Bounded suspension, as the model states it: the wait is over only once    *)
@@ -207,7 +213,7 @@ BeginServe(n) ==
     /\ role[n] = "waiting"
     /\ WaitOutLease => waitfor[n] = {}
     /\ role' = [role EXCEPT ![n] = "serving"]
-    /\ UNCHANGED <<cpGen, cpLeader, cpSid, rep, log, sid, promised, ballot, lgen, fenced,
+    /\ UNCHANGED <<cpGen, cpLeader, cpSid, cpCommit, rep, log, sid, promised, ballot, lgen, fenced,
                    match, lease, waitfor, acked, elected, crashes>>
 
 (* Leases (doc: "Generations and leases").  A leader's lease is granted by   *)
@@ -218,14 +224,14 @@ Renew(l) ==
     /\ ~lease[l]
     /\ Quorum({l} \cup {f \in fenced[l] \ {l} : ~Foreign(f, lgen[l]) /\ Accepts(f, l, lgen[l])})
     /\ lease' = [lease EXCEPT ![l] = TRUE]
-    /\ UNCHANGED <<cpGen, cpLeader, cpSid, rep, log, sid, promised, ballot, lgen, role,
+    /\ UNCHANGED <<cpGen, cpLeader, cpSid, cpCommit, rep, log, sid, promised, ballot, lgen, role,
                    fenced, match, waitfor, acked, elected, crashes>>
 
 LeaseLapse(n) ==
     /\ lease[n]
     /\ lease' = [lease EXCEPT ![n] = FALSE]
     /\ waitfor' = [m \in Nodes |-> waitfor[m] \ {n}]
-    /\ UNCHANGED <<cpGen, cpLeader, cpSid, rep, log, sid, promised, ballot, lgen, role,
+    /\ UNCHANGED <<cpGen, cpLeader, cpSid, cpCommit, rep, log, sid, promised, ballot, lgen, role,
                    fenced, match, acked, elected, crashes>>
 
 (* A serving leader, inside its lease, appends a client record.              *)
@@ -233,7 +239,7 @@ Publish(l) ==
     /\ Serving(l)
     /\ Len(log[l]) < MaxLen
     /\ log' = [log EXCEPT ![l] = Append(@, [g |-> lgen[l], w |-> l, c |-> TRUE])]
-    /\ UNCHANGED <<cpGen, cpLeader, cpSid, rep, sid, promised, ballot, lgen, role, fenced,
+    /\ UNCHANGED <<cpGen, cpLeader, cpSid, cpCommit, rep, sid, promised, ballot, lgen, role, fenced,
                    match, lease, waitfor, acked, elected, crashes>>
 
 (* Shipping (doc: "Log shipping").  One exchange: the leader finds where f's *)
@@ -250,7 +256,7 @@ Ship(l, f) ==
        IN \E j \in k..Len(log[l]) :
              /\ log' = [log EXCEPT ![f] = SubSeq(@, 1, k) \o SubSeq(log[l], k + 1, j)]
              /\ match' = [match EXCEPT ![l][f] = [ok |-> TRUE, off |-> j, sid |-> sid[f]]]
-    /\ UNCHANGED <<cpGen, cpLeader, cpSid, rep, sid, promised, ballot, lgen, role, fenced,
+    /\ UNCHANGED <<cpGen, cpLeader, cpSid, cpCommit, rep, sid, promised, ballot, lgen, role, fenced,
                    lease, waitfor, acked, elected, crashes>>
 
 (* The commit mark (doc: "The commit mark").  The highest offset of the     *)
@@ -283,7 +289,10 @@ Report(l) ==
            H(k) == {n \in Nodes : (CheckStorageIdentity => new[n].sid = sid[n])
                                   /\ new[n].off >= k /\ new[n].off <= Len(log[l])
                                   /\ GenAt(log[l], new[n].off) = new[n].lg}
+           \* placement computes the mark from the same report as the leader
+           mark == [lg |-> lgen[l], off |-> CommitMark(l, H)]
        IN /\ rep' = new
+          /\ cpCommit' = IF mark.off > 0 /\ PosLeq(cpCommit, mark) THEN mark ELSE cpCommit
           /\ acked' = IF AckAfterReport /\ role[l] = "serving"
                         THEN Ack(l, CommitMark(l, H)) ELSE acked
     /\ UNCHANGED <<cpGen, cpLeader, cpSid, log, sid, promised, ballot, lgen, role, fenced,
@@ -297,7 +306,7 @@ AckOnAnswers(l) ==
     /\ LET H(k) == {l} \cup {f \in Nodes : match[l][f].ok /\ match[l][f].off >= k}
        IN acked' = Ack(l, CommitMark(l, H))
     /\ acked' # acked
-    /\ UNCHANGED <<cpGen, cpLeader, cpSid, rep, log, sid, promised, ballot, lgen, role,
+    /\ UNCHANGED <<cpGen, cpLeader, cpSid, cpCommit, rep, log, sid, promised, ballot, lgen, role,
                    fenced, match, lease, waitfor, elected, crashes>>
 
 (* Storage identity (doc: "Follower crash and storage identity").  A machine *)
@@ -316,7 +325,7 @@ Crash(n) ==
     /\ match' = [match EXCEPT ![n] = [f \in Nodes |-> NoMatch]]
     /\ lease' = [lease EXCEPT ![n] = FALSE]
     /\ waitfor' = [m \in Nodes |-> IF m = n THEN {} ELSE waitfor[m] \ {n}]
-    /\ UNCHANGED <<cpGen, cpLeader, cpSid, rep, promised, ballot, lgen, acked, elected>>
+    /\ UNCHANGED <<cpGen, cpLeader, cpSid, cpCommit, rep, promised, ballot, lgen, acked, elected>>
 
 Next ==
     \/ \E n \in Nodes :
@@ -334,6 +343,7 @@ TypeOK ==
     /\ cpGen \in 0..MaxGen
     /\ cpLeader \in Nodes \cup {None}
     /\ cpSid \in 0..MaxCrashes
+    /\ cpCommit.lg \in 0..MaxGen /\ cpCommit.off \in Nat
     /\ \A n \in Nodes :
           /\ log[n] \in Seq(Record)
           /\ Len(log[n]) <= MaxGen + MaxLen

@@ -648,20 +648,51 @@ pub async fn run(cmd: &AdminCmd, g: &Globals) -> Result<(), Fail> {
             let bs: Vec<Broker> = from(api.get("/v1/brokers").await?)?;
             let addr: BTreeMap<u64, String> =
                 bs.into_iter().map(|b| (b.node_id, b.quic_addr)).collect();
+            // A stream's replication as placement holds it (caches have one copy).
+            let rs: BTreeMap<u32, ShardReplication> = if *cache {
+                BTreeMap::new()
+            } else {
+                let r: StreamReplication = from(
+                    api.get(&format!("{nsp}/streams/{}/replication", seg(name)))
+                        .await?,
+                )?;
+                r.shards.into_iter().map(|s| (s.shard, s)).collect()
+            };
             if g.json {
                 // Every column of the table, the owner's address included.
                 for p in &ps {
                     let mut o = serde_json::to_value(p)
                         .map_err(|e| Fail::refused("internal", e.to_string()))?;
                     o["quic_addr"] = serde_json::json!(p.owner.and_then(|o| addr.get(&o)));
+                    if let Some(r) = rs.get(&p.shard) {
+                        o["replication"] = serde_json::to_value(r)
+                            .map_err(|e| Fail::refused("internal", e.to_string()))?;
+                    }
                     println!("{o}");
                 }
                 return Ok(());
             }
             print_table(
-                &["SHARD", "OWNER", "QUIC_ADDR", "STATE", "GENERATION"],
+                &[
+                    "SHARD",
+                    "OWNER",
+                    "QUIC_ADDR",
+                    "STATE",
+                    "GENERATION",
+                    "FOLLOWERS",
+                    "COMMIT",
+                    "LAG",
+                ],
                 ps.iter()
                     .map(|p| {
+                        let r = rs.get(&p.shard).filter(|r| !r.replicas.is_empty());
+                        let list = |v: Vec<String>| {
+                            if v.is_empty() {
+                                "-".to_string()
+                            } else {
+                                v.join(",")
+                            }
+                        };
                         vec![
                             p.shard.to_string(),
                             opt(&p.owner),
@@ -670,6 +701,18 @@ pub async fn run(cmd: &AdminCmd, g: &Globals) -> Result<(), Fail> {
                                 .unwrap_or_else(|| "-".into()),
                             enum_name(&p.state),
                             p.generation.to_string(),
+                            list(r.map_or(Vec::new(), |r| {
+                                r.followers.iter().map(u64::to_string).collect()
+                            })),
+                            opt(&r.and_then(|r| r.commit)),
+                            // Each follower's lag behind the leader's reported end, in records.
+                            list(r.map_or(Vec::new(), |r| {
+                                r.replicas
+                                    .iter()
+                                    .filter(|x| Some(x.node) != r.leader)
+                                    .map(|x| format!("{}:{}", x.node, x.lag_records))
+                                    .collect()
+                            })),
                         ]
                     })
                     .collect(),

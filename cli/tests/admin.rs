@@ -15,6 +15,11 @@ fn start_control_plane() -> String {
 
 /// With `Some(file)`, auth is on and the admin token is written there.
 fn start_control_plane_with(admin_token_file: Option<std::path::PathBuf>) -> String {
+    start_control_plane_full(admin_token_file, false)
+}
+
+/// `preview`: `--replication-preview` (streams of more than one copy are placed).
+fn start_control_plane_full(admin_token_file: Option<std::path::PathBuf>, preview: bool) -> String {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -26,6 +31,7 @@ fn start_control_plane_with(admin_token_file: Option<std::path::PathBuf>) -> Str
             tx.send(l.local_addr().unwrap().to_string()).unwrap();
             let mut cfg = Config::defaults();
             cfg.sweep_interval_ms = 50;
+            cfg.replication_preview = preview;
             // `serve` is handed a plain listener here (HTTPS is felix-controlplane's main
             // wrapping it), so the members' scheme must say so.
             cfg.tls = felix_control::config::TlsSwitch::Off;
@@ -291,4 +297,118 @@ fn tokens_over_rest() {
     assert_eq!(mode, 0o600);
     let out = ok(&ctl("", &cfg, &["--tenant", "acme", "namespace", "ls"]));
     assert!(out.contains("prod"), "{out}");
+}
+
+/// POST `body` to `url` as a broker would, and return the status and the JSON answer.
+fn post(url: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let r = reqwest::Client::new()
+            .post(url)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let st = r.status().as_u16();
+        (st, r.json().await.unwrap_or(serde_json::Value::Null))
+    })
+}
+
+/// A stream of three copies under `--replication-preview`: placed on three brokers with
+/// storage identities, its leader's report lands and moves the mark `shard ls` prints, and a
+/// report from a broker placement does not name is refused.
+#[test]
+fn replicated_shards_show_leader_followers_commit_and_lag() {
+    let url = start_control_plane_full(None, true);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("felixctl.json");
+    let u = url.as_str();
+    ok(&ctl(u, &cfg, &["tenant", "create", "t"]));
+    ok(&ctl(
+        u,
+        &cfg,
+        &["--tenant", "t", "namespace", "create", "n"],
+    ));
+    let run = |args: &[&str]| {
+        let mut a = vec!["--tenant", "t", "--namespace", "n"];
+        a.extend_from_slice(args);
+        ctl(u, &cfg, &a)
+    };
+    for n in 1..=3u64 {
+        let (st, b) = post(
+            &format!("{u}/v1/brokers"),
+            serde_json::json!({"node_id": n, "quic_addr": format!("127.0.0.1:{}", 7400 + n),
+                "cores": 1, "storage_id": format!("{:016x}", n * 0x11)}),
+        );
+        assert!(st < 300, "{st} {b}");
+    }
+    ok(&run(&[
+        "stream",
+        "create",
+        "s",
+        "--durable",
+        "--replication-factor",
+        "3",
+    ]));
+    let shards = format!("{u}/v1/tenants/t/namespaces/n/streams/s");
+    let out = ok(&run(&["--json", "shard", "ls", "s"]));
+    let row: serde_json::Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
+    let r = &row["replication"];
+    let leader = r["leader"].as_u64().unwrap();
+    let followers: Vec<u64> = r["followers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    assert_eq!(followers.len(), 2, "{row}");
+    assert_eq!(row["owner"].as_u64(), Some(leader), "{row}");
+    let holder = |n: u64, end: u64| {
+        serde_json::json!({"node": n, "last_generation": 1, "end": end,
+            "storage_id": format!("{:016x}", n * 0x11)})
+    };
+    let report = |from: u64, seq: u64| {
+        serde_json::json!({"generation": 1, "leader": from, "seq": seq, "holders": [
+            holder(leader, 12), holder(followers[0], 9), holder(followers[1], 4)]})
+    };
+    let (st, b) = post(
+        &format!("{shards}/shards/0/report"),
+        report(followers[0], 1),
+    );
+    assert_eq!((st, b["answer"].as_str()), (200, Some("refused")), "{b}");
+    let (st, b) = post(&format!("{shards}/shards/0/report"), report(leader, 1));
+    assert_eq!((st, b["answer"].as_str()), (200, Some("landed")), "{b}");
+    assert_eq!(b["counted"].as_array().unwrap().len(), 3, "{b}");
+    let out = ok(&run(&["shard", "ls", "s"]));
+    let cols: Vec<&str> = out.lines().nth(1).unwrap().split_whitespace().collect();
+    // SHARD OWNER QUIC_ADDR STATE GENERATION FOLLOWERS COMMIT LAG
+    assert_eq!(
+        cols[5],
+        format!("{},{}", followers[0], followers[1]),
+        "{out}"
+    );
+    assert_eq!(cols[6], "9", "the mark a majority holds: {out}");
+    assert_eq!(
+        cols[7],
+        format!("{}:3,{}:8", followers[0], followers[1]),
+        "{out}"
+    );
+    // A malformed report is refused, typed, and changes nothing.
+    let (st, b) = post(
+        &format!("{shards}/shards/0/report"),
+        serde_json::json!({"generation": 1, "leader": leader, "seq": 2,
+            "holders": [{"node": leader, "last_generation": 1, "end": 20, "storage_id": "XYZ"}]}),
+    );
+    assert_eq!(
+        (st, b["code"].as_str()),
+        (400, Some("invalid_request")),
+        "{b}"
+    );
+    let (st, _) = post(&format!("{shards}/shards/9/report"), report(leader, 2));
+    assert_eq!(st, 404);
+    let out = ok(&run(&["shard", "ls", "s"]));
+    assert!(out.lines().nth(1).unwrap().contains(" 9 "), "{out}");
 }

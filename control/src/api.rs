@@ -166,6 +166,54 @@ pub struct ShardPlacement {
     pub leader: Option<u64>,
 }
 
+/// One replica of a shard, as the last landed report of its leader named it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(ToSchema))]
+pub struct ReplicaLag {
+    pub node: u64,
+    /// The offset after the last record it holds, as reported (0 before any report).
+    pub end: u64,
+    /// The generation of its last record, as reported.
+    pub last_generation: u64,
+    /// Records behind the leader's reported end.
+    pub lag_records: u64,
+    /// Whether its report entry counts: made under the storage identity the broker has
+    /// registered now (rule 9). Only these move the commit mark and may be promoted.
+    pub vouched: bool,
+    /// Whether its broker is live.
+    pub live: bool,
+}
+
+/// One shard's replication as placement holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(ToSchema))]
+pub struct ShardReplication {
+    pub shard: u32,
+    pub state: ShardState,
+    /// The newest generation placement issued.
+    pub generation: u64,
+    /// The leader placement named at `generation`.
+    pub leader: Option<u64>,
+    pub followers: Vec<u64>,
+    /// The commit mark the landed reports show: every record below it is held by a majority
+    /// of the replicas. `null` for a shard of one copy or one not yet seated.
+    pub commit: Option<u64>,
+    /// Each replica, in placement order; empty for a shard of one copy.
+    pub replicas: Vec<ReplicaLag>,
+}
+
+/// `GET .../streams/{stream}/replication`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(ToSchema))]
+pub struct StreamReplication {
+    pub tenant: String,
+    pub namespace: String,
+    pub name: String,
+    pub replication_factor: u32,
+    pub consistency: Consistency,
+    pub shards: Vec<ShardReplication>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "server", derive(ToSchema))]
 pub struct Tenant {

@@ -13,7 +13,9 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 pub mod auth_state;
+mod replicas;
 use auth_state::{AuthCommand, AuthState};
+pub use replicas::ReplicaImage;
 
 /// Bounds of the catalog. Every member of a Raft group must run with the same values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -26,6 +28,11 @@ pub struct Limits {
     pub max_description_bytes: usize,
     /// Changes kept for the feed; an older `since` is answered `revision_too_old`.
     pub change_log_len: usize,
+    /// Streams of more than one copy, or `quorum`, are accepted and placed
+    /// (`--replication-preview`): placement seats the replicas, promotes and takes reports,
+    /// but brokers do not replicate yet, so it is off by default. Every member of a Raft
+    /// group must be started with the same value, as with every limit here.
+    pub replication_preview: bool,
 }
 
 impl Default for Limits {
@@ -37,6 +44,7 @@ impl Default for Limits {
             max_cores: 4096,
             max_description_bytes: 256,
             change_log_len: 10_000,
+            replication_preview: false,
         }
     }
 }
@@ -56,6 +64,15 @@ pub enum Command {
     },
     /// End the settle window: place every shard over the live brokers.
     ReleasePlacement,
+    /// A replicated shard's leader reports who holds what (rule 7); answered
+    /// [`Reply::Report`].
+    ReplicaReport {
+        tenant: String,
+        namespace: String,
+        stream: String,
+        shard: u32,
+        report: crate::replication::Report,
+    },
     CreateTenant {
         req: CreateTenant,
     },
@@ -149,6 +166,8 @@ pub enum Reply {
     Stream(Stream),
     Cache(Cache),
     Broker(Broker),
+    /// Placement's answer to a leader's report.
+    Report(crate::replication::ReportAnswer),
 }
 
 pub type Outcome = Result<Reply, ApiError>;
@@ -171,6 +190,8 @@ pub struct Catalog {
     /// In the settle window: placement waits (see [`Command::Init`]).
     placement_held: bool,
     auth: AuthState,
+    /// Each replicated shard's placement (catalog/replicas.rs).
+    replicas: BTreeMap<replicas::ShardKey, crate::replication::Placement>,
 }
 
 /// The serialized form of a catalog (Raft snapshots, persistence).
@@ -181,6 +202,9 @@ pub struct CatalogImage {
     /// Absent in images written before auth existed.
     #[serde(default)]
     pub auth: AuthState,
+    /// Replicated shards' placements; absent in images written before replication.
+    #[serde(default)]
+    pub replicas: Vec<replicas::ReplicaImage>,
 }
 
 fn invalid_name(what: &str, e: String) -> ApiError {
@@ -213,6 +237,7 @@ impl Catalog {
             changes: VecDeque::new(),
             placement_held: false,
             auth: AuthState::default(),
+            replicas: BTreeMap::new(),
         }
     }
 
@@ -395,6 +420,7 @@ impl Catalog {
             snapshot: self.snapshot(),
             changes: self.changes.iter().cloned().collect(),
             auth: self.auth.clone(),
+            replicas: replicas::to_images(&self.replicas),
         }
     }
 
@@ -427,6 +453,7 @@ impl Catalog {
         c.placement_held = s.placement_held;
         c.changes = img.changes.into_iter().collect();
         c.auth = img.auth;
+        c.replicas = replicas::from_images(img.replicas);
         c.trim();
         c
     }
@@ -566,6 +593,7 @@ impl Catalog {
                     .is_some_and(|s| s.state == ResourceState::Deleting && s.revision == *revision)
                 {
                     self.streams.remove(&k);
+                    self.forget_replicas(&k);
                     self.emit(ChangeEvent::StreamDeleted {
                         tenant: tenant.clone(),
                         namespace: namespace.clone(),
@@ -625,6 +653,13 @@ impl Catalog {
                 Ok(Reply::Done)
             }
             Command::RegisterBroker { req } => self.register_broker(req),
+            Command::ReplicaReport {
+                tenant,
+                namespace,
+                stream,
+                shard,
+                report,
+            } => self.replica_report(tenant, namespace, stream, *shard, report),
             Command::SetBrokerLive { node_id, live } => {
                 let b = self.broker(*node_id)?.clone();
                 if b.live == *live {
@@ -755,12 +790,14 @@ impl Catalog {
     /// more than one copy or `quorum` only on a durable stream (an ephemeral one keeps no
     /// log to replicate); no more copies than brokers registered (each copy needs its own).
     /// A request that passes and asks for more than one copy or `quorum` is still refused
-    /// `unsupported`: brokers do not run replicas yet (docs/replication-design.md).
+    /// `unsupported`, unless [`Limits::replication_preview`]: brokers do not run replicas
+    /// yet (docs/replication-design.md).
     fn replication(
         consistency: Option<Consistency>,
         rf: Option<u32>,
         durable: bool,
         brokers: usize,
+        preview: bool,
     ) -> Result<(Consistency, u32), ApiError> {
         let c = consistency.unwrap_or_default();
         let rf = rf.unwrap_or(1);
@@ -778,6 +815,9 @@ impl Catalog {
             return Err(ApiError::invalid(format!(
                 "replication_factor {rf} needs {rf} brokers, one per copy; {brokers} registered"
             )));
+        }
+        if preview {
+            return Ok((c, rf));
         }
         if rf > 1 {
             return Err(ApiError::new(
@@ -825,6 +865,7 @@ impl Catalog {
             req.replication_factor,
             req.durable,
             self.brokers.len(),
+            self.limits.replication_preview,
         )?;
         let k = key(tenant, namespace, &req.name);
         Self::obj_exists(&self.streams, &k, "stream", |s| s.state)?;
@@ -847,7 +888,7 @@ impl Catalog {
             placement: placement::unplaced(shards),
         };
         if !self.placement_held {
-            placement::place(&mut s.placement, s.durable, &self.live());
+            replicas::place_stream(&mut s, &k, &mut self.replicas, &self.brokers);
         }
         self.streams.insert(k, s.clone());
         self.emit(ChangeEvent::StreamPut { stream: s.clone() });
@@ -1020,6 +1061,7 @@ impl Catalog {
             storage_id_since,
         };
         self.brokers.insert(b.node_id, b.clone());
+        self.register_replica_identity(b.node_id, b.storage_id.as_deref());
         self.emit(ChangeEvent::BrokerPut { broker: b.clone() });
         self.place_all();
         Ok(Reply::Broker(b))
@@ -1043,7 +1085,7 @@ impl Catalog {
         let mut moved_streams = Vec::new();
         for (k, s) in self.streams.iter_mut() {
             if s.state == ResourceState::Active
-                && placement::place(&mut s.placement, s.durable, &live)
+                && replicas::place_stream(s, k, &mut self.replicas, &self.brokers)
             {
                 moved_streams.push(k.clone());
             }

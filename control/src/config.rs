@@ -194,6 +194,12 @@ pub struct Config {
     /// needs a token with `cluster.admin` on `metrics`.
     #[arg(long, env = "FELIX_METRICS_PUBLIC", default_value_t = false)]
     pub metrics_public: bool,
+    /// Accept streams of more than one copy and `consistency: quorum`, and place them:
+    /// replica sets, leaders, promotion, leaders' reports. Brokers do not replicate yet, so
+    /// such a stream is served by its leader alone: a preview for building replication, off
+    /// by default. Give every Raft member the same value.
+    #[arg(long, env = "FELIX_REPLICATION_PREVIEW", default_value_t = false)]
+    pub replication_preview: bool,
 
     /// HTTPS on the REST listener (which also carries the member protocol): `on` or `off`.
     /// On without `--tls-cert-file`: a development CA and certificate (for `localhost` and
@@ -299,6 +305,7 @@ file_layer! {
         auth_tokens_max: usize,
         auth_revocations_max: usize,
         metrics_public: bool,
+        replication_preview: bool,
         tls: TlsSwitch,
         tls_handshake_timeout_ms: u64,
         tls_handshakes_max: usize,
@@ -449,6 +456,7 @@ impl Config {
             max_objects: self.max_objects,
             max_brokers: self.max_brokers,
             change_log_len: self.change_log_len,
+            replication_preview: self.replication_preview,
             ..Limits::default()
         }
     }

@@ -82,6 +82,8 @@ pub mod breaks {
     /// Placement stores a report entry under an identity the replica no longer has over one
     /// under the identity it has now.
     pub static STALE_IDENTITY_OVER_CURRENT: AtomicBool = AtomicBool::new(false);
+    /// Rule 8 dropped: placement promotes any vouched replica, behind the commit mark too.
+    pub static PROMOTE_BEHIND_COMMIT: AtomicBool = AtomicBool::new(false);
 
     #[inline]
     pub fn on(b: &AtomicBool) -> bool {
@@ -98,8 +100,7 @@ pub mod breaks {
 /// Why placement did not name a leader.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum PromoteError {
-    /// The candidate is not the furthest ahead among the replicas the last landed report
-    /// vouches for, or is not vouched for itself (rule 8).
+    /// The candidate is not vouched for, or is reported behind the commit mark (rule 8).
     NotEligible { node: NodeId },
     /// No replica qualifies: the shard stays unavailable rather than served short.
     NoneQualifies,
@@ -118,6 +119,10 @@ pub struct Placement {
     rep: BTreeMap<NodeId, Holding>,
     /// The number of the newest report stored at generation `gen` (0: none yet).
     rep_seq: u64,
+    /// The commit mark the landed reports show, with the generation of the record below it
+    /// (see [`Placement::commit`]); it never moves back.
+    #[serde(default)]
+    commit: Pos,
 }
 
 impl Placement {
@@ -139,7 +144,46 @@ impl Placement {
             registered: sids,
             rep,
             rep_seq: 0,
+            commit: Pos::default(),
         }
+    }
+
+    /// The replicas, in the order they were placed.
+    pub fn set(&self) -> &[NodeId] {
+        &self.set
+    }
+
+    /// The storage identity `n` registered last.
+    pub fn registered(&self, n: NodeId) -> Option<StorageId> {
+        self.registered.get(&n).copied()
+    }
+
+    /// The commit mark as the landed reports show it: the highest end that a majority of
+    /// the replica set holds in the newest generation, counting vouched replicas only (the
+    /// leader's own rule 7, seen from placement). A holder whose last record is of the
+    /// newest generation holds the leader's log up to its end (only that leader writes
+    /// records of it). Offset 0 before any such report.
+    pub fn commit(&self) -> Pos {
+        self.commit
+    }
+
+    /// Name the leader of the next generation among the replicas `live` says are up: the
+    /// eligible one reported furthest ahead, so that as few records as possible beyond the
+    /// mark are cut (ties: lowest node id). With none live and eligible, the shard stays
+    /// unavailable.
+    pub fn promote_among(
+        &mut self,
+        live: impl Fn(NodeId) -> bool,
+    ) -> Result<Assignment, PromoteError> {
+        let best = self
+            .eligible()
+            .into_iter()
+            .filter(|&n| live(n))
+            .max_by_key(|&n| (self.rep[&n].pos, std::cmp::Reverse(n)));
+        let Some(c) = best else {
+            return Err(PromoteError::NoneQualifies);
+        };
+        self.promote(c, false)
     }
 
     /// The newest generation and its named leader.
@@ -168,23 +212,30 @@ impl Placement {
         breaks::on(&breaks::NO_STORAGE_IDENTITY) || self.registered.get(&n) == Some(&h.sid)
     }
 
-    /// The replicas placement may promote (rule 8): vouched for, and no vouched replica is
-    /// reported further ahead. Empty when none is vouched.
+    /// The replicas placement may promote (rule 8): vouched for, and reported at or past the
+    /// commit mark (compared as rule 6 does). Every record a `quorum` publish was acknowledged
+    /// for is below the mark (the leader releases an acknowledgement only on a landed report,
+    /// and placement computes the same mark from the same report), and a replica at or past it
+    /// holds the leader's log up to it: so each of these holds every acknowledged record. A
+    /// replica behind the mark never qualifies; the leader qualifies as any replica does.
+    /// In ascending node order; empty when none qualifies.
     pub fn eligible(&self) -> Vec<NodeId> {
-        let vouched: Vec<&Holding> = self
+        if breaks::on(&breaks::PROMOTE_BEHIND_COMMIT) {
+            return self
+                .set
+                .iter()
+                .copied()
+                .filter(|&n| self.vouched(n))
+                .collect();
+        }
+        let mut v: Vec<NodeId> = self
             .set
             .iter()
-            .filter(|&&n| self.vouched(n))
-            .map(|n| &self.rep[n])
+            .copied()
+            .filter(|&n| self.vouched(n) && self.rep[&n].pos >= self.commit)
             .collect();
-        let Some(best) = vouched.iter().map(|h| h.pos).max() else {
-            return Vec::new();
-        };
-        vouched
-            .iter()
-            .filter(|h| h.pos == best)
-            .map(|h| h.node)
-            .collect()
+        v.sort_unstable();
+        v
     }
 
     /// Name `c` the leader of the next generation, decided on the identity it was reported
@@ -247,16 +298,40 @@ impl Placement {
                 self.rep.insert(h.node, *h);
             }
         }
-        let counted = r
+        let counted: Vec<Holding> = r
             .holders
             .iter()
             .filter(|h| self.set.contains(&h.node) && self.vouched(h.node))
             .copied()
             .collect();
+        self.note_commit(&counted);
         ReportAnswer::Landed {
             gen: r.gen,
             counted,
         }
+    }
+}
+
+impl Placement {
+    /// Move [`Placement::commit`] on the holders a landed report counted.
+    fn note_commit(&mut self, counted: &[Holding]) {
+        let majority = self.set.len() / 2 + 1;
+        // One end per replica, whatever the report repeats.
+        let by_node: BTreeMap<NodeId, u64> = counted
+            .iter()
+            .filter(|h| h.pos.last_gen == self.gen)
+            .map(|h| (h.node, h.pos.end))
+            .collect();
+        let mut ends: Vec<u64> = by_node.into_values().collect();
+        if ends.len() < majority {
+            return;
+        }
+        ends.sort_unstable_by(|a, b| b.cmp(a));
+        let mark = Pos {
+            last_gen: self.gen,
+            end: ends[majority - 1],
+        };
+        self.commit = self.commit.max(mark);
     }
 }
 

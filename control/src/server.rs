@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use utoipa::{IntoParams, OpenApi};
 
+mod replication;
 mod resources;
 mod sweep;
 mod unread_body;
@@ -258,6 +259,14 @@ pub fn router(st: Arc<AppState>) -> Router {
         .route(
             &format!("{n}/streams/{{stream}}/shards"),
             get(stream_shards),
+        )
+        .route(
+            &format!("{n}/streams/{{stream}}/replication"),
+            get(replication::stream_replication),
+        )
+        .route(
+            &format!("{n}/streams/{{stream}}/shards/{{shard}}/report"),
+            post(replication::shard_report),
         )
         .route(&format!("{n}/caches"), get(list_caches).post(create_cache))
         .route(
@@ -811,6 +820,8 @@ where
         update_stream,
         delete_stream,
         stream_shards,
+        replication::stream_replication,
+        replication::shard_report,
         list_caches,
         create_cache,
         get_cache,
@@ -846,6 +857,12 @@ where
         Broker,
         ShardPlacement,
         ShardState,
+        StreamReplication,
+        ShardReplication,
+        ReplicaLag,
+        replication::ReportRequest,
+        replication::HolderEntry,
+        replication::ReportReply,
         ResourceState,
         FsyncMode,
         Consistency,

@@ -232,6 +232,14 @@ async fn a_node_credential_acts_only_as_its_own_broker() {
     )
     .await;
     assert_eq!(st, 403);
+    // A shard report speaks for its leader: only as itself.
+    let report = |leader: u64| json!({"generation": 1, "leader": leader, "seq": 1, "holders": []});
+    let at =
+        a.s.url("/v1/tenants/t/namespaces/n/streams/s/shards/0/report");
+    let (st, b) = as_(&node, "POST", &at, Some(report(4))).await;
+    assert_eq!((st, code(&b)), (403, "forbidden"), "as another broker: {b}");
+    let (st, b) = as_(&node, "POST", &at, Some(report(3))).await;
+    assert_eq!(st, 404, "as itself it passes, to an unknown stream: {b}");
     for path in ["/v1/catalog", "/v1/auth/jwks"] {
         let (st, b) = as_(&node, "GET", &a.s.url(path), None).await;
         assert_eq!(st, 200, "{path}: {b}");

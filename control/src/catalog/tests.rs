@@ -320,6 +320,7 @@ fn the_settle_window_spreads_shards_over_brokers_starting_together() {
         snapshot: held(true).snapshot(),
         changes: vec![],
         auth: Default::default(),
+        replicas: vec![],
     };
     assert!(Catalog::from_image(Limits::default(), img).placement_held());
     // Without the window the first broker took them all.

@@ -4,7 +4,7 @@
 //!
 //! Resources of the `cluster.admin` action name what they guard: `tenants`, `catalog` (the
 //! catalog, its changes feed, the broker list, the cluster status), `brokers/N` (register and
-//! heartbeat as broker N, and its node token), `enrolments` (issue one-time enrolment tokens),
+//! heartbeat as broker N, and its node token; report as the leader of a replicated shard), `enrolments` (issue one-time enrolment tokens),
 //! `enrol/N` (exchange broker N's enrolment token for its node token), `tokens`, `keys`, `jwks`, `revocations` (the
 //! revocation feed), `metrics` and
 //! `internal` (writes forwarded between members). `manage` resources are `*` for the tenant
@@ -67,8 +67,13 @@ pub fn need(method: &Method, path: &str, metrics_public: bool) -> Need {
         ["v1", "tenants", t, "namespaces", n] => manage(t, format!("{n}/")),
         ["v1", "tenants", t, "namespaces", n, "streams" | "caches"] => manage(t, format!("{n}/")),
         ["v1", "tenants", t, "namespaces", n, "streams" | "caches", o]
-        | ["v1", "tenants", t, "namespaces", n, "streams" | "caches", o, "shards"] => {
+        | ["v1", "tenants", t, "namespaces", n, "streams" | "caches", o, "shards"]
+        | ["v1", "tenants", t, "namespaces", n, "streams", o, "replication"] => {
             manage(t, format!("{n}/{o}"))
+        }
+        // Broker `leader` of the body, checked in the handler.
+        ["v1", "tenants", _, "namespaces", _, "streams", _, "shards", _, "report"] => {
+            Need::InHandler
         }
         ["v1", "catalog"] | ["v1", "catalog", "changes"] | ["v1", "cluster"] => cluster("catalog"),
         ["v1", "brokers"] if get => cluster("catalog"),
@@ -805,6 +810,16 @@ mod tests {
                 &g,
                 format!("{ns}/caches/kv/shards"),
                 allow(M, "acme", "prod/kv"),
+            ),
+            (
+                &g,
+                format!("{ns}/streams/orders/replication"),
+                allow(M, "acme", "prod/orders"),
+            ),
+            (
+                &p,
+                format!("{ns}/streams/orders/shards/0/report"),
+                Need::InHandler,
             ),
             (&g, "/v1/catalog".into(), allow(C, "*", "catalog")),
             (&g, "/v1/catalog/changes".into(), allow(C, "*", "catalog")),

@@ -523,7 +523,7 @@ pub(crate) mod breaks {
     // `felix_control::replication::breaks`: one switch breaks both sides of rule 9.
     #[cfg_attr(not(test), allow(unused_imports))]
     pub(crate) use felix_control::replication::breaks::{
-        NO_STORAGE_IDENTITY, REPORTS_IN_ANY_ORDER, STALE_IDENTITY_OVER_CURRENT,
+        NO_STORAGE_IDENTITY, PROMOTE_BEHIND_COMMIT,
     };
     /// A follower takes its leader's commit mark as soon as a shipment arrives, before
     /// matching it against its own log: it may then believe records committed that it holds

@@ -1,0 +1,178 @@
+//! REST for replicated shards: what placement holds for a stream's shards (leader, followers,
+//! generation, commit mark, each replica's lag), and the endpoint a shard's leader reports to
+//! (rule 7). A report is a Raft write: its answer says whether it landed, and only a landed
+//! report moves the leader's commit mark.
+
+use super::*;
+use crate::auth::{Action, ANY_TENANT};
+use crate::replication::{Report, ReportAnswer};
+use axum::extract::{Extension, Path};
+use axum::Json;
+use rest_auth::{permit, Caller};
+
+#[utoipa::path(get, path = "/v1/tenants/{tenant}/namespaces/{namespace}/streams/{stream}/replication", tag = "streams",
+    params(("tenant" = String, Path), ("namespace" = String, Path), ("stream" = String, Path)),
+    responses((status = 200, body = StreamReplication), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub(super) async fn stream_replication(
+    State(st): State<Arc<AppState>>,
+    Path((t, n, s)): Path<(String, String, String)>,
+) -> Res<Json<StreamReplication>> {
+    Ok(Json(st.read(|c| c.stream_replication(&t, &n, &s))?))
+}
+
+/// A leader's report, as a broker sends it.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReportRequest {
+    /// The generation the leader leads.
+    pub generation: u64,
+    pub leader: u64,
+    /// Numbers the leader's reports within its generation, from 1.
+    pub seq: u64,
+    pub holders: Vec<HolderEntry>,
+}
+
+/// One replica in a report.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HolderEntry {
+    pub node: u64,
+    /// The generation of the last record it holds of the leader's log.
+    pub last_generation: u64,
+    /// The offset after that record.
+    pub end: u64,
+    /// The storage identity it answered under (16 lowercase hex digits).
+    pub storage_id: String,
+}
+
+/// Placement's answer: `landed` (stored; `counted` are the holders it vouches for),
+/// `refused` (another leader or a newer generation: `newest`), or `stale` (a newer report of
+/// this leader is stored: `seq`).
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ReportReply {
+    pub answer: String,
+    pub generation: u64,
+    /// `landed`: the holders that count.
+    #[serde(default)]
+    pub counted: Vec<HolderEntry>,
+    /// `refused`: the newest generation placement has issued.
+    #[serde(default)]
+    pub newest: Option<u64>,
+    /// `stale`: the number of the report placement holds.
+    #[serde(default)]
+    pub seq: Option<u64>,
+}
+
+/// Bounds a report's holder list: a shard has at most `REPLICATION_FACTOR_MAX` replicas.
+const HOLDERS_MAX: usize = crate::catalog::REPLICATION_FACTOR_MAX as usize;
+
+impl ReportRequest {
+    fn to_report(&self) -> Result<Report, ApiError> {
+        if self.generation == 0 || self.seq == 0 {
+            return Err(ApiError::invalid("generation and seq start at 1"));
+        }
+        if self.holders.len() > HOLDERS_MAX {
+            return Err(ApiError::invalid(format!(
+                "a report names at most {HOLDERS_MAX} holders, got {}",
+                self.holders.len()
+            )));
+        }
+        let holders = self
+            .holders
+            .iter()
+            .map(|h| {
+                crate::catalog::check_storage_id(&h.storage_id)?;
+                if h.last_generation > self.generation {
+                    return Err(ApiError::invalid(format!(
+                        "holder {} reports generation {} past the report's {}",
+                        h.node, h.last_generation, self.generation
+                    )));
+                }
+                Ok(crate::replication::Holding {
+                    node: h.node,
+                    pos: crate::replication::Pos {
+                        last_gen: h.last_generation,
+                        end: h.end,
+                    },
+                    sid: u64::from_str_radix(&h.storage_id, 16).expect("checked"),
+                })
+            })
+            .collect::<Result<Vec<_>, ApiError>>()?;
+        Ok(Report {
+            gen: self.generation,
+            leader: self.leader,
+            seq: self.seq,
+            holders,
+        })
+    }
+}
+
+fn holder_entry(h: &crate::replication::Holding) -> HolderEntry {
+    HolderEntry {
+        node: h.node,
+        last_generation: h.pos.last_gen,
+        end: h.pos.end,
+        storage_id: format!("{:016x}", h.sid),
+    }
+}
+
+impl From<ReportAnswer> for ReportReply {
+    fn from(a: ReportAnswer) -> Self {
+        let empty = |answer: &str, generation| ReportReply {
+            answer: answer.into(),
+            generation,
+            counted: Vec::new(),
+            newest: None,
+            seq: None,
+        };
+        match a {
+            ReportAnswer::Landed { gen, counted } => ReportReply {
+                counted: counted.iter().map(holder_entry).collect(),
+                ..empty("landed", gen)
+            },
+            ReportAnswer::Refused { gen, newest } => ReportReply {
+                newest: Some(newest),
+                ..empty("refused", gen)
+            },
+            ReportAnswer::Stale { gen, seq } => ReportReply {
+                seq: Some(seq),
+                ..empty("stale", gen)
+            },
+        }
+    }
+}
+
+/// A shard leader's report. Only broker `leader` itself (its node token) or an admin may send
+/// it: a report moves what placement promotes on.
+#[utoipa::path(post, path = "/v1/tenants/{tenant}/namespaces/{namespace}/streams/{stream}/shards/{shard}/report", tag = "streams",
+    params(("tenant" = String, Path), ("namespace" = String, Path), ("stream" = String, Path), ("shard" = u32, Path)),
+    request_body = ReportRequest,
+    responses((status = 200, body = ReportReply), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody),
+              (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)))]
+pub(super) async fn shard_report(
+    State(st): State<Arc<AppState>>,
+    caller: Option<Extension<Caller>>,
+    Path((tenant, namespace, stream, shard)): Path<(String, String, String, u32)>,
+    Json(req): Json<ReportRequest>,
+) -> Res<Json<ReportReply>> {
+    permit(
+        &caller,
+        Action::ClusterAdmin,
+        ANY_TENANT,
+        &format!("brokers/{}", req.leader),
+    )?;
+    let report = req.to_report()?;
+    match st
+        .write(Command::ReplicaReport {
+            tenant,
+            namespace,
+            stream,
+            shard,
+            report,
+        })
+        .await?
+    {
+        Reply::Report(a) => Ok(Json(a.into())),
+        other => Err(unexpected(other)),
+    }
+}
