@@ -139,6 +139,11 @@ pub enum Place {
     Unassigned,
     /// Durable and owned by a broker that is down; it is not moved (offsets would reset).
     OwnerDown { owner: u64 },
+    /// A shard of a stream of more than one copy (a control plane run with
+    /// `--replication-preview`). Brokers do not run replicas yet, so no broker serves it:
+    /// serving it from one copy would restart its offsets at every failover. `leader` is the
+    /// replica placement names (0: none).
+    Replicated { leader: u64, generation: u64 },
 }
 
 /// One stream incarnation. Slots are never reused within a process: the slot index is the
@@ -403,6 +408,7 @@ fn owners_of(places: &[Place], own: u64) -> Vec<u64> {
         .map(|p| match p {
             Place::Mine { .. } => own,
             Place::Elsewhere { owner, .. } | Place::OwnerDown { owner } => *owner,
+            Place::Replicated { leader, .. } => *leader,
             Place::Unassigned => 0,
         })
         .collect()
@@ -510,6 +516,10 @@ impl Catalog {
                 ErrorCode::Unavailable,
                 format!("shard {shard} of {name} is durable and its owner broker {owner} is down; it is not moved"),
             )),
+            Place::Replicated { leader, generation } => Err((
+                ErrorCode::Unsupported,
+                format!("shard {shard} of {name} has more than one copy (leader {leader}, generation {generation}), and this broker build does not serve replicated shards yet"),
+            )),
         }
     }
 
@@ -604,6 +614,10 @@ fn places<D: Def>(v: &ViewStream<D>, view: &ControlView, node_id: u64) -> Vec<Pl
                 generation: *generation,
             },
             Some(ViewPlace::OwnerDown { owner }) => Place::OwnerDown { owner: *owner },
+            Some(ViewPlace::Replicated { leader, generation }) => Place::Replicated {
+                leader: *leader,
+                generation: *generation,
+            },
             Some(ViewPlace::Unassigned) | None => Place::Unassigned,
         })
         .collect()
@@ -635,9 +649,19 @@ pub struct ViewStream<D = StreamDef> {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ViewPlace {
-    Assigned { owner: u64, generation: u64 },
+    Assigned {
+        owner: u64,
+        generation: u64,
+    },
     Unassigned,
-    OwnerDown { owner: u64 },
+    OwnerDown {
+        owner: u64,
+    },
+    /// A shard of more than one copy: see [`Place::Replicated`].
+    Replicated {
+        leader: u64,
+        generation: u64,
+    },
 }
 
 /// The latest catalog, published by the ops thread and read by every core. A core checks

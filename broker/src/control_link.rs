@@ -167,10 +167,15 @@ impl Mirror {
     }
 }
 
-fn view_places(placement: &[api::ShardPlacement]) -> Vec<ViewPlace> {
+/// `replicated`: the stream has more than one copy; its shards are not served here yet.
+fn view_places(placement: &[api::ShardPlacement], replicated: bool) -> Vec<ViewPlace> {
     placement
         .iter()
         .map(|p| match (p.state, p.owner) {
+            _ if replicated => ViewPlace::Replicated {
+                leader: p.leader.unwrap_or(0),
+                generation: p.generation,
+            },
             (ShardState::Assigned, Some(owner)) => ViewPlace::Assigned {
                 owner,
                 generation: p.generation,
@@ -197,7 +202,7 @@ fn view_cache(c: &api::Cache) -> ViewStream<CacheDef> {
         },
         incarnation: c.created_revision,
         deleting: c.state == ResourceState::Deleting,
-        placement: view_places(&c.placement),
+        placement: view_places(&c.placement, false),
     }
 }
 
@@ -222,7 +227,7 @@ fn view_stream(s: &api::Stream) -> ViewStream {
         },
         incarnation: s.created_revision,
         deleting: s.state == ResourceState::Deleting,
-        placement: view_places(&s.placement),
+        placement: view_places(&s.placement, s.replication_factor > 1),
     }
 }
 

@@ -719,8 +719,83 @@ pub async fn run(cmd: &AdminCmd, g: &Globals) -> Result<(), Fail> {
             );
             Ok(())
         }
+        AdminCmd::Shard {
+            op: ShardOp::Abandon { name, shard, to },
+        } => abandon(&api, g, &nsp, name, *shard, *to).await,
         AdminCmd::Context { .. } | AdminCmd::Completions { .. } => unreachable!(),
     }
+}
+
+/// `shard abandon`: show what would be lost, ask, then promote.
+async fn abandon(
+    api: &Api,
+    g: &Globals,
+    nsp: &str,
+    name: &str,
+    shard: u32,
+    to: Option<u64>,
+) -> Result<(), Fail> {
+    let r: StreamReplication = from(
+        api.get(&format!("{nsp}/streams/{}/replication", seg(name)))
+            .await?,
+    )?;
+    let s = r
+        .shards
+        .iter()
+        .find(|x| x.shard == shard && !x.replicas.is_empty())
+        .ok_or_else(|| {
+            Fail::refused(
+                "not_found",
+                format!("stream {name} has no replicated shard {shard}"),
+            )
+        })?;
+    // The same choice the control plane makes without --to.
+    let pick = to.or_else(|| {
+        s.replicas
+            .iter()
+            .filter(|x| x.live)
+            .max_by_key(|x| {
+                (
+                    x.vouched,
+                    x.last_generation,
+                    x.end,
+                    std::cmp::Reverse(x.node),
+                )
+            })
+            .map(|x| x.node)
+    });
+    let Some(pick) = pick else {
+        return Err(Fail::refused(
+            "conflict",
+            format!("no replica of shard {shard} of {name} is live: nothing to promote"),
+        ));
+    };
+    let kept =
+        s.replicas
+            .iter()
+            .find(|x| x.node == pick)
+            .map_or(0, |x| if x.vouched { x.end } else { 0 });
+    let commit = s.commit.unwrap_or(0);
+    confirm_to(
+        g,
+        "abandon",
+        &format!(
+            "shard {shard} of {name}: promote node {pick}, known to hold the log to offset {kept}; the commit mark is {commit}, so up to {} committed records (acknowledged ones among them) may be lost",
+            commit.saturating_sub(kept)
+        ),
+    )?;
+    let v = api
+        .call(
+            reqwest::Method::POST,
+            &format!("{nsp}/streams/{}/shards/{shard}/abandon", seg(name)),
+            Some(serde_json::json!({"to": pick, "confirm": true})),
+        )
+        .await?;
+    let msg = format!(
+        "shard {shard} of {name}: node {} leads generation {}; up to {} records may be lost",
+        v["leader"], v["generation"], v["may_lose_records"]
+    );
+    done(g, v, &msg)
 }
 
 fn done(g: &Globals, v: Value, msg: &str) -> Result<(), Fail> {

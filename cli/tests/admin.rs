@@ -15,11 +15,14 @@ fn start_control_plane() -> String {
 
 /// With `Some(file)`, auth is on and the admin token is written there.
 fn start_control_plane_with(admin_token_file: Option<std::path::PathBuf>) -> String {
-    start_control_plane_full(admin_token_file, false)
+    start_control_plane_full(admin_token_file, |_| {})
 }
 
-/// `preview`: `--replication-preview` (streams of more than one copy are placed).
-fn start_control_plane_full(admin_token_file: Option<std::path::PathBuf>, preview: bool) -> String {
+/// `tune` changes the configuration before the start (`--replication-preview` and the like).
+fn start_control_plane_full(
+    admin_token_file: Option<std::path::PathBuf>,
+    tune: fn(&mut Config),
+) -> String {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -31,7 +34,7 @@ fn start_control_plane_full(admin_token_file: Option<std::path::PathBuf>, previe
             tx.send(l.local_addr().unwrap().to_string()).unwrap();
             let mut cfg = Config::defaults();
             cfg.sweep_interval_ms = 50;
-            cfg.replication_preview = preview;
+            tune(&mut cfg);
             // `serve` is handed a plain listener here (HTTPS is felix-controlplane's main
             // wrapping it), so the members' scheme must say so.
             cfg.tls = felix_control::config::TlsSwitch::Off;
@@ -322,7 +325,7 @@ fn post(url: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
 /// report from a broker placement does not name is refused.
 #[test]
 fn replicated_shards_show_leader_followers_commit_and_lag() {
-    let url = start_control_plane_full(None, true);
+    let url = start_control_plane_full(None, |c| c.replication_preview = true);
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("felixctl.json");
     let u = url.as_str();
@@ -411,4 +414,124 @@ fn replicated_shards_show_leader_followers_commit_and_lag() {
     assert_eq!(st, 404);
     let out = ok(&run(&["shard", "ls", "s"]));
     assert!(out.lines().nth(1).unwrap().contains(" 9 "), "{out}");
+}
+
+/// `shard abandon`: refused while the shard is served; once no live replica qualifies (the
+/// leader and the follower at the mark are dead, the live one is behind it), it says what may
+/// be lost, needs --yes, and promotes the live replica.
+#[test]
+fn an_unavailable_replicated_shard_is_abandoned_to_its_live_replica() {
+    let url = start_control_plane_full(None, |c| {
+        c.replication_preview = true;
+        // Long enough for the setup below to run with every broker live.
+        c.dead_after_ms = 1500;
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("felixctl.json");
+    let u = url.as_str();
+    ok(&ctl(u, &cfg, &["tenant", "create", "t"]));
+    ok(&ctl(
+        u,
+        &cfg,
+        &["--tenant", "t", "namespace", "create", "n"],
+    ));
+    let run = |args: &[&str]| {
+        let mut a = vec!["--tenant", "t", "--namespace", "n"];
+        a.extend_from_slice(args);
+        ctl(u, &cfg, &a)
+    };
+    for n in 1..=3u64 {
+        post(
+            &format!("{u}/v1/brokers"),
+            serde_json::json!({"node_id": n, "quic_addr": format!("127.0.0.1:{}", 7400 + n),
+                "cores": 1, "storage_id": format!("{:016x}", n * 0x11)}),
+        );
+    }
+    ok(&run(&[
+        "stream",
+        "create",
+        "s",
+        "--durable",
+        "--replication-factor",
+        "3",
+    ]));
+    let row = || -> serde_json::Value {
+        let out = ok(&run(&["--json", "shard", "ls", "s"]));
+        serde_json::from_str(out.lines().next().unwrap()).unwrap()
+    };
+    let r = row();
+    let leader = r["replication"]["leader"].as_u64().unwrap();
+    let f: Vec<u64> = r["replication"]["followers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    let holder = |n: u64, end: u64| {
+        serde_json::json!({"node": n, "last_generation": 1, "end": end,
+            "storage_id": format!("{:016x}", n * 0x11)})
+    };
+    let (st, b) = post(
+        &format!("{u}/v1/tenants/t/namespaces/n/streams/s/shards/0/report"),
+        serde_json::json!({"generation": 1, "leader": leader, "seq": 1, "holders": [
+            holder(leader, 12), holder(f[0], 9), holder(f[1], 4)]}),
+    );
+    assert_eq!(b["answer"].as_str(), Some("landed"), "{st} {b}");
+    // Served: nothing to abandon.
+    let o = run(&["--yes", "shard", "abandon", "s", "0"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("conflict"));
+    // Only f[1] (at 4, behind the mark 9) stays live.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let beat = {
+        let (u, stop, id) = (url.clone(), stop.clone(), f[1]);
+        std::thread::spawn(move || {
+            for _ in 0..400 {
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                post(
+                    &format!("{u}/v1/brokers/{id}/heartbeat"),
+                    serde_json::json!({"incarnation": 1}),
+                );
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+        })
+    };
+    let mut state = String::new();
+    for _ in 0..200 {
+        state = row()["state"].as_str().unwrap().to_string();
+        if state == "unavailable" {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(state, "unavailable");
+    // (f[0] may have led a generation before it died too, if the sweep saw the leader
+    // silent first.)
+    let gen = row()["generation"].as_u64().unwrap();
+    // Without --yes (stdin is not a terminal): refused, after saying what may be lost.
+    let o = run(&["shard", "abandon", "s", "0"]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains(&format!("promote node {}", f[1])) && err.contains("up to 5 committed"),
+        "{err}"
+    );
+    let out = ok(&run(&["--yes", "--json", "shard", "abandon", "s", "0"]));
+    let a: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(
+        (a["leader"].as_u64(), a["generation"].as_u64()),
+        (Some(f[1]), Some(gen + 1)),
+        "{a}"
+    );
+    assert_eq!(a["may_lose_records"].as_u64(), Some(5), "{a}");
+    let r = row();
+    assert_eq!(
+        (r["state"].as_str(), r["leader"].as_u64()),
+        (Some("assigned"), Some(f[1])),
+        "{r}"
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    beat.join().unwrap();
 }

@@ -30,7 +30,8 @@ pub struct Limits {
     pub change_log_len: usize,
     /// Streams of more than one copy, or `quorum`, are accepted and placed
     /// (`--replication-preview`): placement seats the replicas, promotes and takes reports,
-    /// but brokers do not replicate yet, so it is off by default. Every member of a Raft
+    /// but brokers do not replicate yet (they refuse such shards `unsupported`), so it is off
+    /// by default. Every member of a Raft
     /// group must be started with the same value, as with every limit here.
     pub replication_preview: bool,
 }
@@ -72,6 +73,16 @@ pub enum Command {
         stream: String,
         shard: u32,
         report: crate::replication::Report,
+    },
+    /// The operator promotes a replica of an unavailable replicated shard, accepting what
+    /// may be lost (`to`: which one; default the furthest ahead that is live); answered
+    /// [`Reply::Abandoned`].
+    AbandonShard {
+        tenant: String,
+        namespace: String,
+        stream: String,
+        shard: u32,
+        to: Option<u64>,
     },
     CreateTenant {
         req: CreateTenant,
@@ -168,6 +179,8 @@ pub enum Reply {
     Broker(Broker),
     /// Placement's answer to a leader's report.
     Report(crate::replication::ReportAnswer),
+    /// What an operator's abandon did.
+    Abandoned(crate::replication::Abandoned),
 }
 
 pub type Outcome = Result<Reply, ApiError>;
@@ -660,6 +673,13 @@ impl Catalog {
                 shard,
                 report,
             } => self.replica_report(tenant, namespace, stream, *shard, report),
+            Command::AbandonShard {
+                tenant,
+                namespace,
+                stream,
+                shard,
+                to,
+            } => self.abandon_shard(tenant, namespace, stream, *shard, *to),
             Command::SetBrokerLive { node_id, live } => {
                 let b = self.broker(*node_id)?.clone();
                 if b.live == *live {

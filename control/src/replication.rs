@@ -97,6 +97,18 @@ pub mod breaks {
     }
 }
 
+/// What an operator's `abandon` did (see [`Placement::abandon`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Abandoned {
+    pub assignment: Assignment,
+    /// What the new leader was reported to hold, vouched for (the empty position if its
+    /// report no longer vouches for it): the records it is known to keep.
+    pub kept: Pos,
+    /// The commit mark before: records from `kept.end` up to `commit.end` were held by a
+    /// majority, and acknowledged ones among them may be lost.
+    pub commit: Pos,
+}
+
 /// Why placement did not name a leader.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum PromoteError {
@@ -261,6 +273,47 @@ impl Placement {
             gen: self.gen,
             leader: c,
             sid,
+        })
+    }
+
+    /// The operator's way out of a shard no replica qualifies for (rule 8 leaves it
+    /// unavailable): name `c` the leader of a new generation whatever it was reported to
+    /// hold, under the identity it has registered now (a broker refuses an assignment for an
+    /// identity it no longer has, rule 9). What the mark covered past what `c` is known to
+    /// hold may be lost; the mark drops to that, so that promotion works from it again (a
+    /// replica reported further ahead in an older generation stays behind every position of
+    /// the new one, rule 6). `NotEligible` when `c` is not a replica.
+    pub fn abandon(&mut self, c: NodeId) -> Result<Abandoned, PromoteError> {
+        let Some(&sid) = self.registered.get(&c) else {
+            return Err(PromoteError::NotEligible { node: c });
+        };
+        let kept = if self.vouched(c) {
+            self.rep[&c].pos
+        } else {
+            Pos::default()
+        };
+        let commit = self.commit;
+        self.gen += 1;
+        self.rep_seq = 0;
+        self.leader = Some(c);
+        self.rep.insert(
+            c,
+            Holding {
+                node: c,
+                pos: kept,
+                sid,
+            },
+        );
+        self.commit = self.commit.min(kept);
+        let assignment = Assignment {
+            gen: self.gen,
+            leader: c,
+            sid,
+        };
+        Ok(Abandoned {
+            assignment,
+            kept,
+            commit,
         })
     }
 

@@ -268,6 +268,10 @@ pub fn router(st: Arc<AppState>) -> Router {
             &format!("{n}/streams/{{stream}}/shards/{{shard}}/report"),
             post(replication::shard_report),
         )
+        .route(
+            &format!("{n}/streams/{{stream}}/shards/{{shard}}/abandon"),
+            post(replication::shard_abandon),
+        )
         .route(&format!("{n}/caches"), get(list_caches).post(create_cache))
         .route(
             &format!("{n}/caches/{{cache}}"),
@@ -822,6 +826,7 @@ where
         stream_shards,
         replication::stream_replication,
         replication::shard_report,
+        replication::shard_abandon,
         list_caches,
         create_cache,
         get_cache,
@@ -863,6 +868,8 @@ where
         replication::ReportRequest,
         replication::HolderEntry,
         replication::ReportReply,
+        replication::AbandonRequest,
+        replication::AbandonReply,
         ResourceState,
         FsyncMode,
         Consistency,

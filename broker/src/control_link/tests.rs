@@ -258,3 +258,30 @@ fn durable_owner_down_is_unavailable_and_settings_follow_updates() {
     assert_eq!(c2.slot(0).def.retention_bytes, Some(1 << 20));
     assert!(c2.serve_check(0, 0).is_ok());
 }
+
+/// A stream of more than one copy (a control plane with `--replication-preview`) is not
+/// served by this build, even on the broker placement names its leader: one copy would
+/// restart its offsets at every failover. The refusal is typed and names the leader.
+#[test]
+fn a_replicated_stream_is_refused_unsupported_even_on_its_leader() {
+    let mut s = stream("r", 4, &[Some(1)], ResourceState::Active);
+    s.durable = true;
+    s.replication_factor = 3;
+    s.placement[0].leader = Some(1);
+    s.placement[0].replicas = vec![1, 2, 3];
+    s.placement[0].generation = 2;
+    let mut m = Mirror::from_snapshot(snapshot(3));
+    m.apply(&page(vec![(4, put(s))], 4)).unwrap();
+    let c = Catalog::from_view(&Catalog::default(), &m.view(), 1, false);
+    assert_eq!(
+        c.slot(0).places[0],
+        Place::Replicated {
+            leader: 1,
+            generation: 2
+        }
+    );
+    let (code, msg) = c.serve_check(0, 0).unwrap_err();
+    assert_eq!(code, ErrorCode::Unsupported);
+    assert!(msg.contains("leader 1"), "{msg}");
+    assert_eq!(c.shard_owners(0, 1), vec![1]);
+}

@@ -223,6 +223,18 @@ pub enum ShardOp {
         #[arg(long)]
         cache: bool,
     },
+    /// Promote a replica of an unavailable replicated shard that no replica qualifies for
+    /// (a wiped follower and a dead leader): committed records, acknowledged ones among them,
+    /// may be lost. Says what first and asks (--yes skips).
+    Abandon {
+        /// The stream's name.
+        name: String,
+        /// The shard.
+        shard: u32,
+        /// The replica to promote (default: the live one reported furthest ahead).
+        #[arg(long)]
+        to: Option<u64>,
+    },
 }
 
 #[derive(Subcommand)]

@@ -192,6 +192,87 @@ impl Catalog {
         Ok(Reply::Report(p.on_report(report)))
     }
 
+    /// The operator's way out of an unavailable replicated shard (`felixctl shard abandon`):
+    /// promote `to`, or the live replica reported furthest ahead (vouched ones first), though
+    /// none qualifies under rule 8. Refused while the shard is not `unavailable`: then
+    /// placement promotes a qualifying replica itself, without loss.
+    pub(super) fn abandon_shard(
+        &mut self,
+        tenant: &str,
+        namespace: &str,
+        stream: &str,
+        shard: u32,
+        to: Option<u64>,
+    ) -> Outcome {
+        let k = key(tenant, namespace, stream);
+        let state = self
+            .stream(tenant, namespace, stream)?
+            .placement
+            .iter()
+            .find(|sp| sp.shard == shard)
+            .map(|sp| sp.state);
+        let live = self.live();
+        let name = format!("shard {shard} of {tenant}/{namespace}/{stream}");
+        let Some(p) = self.replicas.get_mut(&(k.clone(), shard)) else {
+            return Err(ApiError::new(
+                ErrorCode::NotFound,
+                format!("{name} is not a replicated shard"),
+            ));
+        };
+        if state != Some(ShardState::Unavailable) {
+            return Err(ApiError::new(
+                ErrorCode::Conflict,
+                format!("{name} is not unavailable: placement promotes a replica that qualifies itself, without loss; abandon is for a shard none qualifies for"),
+            ));
+        }
+        let c = match to {
+            Some(c) if !p.set().contains(&c) => {
+                return Err(ApiError::invalid(format!(
+                    "node {c} is not a replica of {name} (replicas: {:?})",
+                    p.set()
+                )))
+            }
+            Some(c) if !live.contains(&c) => {
+                return Err(ApiError::new(
+                    ErrorCode::Conflict,
+                    format!("node {c} is not live: it cannot lead {name}"),
+                ))
+            }
+            Some(c) => c,
+            None => {
+                let reported = |n: u64| p.reported(n).map(|h| h.pos).unwrap_or_default();
+                let best = p
+                    .set()
+                    .iter()
+                    .copied()
+                    .filter(|n| live.contains(n))
+                    .max_by_key(|&n| (p.vouched(n), reported(n), std::cmp::Reverse(n)));
+                best.ok_or_else(|| {
+                    ApiError::new(
+                        ErrorCode::Conflict,
+                        format!("no replica of {name} is live: nothing to promote"),
+                    )
+                })?
+            }
+        };
+        let a = p
+            .abandon(c)
+            .map_err(|e| ApiError::invalid(format!("{name}: {e:?}")))?;
+        let p = p.clone();
+        let rev = self.revision + 1;
+        let s = self.streams.get_mut(&k).expect("checked above");
+        let sp = s
+            .placement
+            .iter_mut()
+            .find(|sp| sp.shard == shard)
+            .expect("checked above");
+        mirror(sp, &p, ShardState::Assigned);
+        s.revision = rev;
+        let s = s.clone();
+        self.emit(ChangeEvent::StreamPut { stream: s });
+        Ok(Reply::Abandoned(a))
+    }
+
     /// What placement knows of one stream's replicas: per shard, the leader, the followers, the
     /// generation, the commit mark the landed reports show and each replica's lag behind the
     /// leader's reported end.
@@ -555,5 +636,87 @@ mod tests {
         })
         .unwrap();
         assert!(c.replicas.is_empty());
+    }
+
+    fn abandon(c: &mut Catalog, to: Option<u64>) -> Outcome {
+        c.apply(&Command::AbandonShard {
+            tenant: "t".into(),
+            namespace: "n".into(),
+            stream: "s".into(),
+            shard: 0,
+            to,
+        })
+    }
+
+    #[test]
+    fn abandon_promotes_past_rule_8_only_where_no_replica_qualifies_and_says_what_is_lost() {
+        let mut c = preview();
+        for n in 1..=3 {
+            register(&mut c, n, Some(n * 0x11));
+        }
+        create(&mut c, "s", 1, 3).unwrap();
+        let sp = shard(&c, "s", 0);
+        let (l, f1, f2) = (sp.leader.unwrap(), sp.replicas[1], sp.replicas[2]);
+        let sid = |n: u64| n * 0x11;
+        report(
+            &mut c,
+            "s",
+            0,
+            1,
+            l,
+            1,
+            &[(l, 1, 12, sid(l)), (f1, 1, 9, sid(f1)), (f2, 1, 4, sid(f2))],
+        );
+        // A shard that is served, or that a replica qualifies for, is not abandoned.
+        assert_eq!(abandon(&mut c, None).unwrap_err().code, ErrorCode::Conflict);
+        // f1, then the leader, die: f2 is behind the mark (9), so the shard waits.
+        live(&mut c, f1, false);
+        live(&mut c, l, false);
+        assert_eq!(shard(&c, "s", 0).state, ShardState::Unavailable);
+        assert_eq!(
+            abandon(&mut c, Some(f1)).unwrap_err().code,
+            ErrorCode::Conflict,
+            "a dead replica cannot lead"
+        );
+        assert_eq!(
+            abandon(&mut c, Some(9)).unwrap_err().code,
+            ErrorCode::InvalidRequest,
+            "not a replica"
+        );
+        let rev = c.revision();
+        let Reply::Abandoned(a) = abandon(&mut c, None).unwrap() else {
+            panic!()
+        };
+        assert_eq!((a.assignment.leader, a.assignment.gen), (f2, 2));
+        assert_eq!(
+            (a.kept.end, a.commit.end),
+            (4, 9),
+            "records 4..9 may be lost"
+        );
+        let sp = shard(&c, "s", 0);
+        assert_eq!(
+            (sp.leader, sp.generation, sp.state),
+            (Some(f2), 2, ShardState::Assigned)
+        );
+        assert!(c.revision() > rev, "brokers see the new leader");
+        // The mark dropped to what f2 holds: placement works from it again. f2 reports at
+        // generation 2 and f1 returns; when f2 dies, f1 (copied to 6 of generation 2)
+        // qualifies and is promoted by rule 8, no abandon needed.
+        live(&mut c, f1, true);
+        report(
+            &mut c,
+            "s",
+            0,
+            2,
+            f2,
+            1,
+            &[(f2, 2, 6, sid(f2)), (f1, 2, 6, sid(f1))],
+        );
+        live(&mut c, f2, false);
+        let sp = shard(&c, "s", 0);
+        assert_eq!(
+            (sp.leader, sp.generation, sp.state),
+            (Some(f1), 3, ShardState::Assigned)
+        );
     }
 }

@@ -176,3 +176,67 @@ pub(super) async fn shard_report(
         other => Err(unexpected(other)),
     }
 }
+
+/// `POST .../shards/{shard}/abandon`: promote a replica of an unavailable shard, accepting
+/// what may be lost.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AbandonRequest {
+    /// The replica to promote; default the live one reported furthest ahead.
+    #[serde(default)]
+    pub to: Option<u64>,
+    /// Must be `true`: records a majority held may be lost, acknowledged ones among them.
+    pub confirm: bool,
+}
+
+/// What an abandon did.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct AbandonReply {
+    /// The new generation, and the replica that leads it.
+    pub generation: u64,
+    pub leader: u64,
+    /// The offset up to which the new leader is known to hold the log (its last vouched
+    /// report; 0 if none vouches for it).
+    pub kept_end: u64,
+    /// The commit mark before: records from `kept_end` to `commit` were committed and may be
+    /// lost.
+    pub commit: u64,
+    pub may_lose_records: u64,
+}
+
+#[utoipa::path(post, path = "/v1/tenants/{tenant}/namespaces/{namespace}/streams/{stream}/shards/{shard}/abandon", tag = "streams",
+    params(("tenant" = String, Path), ("namespace" = String, Path), ("stream" = String, Path), ("shard" = u32, Path)),
+    request_body = AbandonRequest,
+    responses((status = 200, body = AbandonReply), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 409, body = ErrorBody), (status = 503, body = ErrorBody)))]
+pub(super) async fn shard_abandon(
+    State(st): State<Arc<AppState>>,
+    Path((tenant, namespace, stream, shard)): Path<(String, String, String, u32)>,
+    Json(req): Json<AbandonRequest>,
+) -> Res<Json<AbandonReply>> {
+    if !req.confirm {
+        return Err(ApiError::invalid(
+            "confirm must be true: abandoning may lose committed records, acknowledged ones among them",
+        )
+        .into());
+    }
+    match st
+        .write(Command::AbandonShard {
+            tenant,
+            namespace,
+            stream,
+            shard,
+            to: req.to,
+        })
+        .await?
+    {
+        Reply::Abandoned(a) => Ok(Json(AbandonReply {
+            generation: a.assignment.gen,
+            leader: a.assignment.leader,
+            kept_end: a.kept.end,
+            commit: a.commit.end,
+            may_lose_records: a.commit.end.saturating_sub(a.kept.end),
+        })),
+        other => Err(unexpected(other)),
+    }
+}

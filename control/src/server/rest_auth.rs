@@ -4,7 +4,8 @@
 //!
 //! Resources of the `cluster.admin` action name what they guard: `tenants`, `catalog` (the
 //! catalog, its changes feed, the broker list, the cluster status), `brokers/N` (register and
-//! heartbeat as broker N, and its node token; report as the leader of a replicated shard), `enrolments` (issue one-time enrolment tokens),
+//! heartbeat as broker N, and its node token; report as the leader of a replicated shard),
+//! `placement` (abandon an unavailable replicated shard), `enrolments` (issue one-time enrolment tokens),
 //! `enrol/N` (exchange broker N's enrolment token for its node token), `tokens`, `keys`, `jwks`, `revocations` (the
 //! revocation feed), `metrics` and
 //! `internal` (writes forwarded between members). `manage` resources are `*` for the tenant
@@ -74,6 +75,10 @@ pub fn need(method: &Method, path: &str, metrics_public: bool) -> Need {
         // Broker `leader` of the body, checked in the handler.
         ["v1", "tenants", _, "namespaces", _, "streams", _, "shards", _, "report"] => {
             Need::InHandler
+        }
+        // Overrides rule 8: the cluster's operator only.
+        ["v1", "tenants", _, "namespaces", _, "streams", _, "shards", _, "abandon"] => {
+            cluster("placement")
         }
         ["v1", "catalog"] | ["v1", "catalog", "changes"] | ["v1", "cluster"] => cluster("catalog"),
         ["v1", "brokers"] if get => cluster("catalog"),
@@ -820,6 +825,11 @@ mod tests {
                 &p,
                 format!("{ns}/streams/orders/shards/0/report"),
                 Need::InHandler,
+            ),
+            (
+                &p,
+                format!("{ns}/streams/orders/shards/0/abandon"),
+                allow(C, "*", "placement"),
             ),
             (&g, "/v1/catalog".into(), allow(C, "*", "catalog")),
             (&g, "/v1/catalog/changes".into(), allow(C, "*", "catalog")),
