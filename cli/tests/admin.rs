@@ -385,6 +385,8 @@ fn replicated_shards_show_leader_followers_commit_and_lag() {
     let (st, b) = post(&format!("{shards}/shards/0/report"), report(leader, 1));
     assert_eq!((st, b["answer"].as_str()), (200, Some("landed")), "{b}");
     assert_eq!(b["counted"].as_array().unwrap().len(), 3, "{b}");
+    assert_eq!(metric(u, "felix_controlplane_replicated_shards"), 1);
+    assert_eq!(metric(u, "felix_controlplane_under_replicated_shards"), 0);
     let out = ok(&run(&["shard", "ls", "s"]));
     let cols: Vec<&str> = out.lines().nth(1).unwrap().split_whitespace().collect();
     // SHARD OWNER QUIC_ADDR STATE GENERATION FOLLOWERS COMMIT LAG
@@ -410,6 +412,12 @@ fn replicated_shards_show_leader_followers_commit_and_lag() {
         (400, Some("invalid_request")),
         "{b}"
     );
+    // A body of the wrong shape is a typed 400 too, never axum's 422 (Schemathesis).
+    let (st, b) = post(
+        &format!("{shards}/shards/0/report"),
+        serde_json::json!({"generation": 1, "leader": leader, "seq": false, "holders": []}),
+    );
+    assert_eq!((st, b["code"].as_str()), (400, Some("invalid_request")), "{b}");
     let (st, _) = post(&format!("{shards}/shards/9/report"), report(leader, 2));
     assert_eq!(st, 404);
     let out = ok(&run(&["shard", "ls", "s"]));
@@ -507,6 +515,14 @@ fn an_unavailable_replicated_shard_is_abandoned_to_its_live_replica() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     assert_eq!(state, "unavailable");
+    assert_eq!(
+        metric(u, "felix_controlplane_unavailable_replicated_shards"),
+        1
+    );
+    assert_eq!(metric(u, "felix_controlplane_under_replicated_shards"), 1);
+    // f[1] at 4 behind the leader's 12, or behind f[0]'s 9 if f[0] led before it died.
+    let lag = metric(u, "felix_controlplane_replica_lag_records_max");
+    assert!(lag == 8 || lag == 5, "{lag}");
     // (f[0] may have led a generation before it died too, if the sweep saw the leader
     // silent first.)
     let gen = row()["generation"].as_u64().unwrap();
@@ -532,6 +548,33 @@ fn an_unavailable_replicated_shard_is_abandoned_to_its_live_replica() {
         (Some("assigned"), Some(f[1])),
         "{r}"
     );
+    assert_eq!(
+        metric(u, "felix_controlplane_unavailable_replicated_shards"),
+        0
+    );
+    assert!(metric(u, "felix_controlplane_abandons_total") >= 1);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     beat.join().unwrap();
+}
+
+/// One unlabelled sample of the control plane's `/metrics`.
+fn metric(url: &str, name: &str) -> u64 {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let text = rt.block_on(async {
+        reqwest::get(format!("{url}/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    });
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .unwrap_or_else(|| panic!("no {name} in /metrics:\n{text}"))
+        .trim()
+        .parse()
+        .unwrap()
 }

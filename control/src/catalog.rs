@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 pub mod auth_state;
 mod replicas;
 use auth_state::{AuthCommand, AuthState};
-pub use replicas::ReplicaImage;
+pub use replicas::{ReplicaImage, ReplicationHealth};
 
 /// Bounds of the catalog. Every member of a Raft group must run with the same values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

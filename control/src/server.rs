@@ -445,6 +445,46 @@ async fn metrics(State(st): State<Arc<AppState>>) -> impl IntoResponse {
         "brokers counted live",
         live as u64,
     );
+    let h = st.read(|c| c.replication_health());
+    gauge(
+        "felix_controlplane_replicated_shards",
+        "shards of streams of more than one copy, seated",
+        h.shards,
+    );
+    gauge(
+        "felix_controlplane_under_replicated_shards",
+        "replicated shards with a replica down or no longer vouched for",
+        h.under_replicated,
+    );
+    gauge(
+        "felix_controlplane_unavailable_replicated_shards",
+        "replicated shards no live replica qualifies to lead",
+        h.unavailable,
+    );
+    gauge(
+        "felix_controlplane_replica_lag_records_max",
+        "largest lag of a replica behind its leader's reported end, records",
+        h.lag_records_max,
+    );
+    for (answer, c) in [
+        ("landed", &replication::REPORTS_LANDED),
+        ("refused", &replication::REPORTS_REFUSED),
+        ("stale", &replication::REPORTS_STALE),
+    ] {
+        if answer == "landed" {
+            let _ = write!(o, "# HELP felix_controlplane_replica_reports_total leaders' reports answered here, by answer\n# TYPE felix_controlplane_replica_reports_total counter\n");
+        }
+        let _ = writeln!(
+            o,
+            "felix_controlplane_replica_reports_total{{answer=\"{answer}\"}} {}",
+            c.load(Relaxed)
+        );
+    }
+    let _ = write!(
+        o,
+        "# HELP felix_controlplane_abandons_total replicated shards an operator abandoned to a replica here\n# TYPE felix_controlplane_abandons_total counter\nfelix_controlplane_abandons_total {}\n",
+        replication::ABANDONS.load(Relaxed)
+    );
     let r = &st.requests;
     let _ = write!(o, "# HELP felix_controlplane_requests_total REST requests answered, by status class\n# TYPE felix_controlplane_requests_total counter\n");
     for (i, c) in r.by_class.iter().enumerate() {

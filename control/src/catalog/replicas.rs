@@ -153,7 +153,48 @@ fn mirror(sp: &mut ShardPlacement, p: &Placement, state: ShardState) -> bool {
     changed
 }
 
+/// Replicated shards at a glance, for the control plane's `/metrics`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReplicationHealth {
+    /// Seated replicated shards.
+    pub shards: u64,
+    /// Of those, shards with a replica that is down, or whose report no longer vouches for
+    /// it (rule 9): fewer copies count than were asked for.
+    pub under_replicated: u64,
+    /// Of those, shards no live replica qualifies to lead (rule 8).
+    pub unavailable: u64,
+    /// The largest lag behind its leader's reported end, in records, of any replica.
+    pub lag_records_max: u64,
+}
+
 impl Catalog {
+    /// [`ReplicationHealth`] over every replicated shard.
+    pub fn replication_health(&self) -> ReplicationHealth {
+        let live = |n: u64| self.brokers.get(&n).is_some_and(|b| b.live);
+        let mut h = ReplicationHealth::default();
+        for ((k, shard), p) in &self.replicas {
+            h.shards += 1;
+            if p.set().iter().any(|&n| !live(n) || !p.vouched(n)) {
+                h.under_replicated += 1;
+            }
+            let state = self
+                .streams
+                .get(k)
+                .and_then(|s| s.placement.iter().find(|sp| sp.shard == *shard))
+                .map(|sp| sp.state);
+            if state == Some(ShardState::Unavailable) {
+                h.unavailable += 1;
+            }
+            let (_, leader) = p.newest();
+            let lead_end = leader.and_then(|l| p.reported(l)).map_or(0, |x| x.pos.end);
+            for &n in p.set() {
+                let end = p.reported(n).map_or(0, |x| x.pos.end);
+                h.lag_records_max = h.lag_records_max.max(lead_end.saturating_sub(end));
+            }
+        }
+        h
+    }
+
     /// A broker registered storage identity `sid`: every placement holding it learns it (rule
     /// 9), so reports made under an identity it no longer has stop counting.
     pub(super) fn register_replica_identity(&mut self, node: u64, sid: Option<&str>) {

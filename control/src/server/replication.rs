@@ -6,9 +6,16 @@
 use super::*;
 use crate::auth::{Action, ANY_TENANT};
 use crate::replication::{Report, ReportAnswer};
-use axum::extract::{Extension, Path};
-use axum::Json;
+use axum::extract::Extension;
 use rest_auth::{permit, Caller};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Leaders' reports this member answered, by answer, and abandons it carried out (counters
+/// of this process; `/metrics`).
+pub(super) static REPORTS_LANDED: AtomicU64 = AtomicU64::new(0);
+pub(super) static REPORTS_REFUSED: AtomicU64 = AtomicU64::new(0);
+pub(super) static REPORTS_STALE: AtomicU64 = AtomicU64::new(0);
+pub(super) static ABANDONS: AtomicU64 = AtomicU64::new(0);
 
 #[utoipa::path(get, path = "/v1/tenants/{tenant}/namespaces/{namespace}/streams/{stream}/replication", tag = "streams",
     params(("tenant" = String, Path), ("namespace" = String, Path), ("stream" = String, Path)),
@@ -172,7 +179,15 @@ pub(super) async fn shard_report(
         })
         .await?
     {
-        Reply::Report(a) => Ok(Json(a.into())),
+        Reply::Report(a) => {
+            let counter = match &a {
+                ReportAnswer::Landed { .. } => &REPORTS_LANDED,
+                ReportAnswer::Refused { .. } => &REPORTS_REFUSED,
+                ReportAnswer::Stale { .. } => &REPORTS_STALE,
+            };
+            counter.fetch_add(1, Relaxed);
+            Ok(Json(a.into()))
+        }
         other => Err(unexpected(other)),
     }
 }
@@ -230,13 +245,17 @@ pub(super) async fn shard_abandon(
         })
         .await?
     {
-        Reply::Abandoned(a) => Ok(Json(AbandonReply {
-            generation: a.assignment.gen,
-            leader: a.assignment.leader,
-            kept_end: a.kept.end,
-            commit: a.commit.end,
-            may_lose_records: a.commit.end.saturating_sub(a.kept.end),
-        })),
+        Reply::Abandoned(a) => {
+            // Counted once it is in the store (a refused abandon changes nothing).
+            ABANDONS.fetch_add(1, Relaxed);
+            Ok(Json(AbandonReply {
+                generation: a.assignment.gen,
+                leader: a.assignment.leader,
+                kept_end: a.kept.end,
+                commit: a.commit.end,
+                may_lose_records: a.commit.end.saturating_sub(a.kept.end),
+            }))
+        }
         other => Err(unexpected(other)),
     }
 }
