@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 mod common;
 use common::cluster::{
     cluster_id, make_resources, make_resources_with, placement, publish_forward, raw_peer,
-    refusal_of, start_node, visible,
+    raw_peer_with, refusal_of, start_node, visible,
 };
 use common::cp::{
     eventually, felixctl, sibling, start_control_plane, start_control_plane_settling,
@@ -336,6 +336,60 @@ async fn owners_check_who_forwards_and_what() {
         .await
         .unwrap();
     assert_eq!(ack.first_offset, 1);
+
+    // Replica messages: refused on a link that did not negotiate replication, and from a
+    // node other than the link's; routed to the shard's core (which hosts no replica yet, and
+    // counts them) from the dialer itself; dropped when they name a stream incarnation this
+    // broker does not know.
+    use felix_quic::wire::replica::{ReplicaMsg, ShardRef};
+    let replicate = |incarnation: u64, leader: u64| Frame::Replicate {
+        shard: ShardRef {
+            stream: name.clone(),
+            incarnation,
+            shard: mine,
+        },
+        msg: ReplicaMsg::Fence { gen: 1, leader },
+        records: Vec::new(),
+    };
+    raw.send(8, &replicate(incarnation, 3));
+    assert_eq!(
+        code_of(raw.next_on(8).await),
+        (0, Some(ErrorCode::InvalidRequest))
+    );
+    let (mut rep, answer) = raw_peer_with(&n1, &certs, &cluster, (1, 3, 3), 3).await;
+    assert!(
+        matches!(
+            answer,
+            Frame::Peer(PeerFrame::PeerHelloOk {
+                capabilities: 3,
+                ..
+            })
+        ),
+        "{answer:?}"
+    );
+    rep.send(8, &replicate(incarnation, 2));
+    assert_eq!(
+        code_of(rep.next_on(8).await),
+        (0, Some(ErrorCode::InvalidRequest))
+    );
+    assert_eq!(n1.total("replica_msgs_refused"), 2);
+    rep.send(8, &replicate(incarnation, 3));
+    rep.send(8, &replicate(incarnation + 1, 3));
+    eventually("the replica messages counted", || async {
+        let (routed, unhosted, stale) = (
+            n1.total("replica_msgs_routed"),
+            n1.total("replica_msgs_unhosted"),
+            n1.total("replica_msgs_stale"),
+        );
+        if (routed, unhosted, stale) == (1, 1, 1) {
+            Ok(())
+        } else {
+            Err(format!(
+                "routed {routed}, unhosted {unhosted}, stale {stale}"
+            ))
+        }
+    })
+    .await;
 }
 
 /// A forward to a broker that is frozen (SIGSTOP) is answered `outcome_unknown` within the

@@ -417,7 +417,11 @@ fn replicated_shards_show_leader_followers_commit_and_lag() {
         &format!("{shards}/shards/0/report"),
         serde_json::json!({"generation": 1, "leader": leader, "seq": false, "holders": []}),
     );
-    assert_eq!((st, b["code"].as_str()), (400, Some("invalid_request")), "{b}");
+    assert_eq!(
+        (st, b["code"].as_str()),
+        (400, Some("invalid_request")),
+        "{b}"
+    );
     let (st, _) = post(&format!("{shards}/shards/9/report"), report(leader, 2));
     assert_eq!(st, 404);
     let out = ok(&run(&["shard", "ls", "s"]));

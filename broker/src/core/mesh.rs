@@ -87,6 +87,15 @@ pub enum ToOwner {
         cache: u32,
         shard: u32,
     },
+    /// A replica message from broker `from` about a shard this core owns, taken from a peer
+    /// link on another core (the listener core is whichever took the link's first packet).
+    Replica {
+        stream: u32,
+        shard: u32,
+        from: u64,
+        msg: felix_quic::wire::replica::ReplicaMsg,
+        records: Vec<felix_quic::wire::replica::ShippedRecord>,
+    },
 }
 
 /// Owner core → the core that holds the connection, subscribers or watches.
@@ -298,6 +307,13 @@ impl CoreState {
             MeshMsg::Owner(ToOwner::GroupConnClosed { core, conn }) => {
                 self.on_group_conn_closed(core, conn)
             }
+            MeshMsg::Owner(ToOwner::Replica {
+                stream,
+                shard,
+                from,
+                msg,
+                records,
+            }) => self.on_replica_msg((stream, shard), from, msg, records),
             MeshMsg::Owner(ToOwner::CacheReq {
                 origin,
                 cache,

@@ -90,12 +90,23 @@ pub async fn visible(clients: &[Client], name: &StreamName) {
 }
 
 /// A raw peer: dial node `to`'s peer listener with node `as_node`'s certificate and say
-/// `PeerHello` naming `claims`.
+/// `PeerHello` naming `claims`, with capability `Forward` only.
 pub async fn raw_peer(
     b: &Broker,
     certs: &Path,
     cluster: &str,
+    nodes: (u64, u64, u64),
+) -> (Raw, Frame) {
+    raw_peer_with(b, certs, cluster, nodes, 1).await
+}
+
+/// [`raw_peer`] saying `capabilities`.
+pub async fn raw_peer_with(
+    b: &Broker,
+    certs: &Path,
+    cluster: &str,
     (to, as_node, claims): (u64, u64, u64),
+    capabilities: u64,
 ) -> (Raw, Frame) {
     let peer = b.peer.expect("a peer listener");
     let tls = felix_quic::tls::PeerTls {
@@ -114,7 +125,7 @@ pub async fn raw_peer(
         &Frame::Peer(PeerFrame::PeerHello {
             node_id: claims,
             cluster_id: cluster.to_string(),
-            capabilities: 1,
+            capabilities,
             max_frame_bytes: 1 << 24,
         }),
     );

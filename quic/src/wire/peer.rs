@@ -30,8 +30,10 @@ pub mod kind {
 pub mod capabilities {
     /// Forwarded requests (`Forward`).
     pub const FORWARD: u64 = 1 << 0;
+    /// Replica messages (`Replicate`, kind 52) on the link, from the dialer.
+    pub const REPLICATION: u64 = 1 << 1;
     /// Every capability this build implements.
-    pub const ALL: u64 = FORWARD;
+    pub const ALL: u64 = FORWARD | REPLICATION;
 }
 
 /// The lanes of a peer link: one QUIC stream each, opened by the dialing broker, with a

@@ -92,6 +92,22 @@ pub enum ReplicaMsg {
     },
 }
 
+impl ReplicaMsg {
+    /// The node that sent it: the leader of a fence, shipment or lease question, the
+    /// replica of an answer, grant or refusal. A peer link carries only its dialer's own.
+    pub fn sender(&self) -> u64 {
+        match *self {
+            ReplicaMsg::Fence { leader, .. }
+            | ReplicaMsg::Ship { leader, .. }
+            | ReplicaMsg::LeaseAsk { leader, .. } => leader,
+            ReplicaMsg::FenceAnswer { from, .. }
+            | ReplicaMsg::ShipAnswer { from, .. }
+            | ReplicaMsg::LeaseGrant { from, .. }
+            | ReplicaMsg::Refuse { from, .. } => from,
+        }
+    }
+}
+
 /// One record of a shipment, as the leader's log holds it (its generation is the `Ship`'s).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ShippedRecord {

@@ -280,7 +280,8 @@ pub fn admit(k: u8, stream: u64, ack: bool, hello_done: bool) -> Verdict {
 /// The verdict for a frame of kind `k` on `stream` of a peer link's listening side (a
 /// connection that came in on the peer listener). Before `PeerHello` only `PeerHello` on the
 /// control stream is taken; after it, only `Forward`, whose inner request then passes
-/// [`admit`] as if a client had sent it on the same stream.
+/// [`admit`] as if a client had sent it on the same stream, and `Replicate` (its handler
+/// checks the link negotiated the capability and that it speaks for the dialer).
 pub fn admit_peer(k: u8, stream: u64, hello_done: bool) -> Verdict {
     let refuse = |message: String| Verdict::Refuse {
         answer_on: answer_stream(stream),
@@ -297,6 +298,7 @@ pub fn admit_peer(k: u8, stream: u64, hello_done: bool) -> Verdict {
         )),
         (peer::kind::PEER_HELLO, true) => refuse("PeerHello sent twice".into()),
         (peer::kind::FORWARD, true) => Verdict::Serve,
+        (super::replica::kind::REPLICATE, true) => Verdict::Serve,
         _ if kind_info(k).is_none() => Verdict::Skip,
         _ => refuse(format!(
             "{name} on a peer link: requests travel inside Forward"

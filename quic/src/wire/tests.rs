@@ -1594,14 +1594,26 @@ mod replicate {
             f[6..10].copy_from_slice(&len.to_le_bytes());
             assert!(decode_frame(&f, MAX).is_err(), "cut at {cut}");
         }
-        // Not inside a Forward, and not on a client connection or a peer link today.
+        // Not inside a Forward, nor on a client connection; on a peer link after PeerHello.
         assert_eq!(
             streams::kind_info(replica::kind::REPLICATE).map(|i| i.1),
             Some(streams::Placement::PeerLink)
         );
         assert!(matches!(
-            streams::admit_peer(replica::kind::REPLICATE, 8, true),
+            streams::admit_peer(replica::kind::REPLICATE, 8, false),
             Verdict::Refuse { .. }
         ));
+        assert_eq!(
+            streams::admit_peer(replica::kind::REPLICATE, 8, true),
+            Verdict::Serve
+        );
+        // The sender each message names: the leader's, or the answering replica's.
+        let fence = replica::ReplicaMsg::Fence { gen: 2, leader: 7 };
+        let refuse = replica::ReplicaMsg::Refuse {
+            gen: 2,
+            from: 9,
+            promised: 3,
+        };
+        assert_eq!((fence.sender(), refuse.sender()), (7, 9));
     }
 }

@@ -416,6 +416,11 @@ impl CoreState {
             Frame::Peer(PeerFrame::Forward { head, inner }) => {
                 self.on_forward(key, stream, head, *inner)
             }
+            Frame::Replicate {
+                shard,
+                msg,
+                records,
+            } => self.on_replicate(key, stream, shard, msg, records),
             Frame::Auth(AuthFrame::Authenticate { request_id, token }) => {
                 self.on_authenticate(key, stream, request_id, token)
             }

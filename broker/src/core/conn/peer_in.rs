@@ -8,6 +8,7 @@ use super::super::*;
 use felix_quic::tls::{cert_dns_names, node_name};
 use felix_quic::wire::cache::CacheFrame;
 use felix_quic::wire::peer::lanes;
+use felix_quic::wire::replica::{ReplicaMsg, ShardRef, ShippedRecord};
 use felix_quic::wire::{peer, ForwardHead, PeerFrame};
 
 impl CoreState {
@@ -73,6 +74,67 @@ impl CoreState {
                 .set_peer_max_frame_bytes(peer_max_frame_bytes as usize);
             e.conn.send_frame(stream, &ok);
         }
+    }
+
+    /// A replica message from the broker at the other end of link `key`: taken only on a link
+    /// that negotiated replication and only for the dialer itself (a broker speaks for the
+    /// node its certificate names), then routed to the shard's owner core. One naming a
+    /// stream incarnation or shard this broker does not know is dropped and counted: the
+    /// protocol tolerates loss, and its sender tries again or is deposed.
+    pub(in crate::core) fn on_replicate(
+        &mut self,
+        key: ConnKey,
+        stream: u64,
+        shard: ShardRef,
+        msg: ReplicaMsg,
+        records: Vec<ShippedRecord>,
+    ) {
+        let Some(session) = self.sessions.get(&key) else {
+            return;
+        };
+        let peer_node = session.peer_node;
+        let refusal = if session.features & peer::capabilities::REPLICATION == 0 {
+            Some("Replicate on a peer link that did not negotiate replication (PeerHello capability bit 1)".to_string())
+        } else if peer_node != Some(msg.sender()) {
+            Some(format!(
+                "Replicate on node {}'s link names node {} as its sender: a broker speaks only for itself",
+                peer_node.unwrap_or(0),
+                msg.sender()
+            ))
+        } else {
+            None
+        };
+        if let Some(why) = refusal {
+            CoreCounters::inc(&self.s.counters.replica_msgs_refused);
+            tracing::warn!(?peer_node, %why, "replica message refused");
+            self.send_err(key, stream, 0, ErrorCode::InvalidRequest, why);
+            return;
+        }
+        let known = self
+            .catalog
+            .lookup(&shard.stream)
+            .ok()
+            .map(|(i, _)| i as u32);
+        let Some(idx) = known.filter(|&i| {
+            let slot = self.catalog.slot(i);
+            slot.incarnation == shard.incarnation && shard.shard < slot.def.shards
+        }) else {
+            CoreCounters::inc(&self.s.counters.replica_msgs_stale);
+            return;
+        };
+        CoreCounters::inc(&self.s.counters.replica_msgs_routed);
+        let owner = self.owner_core(idx, shard.shard);
+        let from = msg.sender();
+        self.route(
+            owner,
+            MeshMsg::Owner(ToOwner::Replica {
+                stream: idx,
+                shard: shard.shard,
+                from,
+                msg,
+                records,
+            }),
+        );
     }
 
     /// Serve a forwarded request as if its client had sent it here, under the forward's head.

@@ -174,15 +174,18 @@ impl CoreState {
                 }
             }
             LinkEffect::Send { key, lane, bytes } => {
-                let stream = match lane {
-                    Lane::Control => lanes::CONTROL_STREAM,
-                    Lane::Publish => lanes::PUBLISH_STREAM,
+                let (stream, urgency) = match lane {
+                    Lane::Control => (lanes::CONTROL_STREAM, None),
+                    Lane::Publish => (lanes::PUBLISH_STREAM, Some(lanes::PUBLISH_URGENCY)),
+                    Lane::Replication => {
+                        (lanes::REPLICATION_STREAM, Some(lanes::REPLICATION_URGENCY))
+                    }
                 };
                 if let Some(e) = self.ep.get(key) {
-                    if lane == Lane::Publish {
+                    if let Some(u) = urgency {
                         // Set on every send: quiche refuses it before the handshake gave the
                         // stream room, and it costs a lookup once the stream exists.
-                        e.conn.set_urgency(stream, lanes::PUBLISH_URGENCY);
+                        e.conn.set_urgency(stream, u);
                     }
                     e.conn.send_bytes(stream, bytes);
                     self.ep.mark_dirty(key);

@@ -57,6 +57,8 @@ fn lane_index(lane: Lane) -> usize {
     match lane {
         Lane::Control => 0,
         Lane::Publish => 1,
+        // Nothing in this simulator sends replica messages (no shard has replicas here).
+        Lane::Replication => unreachable!("the cluster simulator hosts no replicas"),
     }
 }
 
