@@ -142,8 +142,12 @@ pub enum Place {
     /// A shard of a stream of more than one copy (a control plane run with
     /// `--replication-preview`). Brokers do not run replicas yet, so no broker serves it:
     /// serving it from one copy would restart its offsets at every failover. `leader` is the
-    /// replica placement names (0: none).
-    Replicated { leader: u64, generation: u64 },
+    /// replica placement names (0: none), `replicas` the replica set (the leader first).
+    Replicated {
+        leader: u64,
+        generation: u64,
+        replicas: Vec<u64>,
+    },
 }
 
 /// One stream incarnation. Slots are never reused within a process: the slot index is the
@@ -177,6 +181,9 @@ pub struct Catalog {
     pub fenced: bool,
     /// The peer listener of every broker that has one (`node id → host:port`).
     pub peer_addrs: HashMap<u64, String>,
+    /// The registered storage identity of every broker that sent one (an assignment names
+    /// its leader's, replication rule 9).
+    pub storage_ids: HashMap<u64, u64>,
     /// The client address of every registered broker (`node id → host:port`).
     pub broker_addrs: HashMap<u64, String>,
     /// The cluster's identity (the control plane's catalog id; empty standalone).
@@ -304,6 +311,7 @@ impl Catalog {
             revision: view.revision,
             fenced,
             peer_addrs: view.peer_addrs.clone(),
+            storage_ids: view.storage_ids.clone(),
             broker_addrs: view.broker_addrs.clone(),
             cluster_id: view.cluster_id.clone(),
         }
@@ -516,7 +524,9 @@ impl Catalog {
                 ErrorCode::Unavailable,
                 format!("shard {shard} of {name} is durable and its owner broker {owner} is down; it is not moved"),
             )),
-            Place::Replicated { leader, generation } => Err((
+            Place::Replicated {
+                leader, generation, ..
+            } => Err((
                 ErrorCode::Unsupported,
                 format!("shard {shard} of {name} has more than one copy (leader {leader}, generation {generation}), and this broker build does not serve replicated shards yet"),
             )),
@@ -614,9 +624,14 @@ fn places<D: Def>(v: &ViewStream<D>, view: &ControlView, node_id: u64) -> Vec<Pl
                 generation: *generation,
             },
             Some(ViewPlace::OwnerDown { owner }) => Place::OwnerDown { owner: *owner },
-            Some(ViewPlace::Replicated { leader, generation }) => Place::Replicated {
+            Some(ViewPlace::Replicated {
+                leader,
+                generation,
+                replicas,
+            }) => Place::Replicated {
                 leader: *leader,
                 generation: *generation,
+                replicas: replicas.clone(),
             },
             Some(ViewPlace::Unassigned) | None => Place::Unassigned,
         })
@@ -635,6 +650,8 @@ pub struct ControlView {
     pub broker_addrs: HashMap<u64, String>,
     /// Peer listeners (`node id → host:port`) of the brokers that have one.
     pub peer_addrs: HashMap<u64, String>,
+    /// Registered storage identities (replication rule 9) of the brokers that sent one.
+    pub storage_ids: HashMap<u64, u64>,
     pub cluster_id: String,
 }
 
@@ -647,7 +664,7 @@ pub struct ViewStream<D = StreamDef> {
     pub placement: Vec<ViewPlace>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ViewPlace {
     Assigned {
         owner: u64,
@@ -661,6 +678,7 @@ pub enum ViewPlace {
     Replicated {
         leader: u64,
         generation: u64,
+        replicas: Vec<u64>,
     },
 }
 

@@ -162,6 +162,14 @@ impl Mirror {
                 .values()
                 .filter_map(|b| Some((b.node_id, b.peer_addr.clone()?)))
                 .collect(),
+            storage_ids: self
+                .brokers
+                .values()
+                .filter_map(|b| {
+                    let id = b.storage_id.as_deref()?;
+                    Some((b.node_id, u64::from_str_radix(id, 16).ok()?))
+                })
+                .collect(),
             cluster_id: self.catalog_id.clone(),
         }
     }
@@ -175,6 +183,7 @@ fn view_places(placement: &[api::ShardPlacement], replicated: bool) -> Vec<ViewP
             _ if replicated => ViewPlace::Replicated {
                 leader: p.leader.unwrap_or(0),
                 generation: p.generation,
+                replicas: p.replicas.clone(),
             },
             (ShardState::Assigned, Some(owner)) => ViewPlace::Assigned {
                 owner,
@@ -246,6 +255,8 @@ pub struct LinkConfig {
     pub peer_addr: Option<String>,
     /// The node credential, sent as the bearer of every request and renewed before it expires.
     pub token: Option<crate::auth::Secret>,
+    /// The hosted replicas' reports, posted from here (replication rule 7).
+    pub reports: Option<Arc<crate::replica_reports::ReportBox>>,
     /// Where the node credential was read from; a renewed one is written back there.
     pub token_file: Option<std::path::PathBuf>,
     /// With `auth = controlplane`: the keys to fill from the control plane's key set.
@@ -480,6 +491,99 @@ fn note_answer() {
     }
 }
 
+/// Post the hosted replicas' reports and leave each answer for its core. A report that is not
+/// answered is dropped: its replica reports again on a tick while none has landed.
+async fn post_reports(
+    http: credential::Http,
+    base: String,
+    reports: Arc<crate::replica_reports::ReportBox>,
+    shutdown: Arc<AtomicBool>,
+) {
+    while !shutdown.load(Ordering::Acquire) {
+        while let Some(job) = reports.pop() {
+            match post_report(&http, &base, &job).await {
+                Ok(a) => reports.answer(job.core, job.key, a),
+                Err(e) => tracing::debug!(error = %e, "replica report not posted"),
+            }
+        }
+        let _ = tokio::time::timeout(Duration::from_millis(200), reports.wake.notified()).await;
+    }
+}
+
+async fn post_report(
+    http: &credential::Http,
+    base: &str,
+    job: &crate::replica_reports::ReportJob,
+) -> Result<felix_control::replication::ReportAnswer, String> {
+    use felix_control::replication::{Holding, Pos, ReportAnswer};
+    let holders: Vec<serde_json::Value> = job
+        .report
+        .holders
+        .iter()
+        .map(|h| {
+            serde_json::json!({"node": h.node, "last_generation": h.pos.last_gen,
+                "end": h.pos.end, "storage_id": format!("{:016x}", h.sid)})
+        })
+        .collect();
+    let body = serde_json::json!({"generation": job.report.gen, "leader": job.report.leader,
+        "seq": job.report.seq, "holders": holders});
+    // Names are one path segment of [A-Za-z0-9_.-] each (the catalog checked them).
+    let url = format!(
+        "{base}/v1/tenants/{}/namespaces/{}/streams/{}/shards/{}/report",
+        job.tenant, job.namespace, job.stream, job.shard
+    );
+    let r = http
+        .post(url)
+        .json(&body)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    let status = r.status();
+    let v: serde_json::Value = r.json().await.map_err(|e| e.to_string())?;
+    if !status.is_success() {
+        return Err(format!("{status}: {v}"));
+    }
+    let num = |f: &str| v[f].as_u64().ok_or_else(|| format!("no {f} in {v}"));
+    let gen = num("generation")?;
+    match v["answer"].as_str() {
+        Some("landed") => {
+            let counted = v["counted"]
+                .as_array()
+                .ok_or_else(|| format!("no counted in {v}"))?
+                .iter()
+                .map(|h| {
+                    let sid = h["storage_id"]
+                        .as_str()
+                        .and_then(|s| u64::from_str_radix(s, 16).ok());
+                    match (
+                        h["node"].as_u64(),
+                        h["last_generation"].as_u64(),
+                        h["end"].as_u64(),
+                        sid,
+                    ) {
+                        (Some(node), Some(last_gen), Some(end), Some(sid)) => Ok(Holding {
+                            node,
+                            pos: Pos { last_gen, end },
+                            sid,
+                        }),
+                        _ => Err(format!("a counted holder is malformed: {h}")),
+                    }
+                })
+                .collect::<Result<Vec<_>, String>>()?;
+            Ok(ReportAnswer::Landed { gen, counted })
+        }
+        Some("refused") => Ok(ReportAnswer::Refused {
+            gen,
+            newest: num("newest")?,
+        }),
+        Some("stale") => Ok(ReportAnswer::Stale {
+            gen,
+            seq: num("seq")?,
+        }),
+        _ => Err(format!("an answer this broker does not know: {v}")),
+    }
+}
+
 async fn run(
     cfg: LinkConfig,
     cell: Arc<CatalogCell>,
@@ -513,6 +617,14 @@ async fn run(
             cfg.node_id,
             cfg.token_file.clone(),
             t,
+            shutdown.clone(),
+        ));
+    }
+    if let Some(reports) = cfg.reports.clone() {
+        tokio::spawn(post_reports(
+            http.clone(),
+            base.clone(),
+            reports,
             shutdown.clone(),
         ));
     }

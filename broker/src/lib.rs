@@ -17,4 +17,5 @@ pub mod fanout;
 pub mod group;
 pub mod inspect;
 pub mod metrics;
+pub mod replica_reports;
 pub mod storage_identity;

@@ -295,6 +295,9 @@ fn run(cfg: Config, (node_token, controlplane_ca): Credentials) -> Result<(), St
             "more cores than allowed CPUs: executors run unpinned within the allowed set"
         ),
     }
+    // Replica reports between the cores and the control-plane link (none standalone).
+    let reports =
+        (!standalone).then(|| Arc::new(felix_broker::replica_reports::ReportBox::new(cfg.cores)));
     let mut handles = Vec::new();
     for (i, (sock, peer_socks)) in sockets.into_iter().zip(peer_sockets).enumerate() {
         let mesh = mesh.clone();
@@ -313,6 +316,7 @@ fn run(cfg: Config, (node_token, controlplane_ca): Credentials) -> Result<(), St
             started: started.clone(),
             drain_idle: drain_idle.clone(),
             auth: auth.clone(),
+            reports: reports.clone(),
         };
         let placement = match &cpus {
             Some(c) => Placement::Fixed(c[i]),
@@ -377,6 +381,7 @@ fn run(cfg: Config, (node_token, controlplane_ca): Credentials) -> Result<(), St
                 jwks_refresh_ms: cfg.auth_jwks_refresh_ms,
                 ca: controlplane_ca.unwrap_or_default(),
                 storage_id: identity.as_ref().map(|(_, id)| id.clone()),
+                reports: reports.clone(),
             },
             catalog.clone(),
             synced.clone(),

@@ -277,7 +277,8 @@ fn a_replicated_stream_is_refused_unsupported_even_on_its_leader() {
         c.slot(0).places[0],
         Place::Replicated {
             leader: 1,
-            generation: 2
+            generation: 2,
+            replicas: vec![1, 2, 3],
         }
     );
     let (code, msg) = c.serve_check(0, 0).unwrap_err();

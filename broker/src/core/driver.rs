@@ -148,6 +148,7 @@ impl CoreState {
             auth_checked_at: Instant::now(),
             closes_due: VecDeque::new(),
             links,
+            replicas: Default::default(),
         }));
         state.borrow_mut().me = Rc::downgrade(&state);
         state
@@ -350,6 +351,7 @@ async fn drain_phase(state: &Rc<RefCell<CoreState>>, mut drain: Drain) -> Drain 
                 st.closing_logs = true;
                 let mut logs: Vec<Log> = st.streams.begin_close();
                 logs.extend(st.cache_logs());
+                logs.extend(st.close_replicas());
                 logs
             };
             for log in logs {
@@ -399,6 +401,7 @@ fn flush_round(st: &mut CoreState, batches: &mut [TxBatch]) {
     let now = Instant::now();
     st.refresh_catalog();
     st.links_tick(now);
+    st.replica_answers_tick();
     st.with_streams(|h, ctx| h.tick(ctx));
     st.groups_tick();
     st.caches_tick();

@@ -66,6 +66,7 @@ mod peer;
 mod peer_check;
 mod replica;
 mod replica_driver;
+mod replica_host;
 mod replica_store;
 pub(crate) mod shard;
 pub use shard::Refusal;
@@ -128,6 +129,8 @@ pub struct CoreSettings {
     pub started: Arc<std::sync::atomic::AtomicUsize>,
     /// Verifies tokens; `None`: auth is off (`--auth off`).
     pub auth: Option<Arc<crate::auth::AuthKeys>>,
+    /// Replica reports to and answers from the control plane (`None` standalone).
+    pub reports: Option<Arc<crate::replica_reports::ReportBox>>,
 }
 
 #[derive(Default)]
@@ -290,6 +293,8 @@ struct CoreState {
     /// This core's links to other brokers and the forwards on them (`None` without a peer
     /// listener: requests for shards owned elsewhere are answered `not_leader`).
     links: Option<peer::Links>,
+    /// The shards this core hosts as a replica.
+    replicas: replica_host::ReplicaHost,
 }
 
 impl CoreState {
@@ -385,6 +390,7 @@ impl CoreState {
                 StreamChange::Ended(key, why) => self.end_local_subs(key, why),
             }
         }
+        self.refresh_replicas();
         for key in self.durable_keys_to_open() {
             self.streams.begin_open(key);
             let job = self.open_job(key);

@@ -26,25 +26,6 @@ impl CoreState {
         core_for_shard(&def.name(), shard, self.s.cores as u32) as u8
     }
 
-    /// A replica message for a shard this core owns. No shard is hosted as a replica yet (the
-    /// replication issue's data path): it is counted and dropped, as a lost message would be.
-    pub(in crate::core) fn on_replica_msg(
-        &mut self,
-        key: ShardKey,
-        from: u64,
-        msg: felix_quic::wire::replica::ReplicaMsg,
-        records: Vec<felix_quic::wire::replica::ShippedRecord>,
-    ) {
-        CoreCounters::inc(&self.s.counters.replica_msgs_unhosted);
-        tracing::debug!(
-            ?key,
-            from,
-            ?msg,
-            records = records.len(),
-            "replica message for a shard not hosted as a replica"
-        );
-    }
-
     /// Run `f` on the stream shard host with this core's context, then carry out its effects.
     pub(in crate::core) fn with_streams<R>(
         &mut self,

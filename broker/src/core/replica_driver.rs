@@ -7,9 +7,9 @@
 //! the log), reports for placement, and the answers owed to publishes.
 //!
 //! It reads no clock (the caller passes the machine's monotonic time and the wall clock for
-//! record timestamps) and sends nothing itself. The shard host does not run it yet: the tests
-//! in `replica_store` route its outputs between three drivers over real logs.
-#![cfg_attr(not(test), allow(dead_code))]
+//! record timestamps) and sends nothing itself. `core/replica_host.rs` runs one per hosted
+//! replica; the tests in `replica_store` route its outputs between three drivers over real
+//! logs.
 
 use super::replica::{Effect, Msg, NodeId, NotLeader, Replica, ReplicaCfg};
 use super::replica_store::{records_for, Carried, ReplicaStore};
@@ -29,7 +29,9 @@ pub(crate) enum Input {
     },
     ReportAnswer(ReportAnswer),
     Assign(Assignment),
-    /// A client's record for this shard (the leader appends and ships it).
+    /// A client's record for this shard (the leader appends and ships it). The shard host
+    /// does not route publishes to replicas yet (replicated shards refuse them).
+    #[cfg_attr(not(test), allow(dead_code))]
     Propose {
         payload: Bytes,
         flags: u8,
@@ -93,6 +95,7 @@ impl ReplicaDriver {
         Ok(ReplicaDriver { r, store })
     }
 
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn replica(&self) -> &Replica {
         &self.r
     }

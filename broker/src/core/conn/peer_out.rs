@@ -145,7 +145,7 @@ impl CoreState {
     }
 
     /// Carry out the links' effects (answers may make more: a loop until none are left).
-    fn link_effects(&mut self) {
+    pub(in crate::core) fn link_effects(&mut self) {
         loop {
             let Some(links) = self.links.as_mut() else {
                 return;

@@ -380,7 +380,6 @@ impl Links {
     /// link is dialed if it is down. `Ok(false)`: dropped for now; `Err`: refused for good
     /// (the address does not parse, the link backs off, the message is over the peer's
     /// frame maximum).
-    #[cfg_attr(not(test), allow(dead_code))] // the replica host (issue 23) calls it next
     pub fn send_replica(
         &mut self,
         now: Instant,

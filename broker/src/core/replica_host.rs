@@ -1,0 +1,319 @@
+//! The shards this broker hosts as a replica (issue 23's data path; **partial**): for each
+//! shard of a replicated stream whose replica set names this broker, owned by this core, a
+//! task runs a [`ReplicaDriver`] over the shard's directory. Its inputs come from the peer
+//! links (`ToOwner::Replica`), the catalog (an assignment when placement names this broker
+//! the leader of a newer generation), the control plane (report answers, taken from the
+//! [`ReportBox`] each flush round) and its own tick; its outputs go to the peer links
+//! (`Links::send_replica`) and to the control plane (reports). Replicas fence, elect, ship
+//! and report, so a new leader's generation-start record is committed on a majority. Not
+//! built yet: publishes (the shard still refuses them `unsupported`), subscribers, closing a
+//! replica the catalog no longer names, and rebuilding one.
+
+use super::replica::ReplicaCfg;
+use super::replica_driver::{Input, Output, ReplicaDriver};
+use super::*;
+use crate::replica_reports::ReportJob;
+use felix_control::replication::Assignment;
+use felix_quic::wire::replica::{ReplicaMsg, ShardRef, ShippedRecord};
+use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
+
+/// Inputs queued per hosted replica; past it, one is dropped (the protocol sends again).
+const REPLICA_INPUTS_MAX: usize = 1024;
+/// How often a hosted replica's machine is ticked: lease renewals, retries, reports.
+const REPLICA_TICK: Duration = Duration::from_millis(50);
+
+pub(in crate::core) struct Hosted {
+    tx: LocalSender<Input>,
+    ident: ShardRef,
+    /// The newest generation this replica was assigned to lead (0: none).
+    assigned: u64,
+    /// Its log, once open: flushed and closed with the core's other logs at shutdown.
+    log: Option<Log>,
+}
+
+#[derive(Default)]
+pub(in crate::core) struct ReplicaHost {
+    shards: HashMap<ShardKey, Hosted>,
+}
+
+/// What a replica task opens.
+struct OpenReplica {
+    me: u64,
+    sid: u64,
+    set: Vec<u64>,
+    dir: std::path::PathBuf,
+    log_cfg: felix_storage::LogConfig,
+}
+
+impl CoreState {
+    /// Host every replica the catalog names this broker for (on this core) that is not
+    /// hosted yet, and assign the leadership placement gave this broker. Run after every
+    /// catalog change.
+    pub(in crate::core) fn refresh_replicas(&mut self) {
+        if self.closing_logs {
+            return; // shutting down: the hosted replicas' logs are closed
+        }
+        let node = self.s.cfg.node_id;
+        let Some(&sid) = self.catalog.storage_ids.get(&node) else {
+            return; // not registered with an identity: nothing to vouch with (rule 9)
+        };
+        let Some(root) = self.s.cfg.durable_storage_dir.clone() else {
+            return; // no durable storage: no log to replicate (a durable stream refuses here)
+        };
+        let mut wanted = Vec::new();
+        for idx in 0..self.catalog.slots().len() as u32 {
+            let slot = self.catalog.slot(idx);
+            if slot.deleted || !slot.def.durable {
+                continue;
+            }
+            for (shard, place) in slot.places.iter().enumerate() {
+                let Place::Replicated {
+                    leader,
+                    generation,
+                    replicas,
+                } = place
+                else {
+                    continue;
+                };
+                if replicas.contains(&node) && self.owner_core(idx, shard as u32) == self.id {
+                    let lead = (*leader == node).then_some(*generation);
+                    wanted.push(((idx, shard as u32), replicas.clone(), lead));
+                }
+            }
+        }
+        for (key, set, lead) in wanted {
+            if !self.replicas.shards.contains_key(&key) {
+                self.host_replica(&root, key, sid, set);
+            }
+            let Some(h) = self.replicas.shards.get_mut(&key) else {
+                continue;
+            };
+            if let Some(gen) = lead.filter(|&g| g > h.assigned) {
+                h.assigned = gen;
+                let a = Assignment {
+                    gen,
+                    leader: node,
+                    sid,
+                };
+                if h.tx.try_send(Input::Assign(a)).is_err() {
+                    CoreCounters::inc(&self.s.counters.replica_inputs_dropped);
+                }
+            }
+        }
+    }
+
+    fn host_replica(&mut self, root: &std::path::Path, key: ShardKey, sid: u64, set: Vec<u64>) {
+        let slot = self.catalog.slot(key.0).clone();
+        let open = OpenReplica {
+            me: self.s.cfg.node_id,
+            sid,
+            set,
+            dir: durable::slot_shard_dir(root, &slot.def.name(), slot.incarnation, key.1),
+            log_cfg: self.observed(durable::log_config(&self.s.cfg, &slot.def)),
+        };
+        let ident = ShardRef {
+            stream: slot.def.name(),
+            incarnation: slot.incarnation,
+            shard: key.1,
+        };
+        tracing::info!(stream = %ident.stream, shard = key.1, "hosting a replica");
+        let (tx, rx) = local_channel::new_bounded(REPLICA_INPUTS_MAX);
+        self.replicas.shards.insert(
+            key,
+            Hosted {
+                tx,
+                ident,
+                assigned: 0,
+                log: None,
+            },
+        );
+        glommio::spawn_local(run_replica(self.me.clone(), key, open, rx)).detach();
+    }
+
+    /// A replica message for a shard this core owns: to its replica, if hosted.
+    pub(in crate::core) fn on_replica_msg(
+        &mut self,
+        key: ShardKey,
+        from: u64,
+        msg: ReplicaMsg,
+        records: Vec<ShippedRecord>,
+    ) {
+        let Some(h) = self.replicas.shards.get(&key) else {
+            CoreCounters::inc(&self.s.counters.replica_msgs_unhosted);
+            tracing::debug!(
+                ?key,
+                from,
+                "replica message for a shard not hosted as a replica"
+            );
+            return;
+        };
+        if h.tx.try_send(Input::Msg { msg, records }).is_err() {
+            CoreCounters::inc(&self.s.counters.replica_inputs_dropped);
+        }
+    }
+
+    /// The control plane's answers to this core's reports, to their replicas.
+    pub(in crate::core) fn replica_answers_tick(&mut self) {
+        let Some(reports) = self.s.reports.clone() else {
+            return;
+        };
+        for (key, a) in reports.take_answers(self.id as usize) {
+            if let Some(h) = self.replicas.shards.get(&key) {
+                if h.tx.try_send(Input::ReportAnswer(a)).is_err() {
+                    CoreCounters::inc(&self.s.counters.replica_inputs_dropped);
+                }
+            }
+        }
+    }
+
+    /// Carry out what a replica's driver decided, in order.
+    fn on_replica_outputs(&mut self, key: ShardKey, outputs: Vec<Output>) {
+        let Some(ident) = self.replicas.shards.get(&key).map(|h| h.ident.clone()) else {
+            return;
+        };
+        for o in outputs {
+            match o {
+                Output::Send { to, msg, records } => self.send_replica(to, &ident, msg, records),
+                Output::Report(report) => {
+                    let Some(reports) = self.s.reports.clone() else {
+                        continue;
+                    };
+                    let job = ReportJob {
+                        core: self.id as usize,
+                        key,
+                        tenant: ident.stream.tenant.clone(),
+                        namespace: ident.stream.namespace.clone(),
+                        stream: ident.stream.stream.clone(),
+                        shard: ident.shard,
+                        report,
+                    };
+                    if !reports.push(job) {
+                        CoreCounters::inc(&self.s.counters.replica_inputs_dropped);
+                    }
+                }
+                Output::Elected { gen } => {
+                    CoreCounters::inc(&self.s.counters.replica_elections);
+                    tracing::info!(stream = %ident.stream, shard = ident.shard, gen, "leading the shard's replicas");
+                }
+                Output::SteppedDown { gen } => {
+                    tracing::info!(stream = %ident.stream, shard = ident.shard, gen, "stepped down");
+                }
+                // No publish reaches a replica yet: nothing proposes.
+                Output::Proposed { .. }
+                | Output::NotTaken(_)
+                | Output::Ack { .. }
+                | Output::CannotVouch { .. } => {}
+            }
+        }
+    }
+
+    fn send_replica(
+        &mut self,
+        to: u64,
+        ident: &ShardRef,
+        msg: ReplicaMsg,
+        records: Vec<ShippedRecord>,
+    ) {
+        let Some(addr) = self.catalog.peer_addrs.get(&to).cloned() else {
+            return; // no peer listener registered: lost, as on a cut link
+        };
+        let Some(links) = self.links.as_mut() else {
+            return;
+        };
+        links.set_cluster_id(&self.catalog.cluster_id.clone());
+        let frame = Frame::Replicate {
+            shard: ident.clone(),
+            msg,
+            records,
+        };
+        match links.send_replica(Instant::now(), to, &addr, frame.encode()) {
+            Ok(true) => CoreCounters::inc(&self.s.counters.replica_msgs_sent),
+            Ok(false) | Err(_) => CoreCounters::inc(&self.s.counters.replica_msgs_unsent),
+        }
+        self.link_effects();
+    }
+
+    /// The logs of the replicas this core hosts, to close at shutdown; their tasks end (no
+    /// input reaches them any more).
+    pub(in crate::core) fn close_replicas(&mut self) -> Vec<Log> {
+        self.replicas
+            .shards
+            .drain()
+            .filter_map(|(_, h)| h.log)
+            .collect()
+    }
+
+    fn on_replica_opened(&mut self, key: ShardKey, log: Log) {
+        if let Some(h) = self.replicas.shards.get_mut(&key) {
+            h.log = Some(log);
+        }
+    }
+
+    fn on_replica_failed(&mut self, key: ShardKey, why: String) {
+        if self.closing_logs {
+            return; // its log was closed under it at shutdown
+        }
+        if let Some(h) = self.replicas.shards.remove(&key) {
+            CoreCounters::inc(&self.s.counters.replica_failures);
+            tracing::error!(stream = %h.ident.stream, shard = h.ident.shard, error = %why, "replica failed; it is hosted again at the next catalog change");
+        }
+    }
+}
+
+/// One hosted replica: open its driver, then hand it each input (a tick at least every
+/// [`REPLICA_TICK`]) and carry its outputs out on the core, until its sender is dropped or
+/// it fails.
+async fn run_replica(
+    state: Weak<RefCell<CoreState>>,
+    key: ShardKey,
+    o: OpenReplica,
+    rx: LocalReceiver<Input>,
+) {
+    let opened = ReplicaDriver::open(o.me, o.sid, o.set, &o.dir, o.log_cfg, ReplicaCfg::default());
+    let mut d = match opened.await {
+        Ok(d) => d,
+        Err(e) => {
+            reenter(&state, |st| st.on_replica_failed(key, e));
+            return;
+        }
+    };
+    let log = d.store().log().clone();
+    reenter(&state, |st| st.on_replica_opened(key, log));
+    let t0 = Instant::now();
+    let mut next_tick = t0;
+    loop {
+        let now = Instant::now();
+        // A tick is due even while messages keep coming: leases are renewed on ticks.
+        let input = if now >= next_tick {
+            next_tick = now + REPLICA_TICK;
+            Input::Tick
+        } else {
+            let wait = next_tick - now;
+            let got = futures_lite::future::or(async { Some(rx.recv().await) }, async {
+                glommio::timer::sleep(wait).await;
+                None
+            })
+            .await;
+            match got {
+                Some(Some(i)) => i,
+                Some(None) => return, // no longer hosted
+                None => continue,
+            }
+        };
+        let now_ms = t0.elapsed().as_millis() as u64;
+        let wall_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        match d.handle(input, now_ms, wall_ms).await {
+            Ok(out) if out.is_empty() => {}
+            Ok(out) => reenter(&state, |st| st.on_replica_outputs(key, out)),
+            Err(e) => {
+                reenter(&state, |st| st.on_replica_failed(key, e));
+                return;
+            }
+        }
+        if state.upgrade().is_none() {
+            return;
+        }
+    }
+}
