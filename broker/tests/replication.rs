@@ -162,4 +162,31 @@ async fn replicas_on_three_brokers_elect_ship_and_report_through_the_control_pla
     let new_leader = shard["leader"].as_u64().unwrap();
     assert_ne!(new_leader, leader);
     assert_eq!(shard["state"], "assigned");
+    // Each replica holds its log in the stream incarnation's directory.
+    let holds_r3 = |dir: &str| {
+        std::fs::read_dir(std::path::Path::new(dir).join("acme").join("prod"))
+            .map(|rd| {
+                rd.filter_map(|e| e.ok())
+                    .any(|e| e.file_name().to_string_lossy().starts_with("r3@"))
+            })
+            .unwrap_or(false)
+    };
+    let live_dirs: Vec<&String> = dirs
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i as u64 + 1 != leader)
+        .map(|(_, d)| d)
+        .collect();
+    assert!(live_dirs.iter().all(|d| holds_r3(d)), "{live_dirs:?}");
+
+    // Deleted: the live brokers stop hosting its replicas and remove their files.
+    ctl(&[&ns[..], &["--yes", "stream", "rm", "r3"]].concat());
+    let t = Instant::now();
+    while live_dirs.iter().any(|d| holds_r3(d)) {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "a deleted stream's replica files stay: {live_dirs:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

@@ -3,11 +3,12 @@
 //! task runs a [`ReplicaDriver`] over the shard's directory. Its inputs come from the peer
 //! links (`ToOwner::Replica`), the catalog (an assignment when placement names this broker
 //! the leader of a newer generation), the control plane (report answers, taken from the
-//! [`ReportBox`] each flush round) and its own tick; its outputs go to the peer links
-//! (`Links::send_replica`) and to the control plane (reports). Replicas fence, elect, ship
-//! and report, so a new leader's generation-start record is committed on a majority. Not
-//! built yet: publishes (the shard still refuses them `unsupported`), subscribers, closing a
-//! replica the catalog no longer names, and rebuilding one.
+//! [`crate::replica_reports::ReportBox`] each flush round) and its own tick; its outputs go to
+//! the peer links (`Links::send_replica`) and to the control plane (reports). Replicas fence,
+//! elect, ship and report, so a new leader's generation-start record is committed on a
+//! majority. A replica the catalog no longer names ends, and a deleted stream's files go. Not
+//! built yet: publishes (the shard still refuses them `unsupported`), subscribers, and
+//! rebuilding a follower.
 
 use super::replica::ReplicaCfg;
 use super::replica_driver::{Input, Output, ReplicaDriver};
@@ -79,6 +80,28 @@ impl CoreState {
                     let lead = (*leader == node).then_some(*generation);
                     wanted.push(((idx, shard as u32), replicas.clone(), lead));
                 }
+            }
+        }
+        // Hosted replicas the catalog no longer names here (the stream deleted, or this
+        // broker out of the set): their tasks end; a deleted stream's files go too.
+        let gone: Vec<ShardKey> = self
+            .replicas
+            .shards
+            .keys()
+            .copied()
+            .filter(|k| !wanted.iter().any(|(w, _, _)| w == k))
+            .collect();
+        for key in gone {
+            let h = self.replicas.shards.remove(&key).expect("listed above");
+            let slot = self.catalog.slot(key.0).clone();
+            tracing::info!(stream = %h.ident.stream, shard = key.1, deleted = slot.deleted, "no longer hosting a replica");
+            if slot.deleted {
+                durable::remove_deleted_shard(h.log, Some(root.clone()), &slot, key.1);
+            } else if let Some(log) = h.log {
+                glommio::spawn_local(async move {
+                    let _ = log.close().await;
+                })
+                .detach();
             }
         }
         for (key, set, lead) in wanted {
@@ -244,8 +267,15 @@ impl CoreState {
     }
 
     fn on_replica_opened(&mut self, key: ShardKey, log: Log) {
-        if let Some(h) = self.replicas.shards.get_mut(&key) {
-            h.log = Some(log);
+        match self.replicas.shards.get_mut(&key) {
+            Some(h) => h.log = Some(log),
+            // No longer wanted while it opened (its task ends at its next input).
+            None => {
+                glommio::spawn_local(async move {
+                    let _ = log.close().await;
+                })
+                .detach();
+            }
         }
     }
 
