@@ -329,33 +329,8 @@ fn replicated_shards_show_leader_followers_commit_and_lag() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("felixctl.json");
     let u = url.as_str();
-    ok(&ctl(u, &cfg, &["tenant", "create", "t"]));
-    ok(&ctl(
-        u,
-        &cfg,
-        &["--tenant", "t", "namespace", "create", "n"],
-    ));
-    let run = |args: &[&str]| {
-        let mut a = vec!["--tenant", "t", "--namespace", "n"];
-        a.extend_from_slice(args);
-        ctl(u, &cfg, &a)
-    };
-    for n in 1..=3u64 {
-        let (st, b) = post(
-            &format!("{u}/v1/brokers"),
-            serde_json::json!({"node_id": n, "quic_addr": format!("127.0.0.1:{}", 7400 + n),
-                "cores": 1, "storage_id": format!("{:016x}", n * 0x11)}),
-        );
-        assert!(st < 300, "{st} {b}");
-    }
-    ok(&run(&[
-        "stream",
-        "create",
-        "s",
-        "--durable",
-        "--replication-factor",
-        "3",
-    ]));
+    replicated_stream(u, &cfg);
+    let run = |args: &[&str]| in_tn(u, &cfg, args);
     let shards = format!("{u}/v1/tenants/t/namespaces/n/streams/s");
     let out = ok(&run(&["--json", "shard", "ls", "s"]));
     let row: serde_json::Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
@@ -441,32 +416,8 @@ fn an_unavailable_replicated_shard_is_abandoned_to_its_live_replica() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("felixctl.json");
     let u = url.as_str();
-    ok(&ctl(u, &cfg, &["tenant", "create", "t"]));
-    ok(&ctl(
-        u,
-        &cfg,
-        &["--tenant", "t", "namespace", "create", "n"],
-    ));
-    let run = |args: &[&str]| {
-        let mut a = vec!["--tenant", "t", "--namespace", "n"];
-        a.extend_from_slice(args);
-        ctl(u, &cfg, &a)
-    };
-    for n in 1..=3u64 {
-        post(
-            &format!("{u}/v1/brokers"),
-            serde_json::json!({"node_id": n, "quic_addr": format!("127.0.0.1:{}", 7400 + n),
-                "cores": 1, "storage_id": format!("{:016x}", n * 0x11)}),
-        );
-    }
-    ok(&run(&[
-        "stream",
-        "create",
-        "s",
-        "--durable",
-        "--replication-factor",
-        "3",
-    ]));
+    replicated_stream(u, &cfg);
+    let run = |args: &[&str]| in_tn(u, &cfg, args);
     let row = || -> serde_json::Value {
         let out = ok(&run(&["--json", "shard", "ls", "s"]));
         serde_json::from_str(out.lines().next().unwrap()).unwrap()
@@ -581,4 +532,42 @@ fn metric(url: &str, name: &str) -> u64 {
         .trim()
         .parse()
         .unwrap()
+}
+
+/// felixctl in tenant t, namespace n.
+fn in_tn(url: &str, cfg: &std::path::Path, args: &[&str]) -> Output {
+    let mut a = vec!["--tenant", "t", "--namespace", "n"];
+    a.extend_from_slice(args);
+    ctl(url, cfg, &a)
+}
+
+/// Tenant t, namespace n, three brokers registered over REST with storage identities
+/// (node N: N × 0x11), and stream "s" of one shard and three copies.
+fn replicated_stream(url: &str, cfg: &std::path::Path) {
+    ok(&ctl(url, cfg, &["tenant", "create", "t"]));
+    ok(&ctl(
+        url,
+        cfg,
+        &["--tenant", "t", "namespace", "create", "n"],
+    ));
+    for n in 1..=3u64 {
+        let (st, b) = post(
+            &format!("{url}/v1/brokers"),
+            serde_json::json!({"node_id": n, "quic_addr": format!("127.0.0.1:{}", 7400 + n),
+                "cores": 1, "storage_id": format!("{:016x}", n * 0x11)}),
+        );
+        assert!(st < 300, "{st} {b}");
+    }
+    ok(&in_tn(
+        url,
+        cfg,
+        &[
+            "stream",
+            "create",
+            "s",
+            "--durable",
+            "--replication-factor",
+            "3",
+        ],
+    ));
 }

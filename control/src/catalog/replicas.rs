@@ -533,17 +533,26 @@ mod tests {
         );
     }
 
-    #[test]
-    fn reports_move_the_mark_and_a_dead_leader_gives_way_to_the_furthest_ahead() {
+    /// Broker `n`'s storage identity in these tests.
+    fn sid(n: u64) -> u64 {
+        n * 0x11
+    }
+
+    /// Three brokers with identities and stream "s" of one shard and three copies, seated:
+    /// its leader and two followers.
+    fn three_seated() -> (Catalog, [u64; 3]) {
         let mut c = preview();
         for n in 1..=3 {
-            register(&mut c, n, Some(n * 0x11));
+            register(&mut c, n, Some(sid(n)));
         }
         create(&mut c, "s", 1, 3).unwrap();
         let sp = shard(&c, "s", 0);
-        let l = sp.leader.unwrap();
-        let (f1, f2) = (sp.replicas[1], sp.replicas[2]);
-        let sid = |n: u64| n * 0x11;
+        (c, [sp.leader.unwrap(), sp.replicas[1], sp.replicas[2]])
+    }
+
+    #[test]
+    fn reports_move_the_mark_and_a_dead_leader_gives_way_to_the_furthest_ahead() {
+        let (mut c, [l, f1, f2]) = three_seated();
         // Only the named leader's report lands.
         assert_eq!(
             report(&mut c, "s", 0, 1, f1, 1, &[]),
@@ -624,14 +633,7 @@ mod tests {
 
     #[test]
     fn a_rotated_identity_stops_counting_and_the_image_keeps_placements() {
-        let mut c = preview();
-        for n in 1..=3 {
-            register(&mut c, n, Some(n * 0x11));
-        }
-        create(&mut c, "s", 1, 3).unwrap();
-        let sp = shard(&c, "s", 0);
-        let (l, f1, f2) = (sp.leader.unwrap(), sp.replicas[1], sp.replicas[2]);
-        let sid = |n: u64| n * 0x11;
+        let (mut c, [l, f1, f2]) = three_seated();
         report(
             &mut c,
             "s",
@@ -691,14 +693,7 @@ mod tests {
 
     #[test]
     fn abandon_promotes_past_rule_8_only_where_no_replica_qualifies_and_says_what_is_lost() {
-        let mut c = preview();
-        for n in 1..=3 {
-            register(&mut c, n, Some(n * 0x11));
-        }
-        create(&mut c, "s", 1, 3).unwrap();
-        let sp = shard(&c, "s", 0);
-        let (l, f1, f2) = (sp.leader.unwrap(), sp.replicas[1], sp.replicas[2]);
-        let sid = |n: u64| n * 0x11;
+        let (mut c, [l, f1, f2]) = three_seated();
         report(
             &mut c,
             "s",
