@@ -29,6 +29,10 @@ pub struct StreamDef {
     /// Per-stream retention by age, seconds; default `durable_retention_seconds`.
     #[serde(default)]
     pub retention_seconds: Option<u64>,
+    /// A replicated stream's publishes are acknowledged at the commit mark (`quorum`), not
+    /// when the leader has written them (`leader`). Only the control plane sets it.
+    #[serde(skip)]
+    pub quorum: bool,
 }
 
 impl StreamDef {
@@ -140,11 +144,13 @@ pub enum Place {
     /// Durable and owned by a broker that is down; it is not moved (offsets would reset).
     OwnerDown { owner: u64 },
     /// A shard of a stream of more than one copy (a control plane run with
-    /// `--replication-preview`). Brokers do not run replicas yet, so no broker serves it:
-    /// serving it from one copy would restart its offsets at every failover. `leader` is the
-    /// replica placement names (0: none), `replicas` the replica set (the leader first).
+    /// `--replication-preview`): its replicas (`core/replica_host.rs`) keep it, and the one
+    /// placement names leader serves it once its machine leads. `leader` is that replica (0:
+    /// none qualifies), `mine` whether it is this broker, `replicas` the replica set (the
+    /// leader first).
     Replicated {
         leader: u64,
+        mine: bool,
         generation: u64,
         replicas: Vec<u64>,
     },
@@ -205,6 +211,7 @@ impl Catalog {
                 fsync: None,
                 retention_bytes: None,
                 retention_seconds: None,
+                quorum: false,
             }],
             vec![CacheDef {
                 tenant: "default".into(),
@@ -447,7 +454,13 @@ impl Catalog {
         match places.get(shard as usize)? {
             Place::Elsewhere {
                 owner, generation, ..
-            } => {
+            }
+            | Place::Replicated {
+                leader: owner,
+                mine: false,
+                generation,
+                ..
+            } if *owner != 0 => {
                 let addr = self.peer_addrs.get(owner)?;
                 Some((*owner, addr.clone(), incarnation, *generation))
             }
@@ -485,8 +498,18 @@ impl Catalog {
             ));
         }
         match places[shard as usize] {
-            Place::Mine { generation: g } if g == generation => Ok(()),
-            Place::Mine { generation: g } => Err((
+            Place::Mine { generation: g }
+            | Place::Replicated {
+                mine: true,
+                generation: g,
+                ..
+            } if g == generation => Ok(()),
+            Place::Mine { generation: g }
+            | Place::Replicated {
+                mine: true,
+                generation: g,
+                ..
+            } => Err((
                 ErrorCode::Conflict,
                 format!("shard {shard} of {name} is at placement generation {g} here, the forward names {generation}; nothing was done"),
             )),
@@ -524,13 +547,37 @@ impl Catalog {
                 ErrorCode::Unavailable,
                 format!("shard {shard} of {name} is durable and its owner broker {owner} is down; it is not moved"),
             )),
+            Place::Replicated { mine: true, .. } => Ok(()),
+            Place::Replicated {
+                leader: 0,
+                generation,
+                ..
+            } => Err((
+                ErrorCode::Unavailable,
+                format!("shard {shard} of {name} has no replica that may lead it (generation {generation}); it is not served until one qualifies or an operator abandons it"),
+            )),
             Place::Replicated {
                 leader, generation, ..
-            } => Err((
-                ErrorCode::Unsupported,
-                format!("shard {shard} of {name} has more than one copy (leader {leader}, generation {generation}), and this broker build does not serve replicated shards yet"),
-            )),
+            } => {
+                let addr = self
+                    .broker_addrs
+                    .get(leader)
+                    .map_or("an unknown address", String::as_str);
+                Err((
+                    ErrorCode::NotLeader,
+                    format!("shard {shard} of {name} is led by broker {leader} at {addr} (generation {generation})"),
+                ))
+            }
         }
+    }
+
+    /// Whether shard `shard` of stream slot `idx` has more than one copy (consumer groups do
+    /// not serve those yet).
+    pub fn replicated(&self, idx: u32, shard: u32) -> bool {
+        matches!(
+            self.slots[idx as usize].places.get(shard as usize),
+            Some(Place::Replicated { .. })
+        )
     }
 
     pub fn slot(&self, idx: u32) -> &Slot {
@@ -630,6 +677,7 @@ fn places<D: Def>(v: &ViewStream<D>, view: &ControlView, node_id: u64) -> Vec<Pl
                 replicas,
             }) => Place::Replicated {
                 leader: *leader,
+                mine: *leader == node_id,
                 generation: *generation,
                 replicas: replicas.clone(),
             },

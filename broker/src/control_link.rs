@@ -233,6 +233,7 @@ fn view_stream(s: &api::Stream) -> ViewStream {
             }),
             retention_bytes: s.retention_bytes.filter(|_| s.durable),
             retention_seconds: s.retention_seconds.filter(|_| s.durable),
+            quorum: s.consistency == api::Consistency::Quorum,
         },
         incarnation: s.created_revision,
         deleting: s.state == ResourceState::Deleting,

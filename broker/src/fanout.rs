@@ -446,6 +446,13 @@ impl<H> ShardOwner<H> {
         assert!(self.ring.oldest().is_none(), "start_at before any append");
         self.next_offset = next;
     }
+    /// Number again from `next`, with an empty ring (a replicated shard's new leadership
+    /// here: what the ring held may not be the log's committed history any more). Interest
+    /// and held publishes stay.
+    pub fn restart_at(&mut self, next: u64) {
+        self.ring = ReplayRing::new(self.ring.records_max, self.ring.bytes_max);
+        self.next_offset = next;
+    }
     /// Assign offsets, encode the delivery once, keep it in the ring.
     pub fn append(&mut self, records: &Records) -> Batch {
         let b = Batch::new(self.shard, self.next_offset, records);

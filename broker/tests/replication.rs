@@ -2,11 +2,16 @@
 //! with `--replication-preview`, three `felix-broker` processes with peer listeners (mutual
 //! TLS from one cluster CA). The replicas of a stream of three copies fence, elect and ship
 //! over the peer links, and the leader's reports land in the control plane, which shows the
-//! generation-start record committed on every replica. Publishes to such a stream are still
-//! refused `unsupported`.
+//! generation-start record committed on every replica. Publishes on its leader (or forwarded
+//! there by a follower) are acknowledged at the commit mark, a subscriber receives exactly the
+//! committed records, and after the leader is killed the new leader serves every
+//! acknowledged record at its offset.
 
+use bytes::Bytes;
+use felix_client::{Client, Event, GroupOptions, SubscribeOptions, Subscription};
 use felix_quic::tls::generate_cluster_certs;
-use felix_quic::wire::{ErrorCode, ShardSelector, StreamName};
+use felix_quic::wire::{ErrorCode, ShardSelector, StartAt, StreamName};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 mod common;
@@ -24,6 +29,60 @@ async fn replication(url: &str, name: &str) -> serde_json::Value {
     .json()
     .await
     .unwrap()
+}
+
+/// Retry `f` while it is refused with a retryable code a new leadership answers (fencing,
+/// waiting out the old lease, its first commit): 20 s at most.
+async fn retrying<T, F, Fut>(what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, felix_client::Error>>,
+{
+    let t = Instant::now();
+    loop {
+        match f().await {
+            Ok(v) => return v,
+            Err(e) if e.code() == Some(ErrorCode::Unavailable) => {
+                assert!(t.elapsed() < Duration::from_secs(20), "{what}: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("{what}: {e}"),
+        }
+    }
+}
+
+/// Subscribe to shard 0 of `name` from `start`, retrying while the leadership is not serving.
+async fn subscribe(c: &Client, name: &StreamName, start: StartAt) -> Subscription {
+    let opts = SubscribeOptions {
+        start,
+        ..SubscribeOptions::default()
+    };
+    retrying("subscribe", || c.subscribe(name, 0, opts.clone())).await
+}
+
+/// The next `n` records of `sub`, as `(offset, payload)`; 20 s at most.
+async fn records(sub: &mut Subscription, n: usize) -> Vec<(u64, Bytes)> {
+    let mut out = Vec::new();
+    let t = Instant::now();
+    while out.len() < n {
+        let left = Duration::from_secs(20).saturating_sub(t.elapsed());
+        match sub.next_timeout(left).await {
+            Ok(Some(ev @ Event::Records { .. })) => out.extend(ev.records()),
+            other => panic!("after {} of {n} records: {other:?}", out.len()),
+        }
+    }
+    out
+}
+
+/// Publish `batch` to shard 0 through `c`, retrying while the leadership is not serving; the
+/// offset of its first record.
+async fn publish(c: &Client, name: &StreamName, batch: &[String]) -> u64 {
+    let a = retrying("publish", || {
+        c.publish_batch(name, ShardSelector::Shard(0), batch.to_vec())
+    })
+    .await;
+    assert_eq!(a.count as usize, batch.len());
+    a.first_offset
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -82,6 +141,8 @@ async fn replicas_on_three_brokers_elect_ship_and_report_through_the_control_pla
             "--durable",
             "--replication-factor",
             "3",
+            "--consistency",
+            "quorum",
         ],
     ]
     .concat());
@@ -126,18 +187,90 @@ async fn replicas_on_three_brokers_elect_ship_and_report_through_the_control_pla
         .map(|n| n.total("replica_msgs_routed"))
         .sum();
     assert!(followers_routed >= 2, "{followers_routed}");
-    // Publishes are not taken by replicated shards yet: refused, typed, naming the leader.
+    // A subscriber from the start, then ten batches of three published on the leader: each
+    // is acknowledged at the commit mark, at contiguous offsets after the generation-start
+    // record (offset 0), and the subscriber receives that record (an empty payload) and
+    // every acknowledged one, in order.
     let c = lead.client().await;
     let name = StreamName::new("acme", "prod", "r3");
+    let mut sub = subscribe(&c, &name, StartAt::Earliest).await;
+    let mut acked: BTreeMap<u64, Bytes> = BTreeMap::new();
+    for i in 0..10 {
+        let batch: Vec<String> = (0..3).map(|k| format!("a{i}.{k}")).collect();
+        let at = publish(&c, &name, &batch).await;
+        for (k, p) in batch.iter().enumerate() {
+            acked.insert(at + k as u64, Bytes::from(p.clone()));
+        }
+    }
+    assert_eq!(
+        acked.keys().copied().collect::<Vec<_>>(),
+        (1..31).collect::<Vec<_>>()
+    );
+    let got = records(&mut sub, 31).await;
+    assert_eq!(got[0], (0, Bytes::new()), "the generation-start record");
+    assert_eq!(
+        got[1..].to_vec(),
+        acked.clone().into_iter().collect::<Vec<_>>()
+    );
+    // Through a follower: forwarded to the leader over the peer link.
+    let follower = nodes.iter().find(|n| !std::ptr::eq(*n, lead)).unwrap();
+    let cf = follower.client().await;
+    let at = publish(&cf, &name, &["via-follower".to_string()]).await;
+    assert_eq!(at, 31);
+    acked.insert(at, Bytes::from_static(b"via-follower"));
+    // An empty record would read as a generation's start: refused, nothing written.
     let e = c
-        .publish_batch(&name, ShardSelector::Shard(0), vec!["x".to_string()])
+        .publish_batch(&name, ShardSelector::Shard(0), vec![Bytes::new()])
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::InvalidRequest), "{e}");
+    assert_eq!(records(&mut sub, 1).await, vec![(31, acked[&31].clone())]);
+    // Consumer groups do not serve replicated shards yet: refused, typed.
+    let e = c
+        .group_create(&name, "g", Some(0), GroupOptions::default())
         .await
         .unwrap_err();
     assert_eq!(e.code(), Some(ErrorCode::Unsupported), "{e}");
+    drop(sub);
+    // A `leader` stream of three copies: a publish is answered once its leader wrote it, and
+    // its readers still see it only once committed.
+    ctl(&[
+        &ns[..],
+        &[
+            "stream",
+            "create",
+            "r3l",
+            "--durable",
+            "--replication-factor",
+            "3",
+        ],
+    ]
+    .concat());
+    let t = Instant::now();
+    let l_leader = loop {
+        let v = replication(&cp.url, "r3l").await;
+        if v["shards"][0]["commit"].as_u64() >= Some(1) {
+            break v["shards"][0]["leader"].as_u64().unwrap();
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "r3l: {v}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let cl = nodes[l_leader as usize - 1].client().await;
+    let lname = StreamName::new("acme", "prod", "r3l");
+    let mut lsub = subscribe(&cl, &lname, StartAt::Earliest).await;
+    let at = publish(&c, &lname, &["l0".to_string(), "l1".to_string()]).await;
+    assert_eq!(at, 1);
+    let want = vec![
+        (0, Bytes::new()),
+        (1, Bytes::from_static(b"l0")),
+        (2, Bytes::from_static(b"l1")),
+    ];
+    assert_eq!(records(&mut lsub, 3).await, want);
+    drop(lsub);
 
     // The leader is killed (SIGKILL): once the control plane counts it dead, it promotes a
     // follower at the mark (rule 8) in generation 2; that one fences the other, writes its
-    // own generation-start record at offset 1 and ships it, and its report lands.
+    // own generation-start record at offset 32 and ships it, and its report lands.
     let gone = nodes.remove(leader as usize - 1);
     let _dir = gone.kill();
     let t = Instant::now();
@@ -146,10 +279,10 @@ async fn replicas_on_three_brokers_elect_ship_and_report_through_the_control_pla
         let s = v["shards"][0].clone();
         let live_at_2 = s["replicas"].as_array().map_or(0, |r| {
             r.iter()
-                .filter(|x| x["live"] == true && x["last_generation"] == 2 && x["end"] == 2)
+                .filter(|x| x["live"] == true && x["last_generation"] == 2 && x["end"] == 33)
                 .count()
         });
-        if s["generation"] == 2 && s["commit"] == 2 && live_at_2 == 2 {
+        if s["generation"] == 2 && s["commit"] == 33 && live_at_2 == 2 {
             break s;
         }
         assert!(
@@ -162,6 +295,32 @@ async fn replicas_on_three_brokers_elect_ship_and_report_through_the_control_pla
     let new_leader = shard["leader"].as_u64().unwrap();
     assert_ne!(new_leader, leader);
     assert_eq!(shard["state"], "assigned");
+    // The new leader serves every acknowledged record at its offset, both generation-start
+    // records, and takes publishes after them; a resume by offset starts exactly there.
+    let nl = nodes
+        .iter()
+        .find(|n| n.total("replica_elections") >= 1)
+        .expect("the new leader counted its election");
+    let c2 = nl.client().await;
+    let at = publish(&c2, &name, &["b0".to_string()]).await;
+    assert_eq!(at, 33);
+    acked.insert(at, Bytes::from_static(b"b0"));
+    let mut sub = subscribe(&c2, &name, StartAt::Earliest).await;
+    let got: BTreeMap<u64, Bytes> = records(&mut sub, 34).await.into_iter().collect();
+    assert_eq!(
+        got.keys().copied().collect::<Vec<_>>(),
+        (0..34).collect::<Vec<_>>()
+    );
+    for (o, p) in &acked {
+        assert_eq!(&got[o], p, "acknowledged record at {o}");
+    }
+    assert!(
+        got[&0].is_empty() && got[&32].is_empty(),
+        "the two generations' start records"
+    );
+    let mut resumed = subscribe(&c2, &name, StartAt::Offset(20)).await;
+    let first = records(&mut resumed, 1).await;
+    assert_eq!(first[0], (20, acked[&20].clone()), "no gap, no duplicate");
     // Each replica holds its log in the stream incarnation's directory.
     let holds_r3 = |dir: &str| {
         std::fs::read_dir(std::path::Path::new(dir).join("acme").join("prod"))

@@ -30,9 +30,9 @@ pub struct Limits {
     pub change_log_len: usize,
     /// Streams of more than one copy, or `quorum`, are accepted and placed
     /// (`--replication-preview`): placement seats the replicas, promotes and takes reports,
-    /// but brokers do not replicate yet (they refuse such shards `unsupported`), so it is off
-    /// by default. Every member of a Raft
-    /// group must be started with the same value, as with every limit here.
+    /// and brokers replicate; it is partial (no follower replacement or rebuild, no groups),
+    /// so it is off by default. Every member of a Raft group must be started with the same
+    /// value, as with every limit here.
     pub replication_preview: bool,
 }
 
@@ -810,8 +810,8 @@ impl Catalog {
     /// more than one copy or `quorum` only on a durable stream (an ephemeral one keeps no
     /// log to replicate); no more copies than brokers registered (each copy needs its own).
     /// A request that passes and asks for more than one copy or `quorum` is still refused
-    /// `unsupported`, unless [`Limits::replication_preview`]: brokers do not run replicas
-    /// yet (docs/replication-design.md).
+    /// `unsupported`, unless [`Limits::replication_preview`]: replication is partial
+    /// (docs/replication-design.md).
     fn replication(
         consistency: Option<Consistency>,
         rf: Option<u32>,

@@ -195,9 +195,10 @@ pub struct Config {
     #[arg(long, env = "FELIX_METRICS_PUBLIC", default_value_t = false)]
     pub metrics_public: bool,
     /// Accept streams of more than one copy and `consistency: quorum`, and place them:
-    /// replica sets, leaders, promotion, leaders' reports. Brokers do not replicate yet and
-    /// refuse such a stream's requests `unsupported`: a preview of the control plane's half,
-    /// off by default. Give every Raft member the same value.
+    /// replica sets, leaders, promotion, leaders' reports. Brokers replicate their shards and
+    /// serve publishes and subscriptions on the leader; replacing a dead follower, rebuilding
+    /// one and consumer groups are not built yet, so it is a preview, off by default. Give
+    /// every Raft member the same value.
     #[arg(long, env = "FELIX_REPLICATION_PREVIEW", default_value_t = false)]
     pub replication_preview: bool,
 

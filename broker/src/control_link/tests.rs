@@ -263,26 +263,42 @@ fn durable_owner_down_is_unavailable_and_settings_follow_updates() {
 /// served by this build, even on the broker placement names its leader: one copy would
 /// restart its offsets at every failover. The refusal is typed and names the leader.
 #[test]
-fn a_replicated_stream_is_refused_unsupported_even_on_its_leader() {
+fn a_replicated_shard_is_served_by_its_leader_only() {
     let mut s = stream("r", 4, &[Some(1)], ResourceState::Active);
     s.durable = true;
     s.replication_factor = 3;
+    s.consistency = Consistency::Quorum;
     s.placement[0].leader = Some(1);
     s.placement[0].replicas = vec![1, 2, 3];
     s.placement[0].generation = 2;
     let mut m = Mirror::from_snapshot(snapshot(3));
-    m.apply(&page(vec![(4, put(s))], 4)).unwrap();
+    m.apply(&page(vec![(4, put(s.clone()))], 4)).unwrap();
     let c = Catalog::from_view(&Catalog::default(), &m.view(), 1, false);
     assert_eq!(
         c.slot(0).places[0],
         Place::Replicated {
             leader: 1,
+            mine: true,
             generation: 2,
             replicas: vec![1, 2, 3],
         }
     );
-    let (code, msg) = c.serve_check(0, 0).unwrap_err();
-    assert_eq!(code, ErrorCode::Unsupported);
-    assert!(msg.contains("leader 1"), "{msg}");
+    assert!(
+        c.slot(0).def.quorum,
+        "quorum consistency reaches the broker"
+    );
+    assert!(c.serve_check(0, 0).is_ok(), "its leader serves it");
+    assert!(c.replicated(0, 0));
     assert_eq!(c.shard_owners(0, 1), vec![1]);
+    // Another replica refuses it, naming the leader; its owner is the leader.
+    let c2 = Catalog::from_view(&Catalog::default(), &m.view(), 2, false);
+    let (code, msg) = c2.serve_check(0, 0).unwrap_err();
+    assert_eq!(code, ErrorCode::NotLeader);
+    assert!(msg.contains("led by broker 1"), "{msg}");
+    assert_eq!(c2.shard_owners(0, 2), vec![1]);
+    // A shard no replica may lead is unavailable everywhere.
+    s.placement[0].leader = None;
+    m.apply(&page(vec![(5, put(s))], 5)).unwrap();
+    let c3 = Catalog::from_view(&c2, &m.view(), 2, false);
+    assert_eq!(c3.serve_check(0, 0).unwrap_err().0, ErrorCode::Unavailable);
 }

@@ -264,6 +264,16 @@ impl CoreState {
         self.refresh_catalog();
         let msg = self.defer_while_opening(msg)?;
         let msg = self.cache_gate(msg)?;
+        let msg = match msg {
+            // A replicated shard's publishes go to its replica, not to the stream host.
+            MeshMsg::Owner(ToOwner::Publish(req))
+                if self.catalog.replicated(req.stream, req.shard) =>
+            {
+                self.replica_publish(req);
+                return None;
+            }
+            other => other,
+        };
         let msg = match msg.into_stream() {
             Ok((key, m)) => {
                 self.tell_stream_shard(key, m);

@@ -64,20 +64,20 @@ impl CoreState {
                 core,
                 sub,
                 from,
+                upto,
             } => {
                 let bytes_max = self.s.cfg.history_fetch_bytes;
                 let me = self.me.clone();
+                // Never past `upto`: a replicated shard's log holds uncommitted records.
+                let want =
+                    (upto.saturating_sub(from) as usize).min(timers::HISTORY_READ_RECORDS_MAX);
                 glommio::spawn_local(async move {
-                    let r = log
-                        .read(from, timers::HISTORY_READ_RECORDS_MAX, bytes_max)
-                        .await
-                        .map(|recs| {
-                            let first = recs.first()?.offset;
-                            let records = felix_quic::wire::Records::encode(
-                                recs.iter().map(|r| &r.payload[..]),
-                            );
-                            Some((first, records))
-                        });
+                    let r = log.read(from, want, bytes_max).await.map(|recs| {
+                        let first = recs.first()?.offset;
+                        let records =
+                            felix_quic::wire::Records::encode(recs.iter().map(|r| &r.payload[..]));
+                        Some((first, records))
+                    });
                     reenter(&me, |st| {
                         st.with_streams(|h, ctx| h.on_read(key, (core, sub, from), r, ctx))
                     });

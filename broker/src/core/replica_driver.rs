@@ -29,12 +29,10 @@ pub(crate) enum Input {
     },
     ReportAnswer(ReportAnswer),
     Assign(Assignment),
-    /// A client's record for this shard (the leader appends and ships it). The shard host
-    /// does not route publishes to replicas yet (replicated shards refuse them).
-    #[cfg_attr(not(test), allow(dead_code))]
+    /// A client's batch of records for this shard: the leader appends it in one piece and
+    /// ships it.
     Propose {
-        payload: Bytes,
-        flags: u8,
+        payloads: Vec<Bytes>,
     },
     Tick,
 }
@@ -48,7 +46,8 @@ pub(crate) enum Output {
         records: Vec<ShippedRecord>,
     },
     Report(Report),
-    /// The proposal was taken at this offset; its answer is a later `Ack` or `CannotVouch`.
+    /// The proposal was taken at this offset (its first record's), and written: its answer
+    /// is a later `Ack` or `CannotVouch`.
     Proposed {
         at: u64,
     },
@@ -68,11 +67,31 @@ pub(crate) enum Output {
     SteppedDown {
         gen: u64,
     },
+    /// This leader's commit mark passed its generation-start record at `from`: from now on
+    /// the records below the mark may be read, and `Visible` hands them over in order.
+    Serving {
+        from: u64,
+    },
+    /// Committed records `first..first + payloads.len()`, read back from the log, in order
+    /// and contiguous from `Serving`'s `from` (the generation-start record is one with an
+    /// empty payload).
+    Visible {
+        first: u64,
+        payloads: Vec<Bytes>,
+    },
 }
+
+/// Committed records handed over per input at most (`Output::Visible`); the rest follow at
+/// the next input or tick.
+const VISIBLE_RECORDS_MAX: usize = 4096;
+/// Bytes of committed records read per input at most.
+const VISIBLE_BYTES_MAX: usize = 4 << 20;
 
 pub(crate) struct ReplicaDriver {
     r: Replica,
     store: ReplicaStore,
+    /// While leading and serving: the records below this were handed over as `Visible`.
+    visible: Option<u64>,
 }
 
 impl ReplicaDriver {
@@ -92,7 +111,11 @@ impl ReplicaDriver {
         }
         let (store, durable, view) = ReplicaStore::open(dir, log_cfg).await?;
         let r = Replica::new(me, sid, set, durable, view, cfg);
-        Ok(ReplicaDriver { r, store })
+        Ok(ReplicaDriver {
+            r,
+            store,
+            visible: None,
+        })
     }
 
     #[cfg_attr(not(test), allow(dead_code))]
@@ -114,7 +137,7 @@ impl ReplicaDriver {
         wall_ms: u64,
     ) -> Result<Vec<Output>, String> {
         let mut out = Vec::new();
-        let mut client = None;
+        let mut client: Vec<Carried> = Vec::new();
         let mut in_hand: Vec<Carried> = Vec::new();
         match input {
             Input::Msg { msg, records } => {
@@ -137,33 +160,89 @@ impl ReplicaDriver {
             Input::ReportAnswer(a) => self.r.on_report_answer(a, now_ms),
             Input::Assign(a) => self.r.assign(a, now_ms),
             Input::Tick => self.r.tick(now_ms),
-            Input::Propose { payload, flags } => match self.r.propose(now_ms) {
+            Input::Propose { payloads } if payloads.is_empty() => {
+                return Err("a proposal of no records".into());
+            }
+            Input::Propose { payloads } => match self.r.propose(payloads.len(), now_ms) {
                 Ok(at) => {
                     let gen = self.r.leading().expect("a taken proposal has a leader");
-                    client = Some(Carried {
-                        gen,
-                        ts_ms: wall_ms,
-                        flags,
-                        payload,
-                    });
+                    client = payloads
+                        .into_iter()
+                        .map(|payload| Carried {
+                            gen,
+                            ts_ms: wall_ms,
+                            flags: 0,
+                            payload,
+                        })
+                        .collect();
                     out.push(Output::Proposed { at });
                 }
                 Err(e) => out.push(Output::NotTaken(e)),
             },
         }
         for e in self.r.drain_effects() {
-            self.carry_out(e, client.as_ref(), &in_hand, wall_ms, &mut out)
+            self.carry_out(e, &client, &in_hand, wall_ms, &mut out)
                 .await?;
         }
         // Rule 10: retention stops at the mark this replica has learnt.
         self.store.hold_at(self.r.known_commit()).await?;
+        self.hand_over(&mut out).await?;
         Ok(out)
+    }
+
+    /// While serving, hand over the committed records not handed over yet (bounded per
+    /// input), read back from the log.
+    async fn hand_over(&mut self, out: &mut Vec<Output>) -> Result<(), String> {
+        let Some(from) = self.r.serving_from() else {
+            self.visible = None;
+            return Ok(());
+        };
+        let v = match self.visible {
+            Some(v) => v,
+            None => {
+                out.push(Output::Serving { from });
+                *self.visible.insert(from)
+            }
+        };
+        let commit = if super::replica::breaks::on(&super::replica::breaks::HAND_OVER_UNCOMMITTED) {
+            self.store.log().next_offset()
+        } else {
+            self.r.known_commit()
+        };
+        debug_assert!(commit <= self.store.log().next_offset());
+        if commit <= v {
+            return Ok(());
+        }
+        let want = ((commit - v) as usize).min(VISIBLE_RECORDS_MAX);
+        let got = self
+            .store
+            .log()
+            .read(v, want, VISIBLE_BYTES_MAX)
+            .await
+            .map_err(|e| format!("read the committed records at {v}: {e}"))?;
+        let payloads: Vec<Bytes> = got
+            .into_iter()
+            .take(want)
+            .enumerate()
+            .map(|(k, r)| {
+                assert_eq!(r.offset, v + k as u64, "a log read is contiguous");
+                r.payload
+            })
+            .collect();
+        if payloads.is_empty() {
+            return Err(format!(
+                "the log holds nothing at {v}, below the commit mark {commit}"
+            ));
+        }
+        self.visible = Some(v + payloads.len() as u64);
+        out.push(Output::Visible { first: v, payloads });
+        Ok(())
     }
 
     async fn carry_out(
         &mut self,
         e: Effect,
-        client: Option<&Carried>,
+        client: &[Carried],
         in_hand: &[Carried],
         wall_ms: u64,
         out: &mut Vec<Output>,

@@ -2,21 +2,27 @@
 //! shard of a replicated stream whose replica set names this broker, owned by this core, a
 //! task runs a [`ReplicaDriver`] over the shard's directory. Its inputs come from the peer
 //! links (`ToOwner::Replica`), the catalog (an assignment when placement names this broker
-//! the leader of a newer generation), the control plane (report answers, taken from the
-//! [`crate::replica_reports::ReportBox`] each flush round) and its own tick; its outputs go to
-//! the peer links (`Links::send_replica`) and to the control plane (reports). Replicas fence,
-//! elect, ship and report, so a new leader's generation-start record is committed on a
-//! majority. A replica the catalog no longer names ends, and a deleted stream's files go. Not
-//! built yet: publishes (the shard still refuses them `unsupported`), subscribers, and
-//! rebuilding a follower.
+//! the leader of a newer generation), publishes (`replica_publish`), the control plane
+//! (report answers, taken from the [`crate::replica_reports::ReportBox`] each flush round)
+//! and its own tick; its outputs go to the peer links (`Links::send_replica`), to the control
+//! plane (reports), to the publishers (answers) and to the stream host (the committed
+//! records readers may see, `shard/stream/replicated.rs`).
+//!
+//! A publish is answered when its batch is written on the leader (`leader` consistency) or
+//! when the commit mark passes it (`quorum`); a batch the leader cannot vouch for (its quorum
+//! wait ran out, the leader was deposed, the replica failed) is answered `outcome_unknown`.
+//! A replica the catalog no longer names ends, and a deleted stream's files go. Not built
+//! yet: rebuilding a follower, replacing a dead one, consumer groups.
 
-use super::replica::ReplicaCfg;
+use super::replica::{NotLeader, ReplicaCfg};
 use super::replica_driver::{Input, Output, ReplicaDriver};
 use super::*;
 use crate::replica_reports::ReportJob;
 use felix_control::replication::Assignment;
 use felix_quic::wire::replica::{ReplicaMsg, ShardRef, ShippedRecord};
+use felix_quic::wire::Records;
 use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
+use std::ops::Range;
 
 /// Inputs queued per hosted replica; past it, one is dropped (the protocol sends again).
 const REPLICA_INPUTS_MAX: usize = 1024;
@@ -30,6 +36,13 @@ pub(in crate::core) struct Hosted {
     assigned: u64,
     /// Its log, once open: flushed and closed with the core's other logs at shutdown.
     log: Option<Log>,
+    /// Publishes are acknowledged at the commit mark (else once written on the leader).
+    quorum: bool,
+    /// Publishes handed to the replica, waiting for `Proposed` or `NotTaken`, in order (the
+    /// driver answers its inputs in the order it takes them).
+    proposing: VecDeque<PublishReq>,
+    /// `quorum` publishes written, waiting for `Ack` or `CannotVouch`, in offset order.
+    waiting: VecDeque<(Range<u64>, PublishReq)>,
 }
 
 #[derive(Default)]
@@ -72,6 +85,7 @@ impl CoreState {
                     leader,
                     generation,
                     replicas,
+                    ..
                 } = place
                 else {
                     continue;
@@ -92,9 +106,16 @@ impl CoreState {
             .filter(|k| !wanted.iter().any(|(w, _, _)| w == k))
             .collect();
         for key in gone {
-            let h = self.replicas.shards.remove(&key).expect("listed above");
+            let mut h = self.replicas.shards.remove(&key).expect("listed above");
             let slot = self.catalog.slot(key.0).clone();
             tracing::info!(stream = %h.ident.stream, shard = key.1, deleted = slot.deleted, "no longer hosting a replica");
+            let why = format!(
+                "shard {} of {} is no longer replicated on this broker",
+                key.1, h.ident.stream
+            );
+            self.fail_publishes(&mut h, &why);
+            let end = Refusal::new(ErrorCode::NotLeader, why);
+            self.with_streams(|s, _| s.replica_unhosted(key, end));
             if slot.deleted {
                 durable::remove_deleted_shard(h.log, Some(root.clone()), &slot, key.1);
             } else if let Some(log) = h.log {
@@ -148,8 +169,12 @@ impl CoreState {
                 ident,
                 assigned: 0,
                 log: None,
+                quorum: slot.def.quorum,
+                proposing: VecDeque::new(),
+                waiting: VecDeque::new(),
             },
         );
+        self.streams.replica_begin(key);
         glommio::spawn_local(run_replica(self.me.clone(), key, open, rx)).detach();
     }
 
@@ -220,13 +245,156 @@ impl CoreState {
                 }
                 Output::SteppedDown { gen } => {
                     tracing::info!(stream = %ident.stream, shard = ident.shard, gen, "stepped down");
+                    let why = Refusal::new(
+                        ErrorCode::NotLeader,
+                        format!("broker {} no longer leads shard {} of {} (generation {gen} was superseded); subscribe again where placement names the leader", self.s.cfg.node_id, ident.shard, ident.stream),
+                    );
+                    self.with_streams(|h, _| h.replica_stopped(key, why));
                 }
-                // No publish reaches a replica yet: nothing proposes.
-                Output::Proposed { .. }
-                | Output::NotTaken(_)
-                | Output::Ack { .. }
-                | Output::CannotVouch { .. } => {}
+                Output::Proposed { at } => self.replica_proposed(key, Ok(at)),
+                Output::NotTaken(why) => self.replica_proposed(key, Err(why)),
+                Output::Ack { below, .. } => self.replica_acked(key, below),
+                Output::CannotVouch { below, .. } => self.replica_not_vouched(key, below),
+                Output::Serving { from } => {
+                    tracing::info!(stream = %ident.stream, shard = ident.shard, from, "serving readers");
+                    self.with_streams(|h, _| h.replica_serving(key, from));
+                }
+                Output::Visible { first, payloads } => {
+                    let records = Records::encode(payloads.iter().map(|p| &p[..]));
+                    self.with_streams(|h, ctx| h.replica_visible(key, first, &records, ctx));
+                }
             }
+        }
+    }
+
+    /// A publish for a replicated shard this core owns: to its replica, which takes it only
+    /// while it leads with a lease.
+    pub(in crate::core) fn replica_publish(&mut self, req: PublishReq) {
+        let key = (req.stream, req.shard);
+        if let Err(e) = self.catalog.serve_check(key.0, key.1) {
+            return self.answer_publish(req, Err(e.into()));
+        }
+        if req.records.iter().any(|p| p.is_empty()) {
+            let why = Refusal::new(
+                ErrorCode::InvalidRequest,
+                "a replicated stream's records carry a payload: an empty record marks the start of a generation",
+            );
+            return self.answer_publish(req, Err(why));
+        }
+        let Some(h) = self.replicas.shards.get_mut(&key) else {
+            let why = Refusal::new(
+                ErrorCode::Unavailable,
+                "the shard's replica is not open on this broker yet; nothing was appended; retry",
+            );
+            return self.answer_publish(req, Err(why));
+        };
+        let payloads = req.records.iter().collect();
+        match h.tx.try_send(Input::Propose { payloads }) {
+            Ok(()) => h.proposing.push_back(req),
+            Err(_) => {
+                CoreCounters::inc(&self.s.counters.replica_inputs_dropped);
+                let why = Refusal::new(
+                    ErrorCode::Unavailable,
+                    format!("the shard's replica has {REPLICA_INPUTS_MAX} inputs waiting; nothing was appended; retry"),
+                );
+                self.answer_publish(req, Err(why));
+            }
+        }
+    }
+
+    fn answer_publish(&mut self, req: PublishReq, result: PubResult) {
+        let origin = req.origin;
+        self.route(
+            origin.core,
+            MeshMsg::Conn(ToConn::PublishResult { origin, result }),
+        );
+    }
+
+    /// The replica took the oldest proposal at `at`, or did not take it.
+    fn replica_proposed(&mut self, key: ShardKey, r: Result<u64, NotLeader>) {
+        let Some(h) = self.replicas.shards.get_mut(&key) else {
+            return;
+        };
+        let Some(req) = h.proposing.pop_front() else {
+            debug_assert!(false, "an answer to a proposal nobody made");
+            return;
+        };
+        let (name, shard) = (h.ident.stream.clone(), key.1);
+        let result = match r {
+            Ok(at) => {
+                let n = req.records.count();
+                let range = at..at + n as u64;
+                // Both sides of the hand-off: answers come in offset order.
+                debug_assert!(h.waiting.back().is_none_or(|(r, _)| r.end <= at));
+                if h.quorum {
+                    h.waiting.push_back((range, req));
+                    return;
+                }
+                Ok((shard, at, n))
+            }
+            Err(NotLeader::Follower) => Err(Refusal::new(
+                ErrorCode::NotLeader,
+                format!("broker {} does not lead shard {shard} of {name} (its replica follows); nothing was appended", self.s.cfg.node_id),
+            )),
+            Err(NotLeader::Fencing) => Err(Refusal::new(
+                ErrorCode::Unavailable,
+                format!("shard {shard} of {name} is electing its leader here; nothing was appended; retry"),
+            )),
+            Err(NotLeader::NoLease) => Err(Refusal::new(
+                ErrorCode::Unavailable,
+                format!("no majority of the replicas of shard {shard} of {name} answered within the lease; nothing was appended; retry"),
+            )),
+        };
+        self.answer_publish(req, result);
+    }
+
+    /// The commit mark passed everything below `below`: acknowledge what it covers whole.
+    fn replica_acked(&mut self, key: ShardKey, below: u64) {
+        let Some(h) = self.replicas.shards.get_mut(&key) else {
+            return;
+        };
+        let mut done = Vec::new();
+        while h.waiting.front().is_some_and(|(r, _)| r.end <= below) {
+            done.push(h.waiting.pop_front().expect("checked"));
+        }
+        for (range, req) in done {
+            let n = req.records.count();
+            debug_assert_eq!(range.end - range.start, n as u64);
+            self.answer_publish(req, Ok((key.1, range.start, n)));
+        }
+    }
+
+    /// The leader cannot vouch for the records below `below`: every batch not acknowledged
+    /// that reaches below it is answered `outcome_unknown` (it may still commit).
+    fn replica_not_vouched(&mut self, key: ShardKey, below: u64) {
+        let Some(h) = self.replicas.shards.get_mut(&key) else {
+            return;
+        };
+        let mut done = Vec::new();
+        while h.waiting.front().is_some_and(|(r, _)| r.start < below) {
+            done.push(h.waiting.pop_front().expect("checked"));
+        }
+        let name = h.ident.stream.clone();
+        for (range, req) in done {
+            let why = Refusal::new(
+                ErrorCode::OutcomeUnknown,
+                format!("records {}..{} of shard {} of {name} were written on the leader but it cannot vouch for them (no majority confirmed them in time, or it was deposed); they may or may not survive", range.start, range.end, key.1),
+            );
+            self.answer_publish(req, Err(why));
+        }
+    }
+
+    /// A hosted replica ends (failed, unhosted, shut down): what waits for it is answered
+    /// `outcome_unknown` (a proposal may have been written and shipped).
+    fn fail_publishes(&mut self, h: &mut Hosted, why: &str) {
+        let reqs: Vec<PublishReq> = h
+            .proposing
+            .drain(..)
+            .chain(h.waiting.drain(..).map(|(_, r)| r))
+            .collect();
+        for req in reqs {
+            let msg = format!("{why}; the publish may or may not have been written");
+            self.answer_publish(req, Err(Refusal::new(ErrorCode::OutcomeUnknown, msg)));
         }
     }
 
@@ -259,16 +427,21 @@ impl CoreState {
     /// The logs of the replicas this core hosts, to close at shutdown; their tasks end (no
     /// input reaches them any more).
     pub(in crate::core) fn close_replicas(&mut self) -> Vec<Log> {
-        self.replicas
-            .shards
-            .drain()
-            .filter_map(|(_, h)| h.log)
-            .collect()
+        let hosted: Vec<Hosted> = self.replicas.shards.drain().map(|(_, h)| h).collect();
+        let mut logs = Vec::new();
+        for mut h in hosted {
+            self.fail_publishes(&mut h, "the broker shut down");
+            logs.extend(h.log);
+        }
+        logs
     }
 
     fn on_replica_opened(&mut self, key: ShardKey, log: Log) {
         match self.replicas.shards.get_mut(&key) {
-            Some(h) => h.log = Some(log),
+            Some(h) => {
+                h.log = Some(log.clone());
+                self.with_streams(|s, _| s.replica_opened(key, Ok(log)));
+            }
             // No longer wanted while it opened (its task ends at its next input).
             None => {
                 glommio::spawn_local(async move {
@@ -283,9 +456,14 @@ impl CoreState {
         if self.closing_logs {
             return; // its log was closed under it at shutdown
         }
-        if let Some(h) = self.replicas.shards.remove(&key) {
+        if let Some(mut h) = self.replicas.shards.remove(&key) {
             CoreCounters::inc(&self.s.counters.replica_failures);
             tracing::error!(stream = %h.ident.stream, shard = h.ident.shard, error = %why, "replica failed; it is hosted again at the next catalog change");
+            self.fail_publishes(&mut h, &format!("the shard's replica failed: {why}"));
+            self.with_streams(|s, _| {
+                s.replica_opened(key, Err(why.clone()));
+                s.replica_failed(key, &why);
+            });
         }
     }
 }

@@ -54,7 +54,7 @@ pub(crate) struct Carried {
 pub(crate) fn records_for(
     source: Source,
     gens: &[u64],
-    client: Option<&Carried>,
+    client: &[Carried],
     in_hand: &[Carried],
     now_wall_ms: u64,
 ) -> Result<Vec<Carried>, String> {
@@ -65,9 +65,10 @@ pub(crate) fn records_for(
             flags: FLAG_GEN_START,
             payload: Bytes::new(),
         }],
-        Source::Client => vec![client
-            .ok_or("a client append with no client record")?
-            .clone()],
+        Source::Client if client.is_empty() => {
+            return Err("a client append with no client record".into())
+        }
+        Source::Client => client.to_vec(),
         Source::Shipment { skip } => in_hand.get(skip..).unwrap_or_default().to_vec(),
     };
     if !recs.iter().map(|r| r.gen).eq(gens.iter().copied()) {

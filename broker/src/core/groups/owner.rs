@@ -406,6 +406,13 @@ impl CoreState {
             self.group_reply(origin, Frame::error(rid, code, msg));
             return None;
         }
+        if self.catalog.replicated(key.0, key.1) {
+            // A group's cursor would have to hold at the commit mark and skip the
+            // generation-start records: not built yet (issue 23).
+            let msg = "consumer groups on a replicated stream are not served by this build yet";
+            self.group_reply(origin, Frame::error(rid, ErrorCode::Unsupported, msg));
+            return None;
+        }
         let log = match self.streams.usable(key) {
             Some(Ok(log)) => log.clone(),
             Some(Err(why)) => {

@@ -52,7 +52,7 @@ pub(crate) use felix_control::replication::{
 pub(crate) enum Source {
     /// The generation-start record (rule 6): no payload, the first record a new leader writes.
     Start,
-    /// The client record just proposed ([`Replica::propose`]).
+    /// The client records just proposed ([`Replica::propose`]).
     Client,
     /// The records of the shipment just handed in ([`Msg::Ship`]), from index `skip` on.
     Shipment { skip: usize },
@@ -382,24 +382,38 @@ impl Replica {
         self.set.iter().copied().filter(|&n| n != self.me).collect()
     }
 
-    /// A client's record, appended by the leader (the driver holds it: [`Source::Client`])
-    /// and shipped; its offset.
-    pub(crate) fn propose(&mut self, now_ms: u64) -> Result<u64, NotLeader> {
+    /// A client's batch of `n` records, appended by the leader in one piece (the driver
+    /// holds them: [`Source::Client`]) and shipped; the offset of its first record. The
+    /// batch's offsets are contiguous: no other input can come between its records.
+    pub(crate) fn propose(&mut self, n: usize, now_ms: u64) -> Result<u64, NotLeader> {
+        assert!(n > 0, "a proposal carries at least one record");
         let serving = self.serving(now_ms);
         let at = self.log.end();
         let gen = match &mut self.role {
             Role::Leading(_) if !serving => return Err(NotLeader::NoLease),
             Role::Leading(l) => {
                 l.report_due = true;
-                l.waits.push_back((at, now_ms + self.cfg.quorum_wait_ms));
+                // One wait per batch, at its last record: a "cannot vouch" for it covers the
+                // whole batch.
+                let last = at + n as u64 - 1;
+                l.waits.push_back((last, now_ms + self.cfg.quorum_wait_ms));
                 l.gen
             }
             Role::Fencing { .. } => return Err(NotLeader::Fencing),
             Role::Follower => return Err(NotLeader::Follower),
         };
-        self.append(vec![gen], Source::Client);
+        self.append(vec![gen; n], Source::Client);
         self.ship_all();
         Ok(at)
+    }
+
+    /// While leading: the offset of this generation's start record, once the commit mark
+    /// has passed it (from then on, everything below the mark is committed and may be read).
+    pub(crate) fn serving_from(&self) -> Option<u64> {
+        match &self.role {
+            Role::Leading(l) if l.commit > l.first => Some(l.first),
+            _ => None,
+        }
     }
 
     /// Send again what may have been lost (fences not answered, shipments to every follower),
@@ -529,6 +543,9 @@ pub(crate) mod breaks {
     /// matching it against its own log: it may then believe records committed that it holds
     /// from a deposed leader, and that the leader cuts.
     pub(crate) static COMMIT_BEFORE_MATCH: AtomicBool = AtomicBool::new(false);
+    /// A leader hands readers every record it has written, not only the committed ones
+    /// (`replica_driver`'s hand-over).
+    pub(crate) static HAND_OVER_UNCOMMITTED: AtomicBool = AtomicBool::new(false);
     /// A deposed leader drops the publishes still waiting for the mark without an answer.
     pub(crate) static FORGET_WAITS_ON_STEP_DOWN: AtomicBool = AtomicBool::new(false);
 
@@ -623,13 +640,13 @@ mod tests {
         // It serves once the wait after its fence is over and a renewal was answered.
         let later = 3_000;
         assert_eq!(
-            rs.get_mut(&1).unwrap().propose(0),
+            rs.get_mut(&1).unwrap().propose(1, 0),
             Err(NotLeader::NoLease),
             "no lease yet: refused"
         );
         rs.get_mut(&1).unwrap().tick(later);
         settle(&mut rs);
-        rs.get_mut(&1).unwrap().propose(later).unwrap();
+        rs.get_mut(&1).unwrap().propose(1, later).unwrap();
         settle(&mut rs);
         // Node 3's third record (generation 1) was cut for generation 2's start record.
         let want = GenLog::from_gens([1, 1, 2, 2]);
@@ -656,7 +673,7 @@ mod tests {
         rs.get_mut(&1).unwrap().assign(to_1, 0);
         assert!(rs.get_mut(&1).unwrap().drain_effects().is_empty());
         assert_eq!(
-            rs.get_mut(&2).unwrap().propose(later),
+            rs.get_mut(&2).unwrap().propose(1, later),
             Err(NotLeader::Follower)
         );
     }

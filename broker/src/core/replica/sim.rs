@@ -146,8 +146,8 @@ struct World {
     /// generations overtaking each other before they serve).
     eager: bool,
     next_id: u64,
-    /// The identity of the client record just proposed (its `Source::Client` append).
-    proposed: Option<u64>,
+    /// The identities of the client records just proposed (their `Source::Client` append).
+    proposed: Vec<u64>,
     /// The record identities of the shipment just delivered (its `Source::Shipment` append).
     in_hand: Vec<u64>,
     /// The highest commit mark each node has learnt, kept across process crashes (committed
@@ -206,7 +206,7 @@ impl World {
             crashy,
             eager,
             next_id: 1,
-            proposed: None,
+            proposed: Vec::new(),
             in_hand: Vec::new(),
             commit_seen: BTreeMap::new(),
             true_ms: 0,
@@ -264,7 +264,7 @@ impl World {
                     }
                     let ids = match source {
                         Source::Start => vec![0],
-                        Source::Client => vec![self.proposed.take().expect("a proposal")],
+                        Source::Client => std::mem::take(&mut self.proposed),
                         Source::Shipment { skip } => self.in_hand[skip..].to_vec(),
                     };
                     if ids.len() != gens.len() {
@@ -607,15 +607,17 @@ impl World {
                     Some(l) if self.rng.chance(70) => l,
                     _ => self.pick_node(),
                 };
-                let id = self.next_id;
-                self.next_id += 1;
+                // Batches of one to three records (a client's publish of several).
+                let k = 1 + self.rng.below(3);
+                let ids: Vec<u64> = (self.next_id..self.next_id + k).collect();
+                self.next_id += k;
                 let now = self.now(n);
-                let r = self.nodes.get_mut(&n).unwrap().r.propose(now);
+                let r = self.nodes.get_mut(&n).unwrap().r.propose(k as usize, now);
                 if let Ok(at) = r {
-                    self.waiting.entry(n).or_default().insert(at);
-                    self.proposed = Some(id);
+                    self.waiting.entry(n).or_default().extend(at..at + k);
+                    self.proposed = ids.clone();
                 }
-                self.trace.push(format!("propose {id} at {n}: {r:?}"));
+                self.trace.push(format!("propose {ids:?} at {n}: {r:?}"));
                 n
             }
             63..=82 => {

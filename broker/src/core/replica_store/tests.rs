@@ -54,6 +54,10 @@ struct Harness {
     acked: BTreeMap<u64, Bytes>,
     /// Offsets answered "cannot vouch".
     not_vouched: BTreeSet<u64>,
+    /// What the leaders handed over to readers (`Output::Visible`): offset → payload.
+    visible: BTreeMap<u64, Bytes>,
+    /// Each serving leader's next offset to hand over.
+    next_visible: BTreeMap<NodeId, u64>,
 }
 
 async fn open_node(root: &Path, n: NodeId) -> Node {
@@ -86,6 +90,8 @@ impl Harness {
             now: 1_000,
             acked: BTreeMap::new(),
             not_vouched: BTreeSet::new(),
+            visible: BTreeMap::new(),
+            next_visible: BTreeMap::new(),
         }
     }
 
@@ -133,6 +139,22 @@ impl Harness {
                     }
                 }
                 Output::CannotVouch { from, below } => self.not_vouched.extend(from..below),
+                Output::Serving { from } => {
+                    self.next_visible.insert(n, from);
+                }
+                Output::Visible { first, payloads } => {
+                    let next = self.next_visible.get_mut(&n).expect("Serving came first");
+                    assert_eq!(*next, first, "node {n} hands over contiguously");
+                    *next += payloads.len() as u64;
+                    for (k, p) in payloads.into_iter().enumerate() {
+                        let o = first + k as u64;
+                        let old = self.visible.insert(o, p.clone());
+                        assert!(
+                            old.is_none_or(|q| q == p),
+                            "offset {o} was visible with another record: a reader saw a record a failover cut"
+                        );
+                    }
+                }
                 other => rest.push(other),
             }
         }
@@ -173,16 +195,16 @@ impl Harness {
     }
 
     async fn propose(&mut self, n: NodeId, payload: &str) -> u64 {
-        let p = Bytes::copy_from_slice(payload.as_bytes());
-        let outs = self
-            .input(
-                n,
-                Input::Propose {
-                    payload: p,
-                    flags: 0,
-                },
-            )
-            .await;
+        self.propose_batch(n, &[payload]).await
+    }
+
+    /// A client's batch at node `n`; its first record's offset.
+    async fn propose_batch(&mut self, n: NodeId, batch: &[&str]) -> u64 {
+        let payloads = batch
+            .iter()
+            .map(|p| Bytes::copy_from_slice(p.as_bytes()))
+            .collect();
+        let outs = self.input(n, Input::Propose { payloads }).await;
         let at = match outs.first() {
             Some(Output::Proposed { at }) => *at,
             other => panic!("proposal at node {n} not taken: {other:?}"),
@@ -242,12 +264,19 @@ where
     F: FnOnce() -> Fut + Send + 'static,
     Fut: std::future::Future<Output = ()> + 'static,
 {
-    glommio::LocalExecutorBuilder::default()
+    match glommio::LocalExecutorBuilder::default()
         .io_memory(1 << 20)
         .spawn(move || async move { f().await })
         .unwrap()
         .join()
-        .unwrap();
+    {
+        Ok(()) => {}
+        // The executor's thread panicked: go on panicking here with its message.
+        Err(glommio::GlommioError::BuilderError(glommio::BuilderErrorKind::ThreadPanic(p))) => {
+            std::panic::resume_unwind(p)
+        }
+        Err(e) => panic!("{e}"),
+    }
 }
 
 /// Node 1 leads generation 1 and gets ten records acknowledged; cut off from everyone, it
@@ -260,7 +289,35 @@ where
 fn a_failover_cuts_the_deposed_leaders_suffix_on_disk_and_the_logs_agree() {
     let root = tempfile::tempdir().unwrap();
     let path = root.path().to_path_buf();
-    run(move || async move {
+    run(move || failover(path));
+}
+
+/// The negative twin of the hand-over check: a leader that hands readers what it has written
+/// rather than what committed (`breaks::HAND_OVER_UNCOMMITTED`) shows them the suffix the
+/// failover cuts, and the harness says so.
+#[test]
+fn handing_readers_uncommitted_records_is_caught() {
+    use crate::core::replica::breaks::HAND_OVER_UNCOMMITTED;
+    use std::sync::atomic::Ordering;
+    let root = tempfile::tempdir().unwrap();
+    let path = root.path().to_path_buf();
+    HAND_OVER_UNCOMMITTED.store(true, Ordering::Relaxed);
+    let r = std::thread::spawn(move || run(move || failover(path))).join();
+    HAND_OVER_UNCOMMITTED.store(false, Ordering::Relaxed);
+    let e = r.expect_err("the break went unnoticed");
+    let why = e
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default();
+    assert!(
+        why.contains("a reader saw a record a failover cut"),
+        "{why}"
+    );
+}
+
+async fn failover(path: PathBuf) {
+    {
         let mut h = Harness::new(&path).await;
         h.assign(1).await;
         // Serving starts after the old lease could have run out, once a renewal is answered.
@@ -317,6 +374,11 @@ fn a_failover_cuts_the_deposed_leaders_suffix_on_disk_and_the_logs_agree() {
         for (o, p) in &h.acked {
             assert_eq!(&want[*o as usize].2, p, "acknowledged record at {o}");
         }
+        // Readers were handed exactly the committed log: both generations' records and start
+        // records (empty payloads), never the cut suffix.
+        let seen: Vec<(u64, Bytes)> = h.visible.clone().into_iter().collect();
+        let log: Vec<(u64, Bytes)> = (0..).zip(want.iter().map(|r| r.2.clone())).collect();
+        assert_eq!(seen, log);
         // The logs agree byte for byte on what a reader sees, timestamps included.
         let ts = |n: NodeId| {
             let log = h.log(n).clone();
@@ -341,7 +403,7 @@ fn a_failover_cuts_the_deposed_leaders_suffix_on_disk_and_the_logs_agree() {
             let hold = h.log(n).retention_hold().expect("a hold from open");
             assert!(hold <= 17, "node {n}: {hold}");
         }
-    });
+    }
 }
 
 /// What the store refuses rather than write or send wrongly: an append where the log does
@@ -365,7 +427,7 @@ fn the_store_refuses_what_does_not_match_the_machine() {
             flags: 0,
             payload: Bytes::from_static(p),
         };
-        let start = records_for(Source::Start, &[3], None, &[], 9).unwrap();
+        let start = records_for(Source::Start, &[3], &[], &[], 9).unwrap();
         assert_eq!(start[0].flags, FLAG_GEN_START);
         store.append(0, &[3], &start).await.unwrap();
         store
@@ -377,12 +439,12 @@ fn the_store_refuses_what_does_not_match_the_machine() {
             "not at the end"
         );
         let shipped = [rec(4, b"a"), rec(4, b"b")];
-        let e = records_for(Source::Shipment { skip: 1 }, &[5], None, &shipped, 9);
+        let e = records_for(Source::Shipment { skip: 1 }, &[5], &[], &shipped, 9);
         assert!(
             e.is_err(),
             "records of another generation than the machine names"
         );
-        assert!(records_for(Source::Client, &[4], None, &[], 9).is_err());
+        assert!(records_for(Source::Client, &[4], &[], &[], 9).is_err());
         assert_eq!(
             store.read_shipment(1, &[3, 4]).await.unwrap(),
             vec![rec(3, b"x"), rec(4, b"y")]
@@ -471,8 +533,7 @@ fn the_driver_refuses_a_shipment_that_does_not_carry_its_records() {
         let e = d.handle(input, 0, 0).await.unwrap_err();
         assert!(e.contains("2 records carries 1"), "{e}");
         let p = Input::Propose {
-            payload: Bytes::from_static(b"y"),
-            flags: 0,
+            payloads: vec![Bytes::from_static(b"y")],
         };
         let out = d.handle(p, 0, 0).await.unwrap();
         assert_eq!(
@@ -480,5 +541,36 @@ fn the_driver_refuses_a_shipment_that_does_not_carry_its_records() {
             vec![Output::NotTaken(crate::core::replica::NotLeader::Follower)]
         );
         assert_eq!(d.store().log().next_offset(), 0, "nothing written");
+    });
+}
+
+/// A batch takes contiguous offsets, is acknowledged as one range, and reaches readers in
+/// order behind the generation-start record.
+#[test]
+fn a_batch_is_written_in_one_piece_acknowledged_and_handed_to_readers() {
+    let root = tempfile::tempdir().unwrap();
+    let path = root.path().to_path_buf();
+    run(move || async move {
+        let mut h = Harness::new(&path).await;
+        h.assign(1).await;
+        h.run_for(1_500).await;
+        let a = h.propose_batch(1, &["x", "y", "z"]).await;
+        let b = h.propose(1, "w").await;
+        assert_eq!(
+            (a, b),
+            (1, 4),
+            "the start record is offset 0; the batch takes 1..4"
+        );
+        h.run_for(500).await;
+        let want: Vec<(u64, Bytes)> = ["", "x", "y", "z", "w"]
+            .iter()
+            .enumerate()
+            .map(|(o, p)| (o as u64, Bytes::copy_from_slice(p.as_bytes())))
+            .collect();
+        assert_eq!(h.visible.clone().into_iter().collect::<Vec<_>>(), want);
+        assert_eq!(h.acked.len(), 4, "every client record acknowledged");
+        for n in 1..=3 {
+            assert_eq!(h.records(n).await.len(), 5, "node {n} holds the batch");
+        }
     });
 }

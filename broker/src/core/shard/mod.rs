@@ -169,7 +169,15 @@ pub(crate) fn stream_changes(old: &Catalog, new: &Catalog) -> Vec<StreamChange> 
             let before = was
                 .filter(|_| !old.fenced)
                 .and_then(|w| w.places.get(shard as usize));
-            if matches!(before, Some(Place::Mine { .. })) && (new.fenced || before != Some(place)) {
+            // A replicated shard led here, no longer named so: its readers move with the
+            // leadership (its replica steps down when it learns of the new generation).
+            let led_here = |p: Option<&Place>| {
+                matches!(
+                    p,
+                    Some(Place::Mine { .. }) | Some(Place::Replicated { mine: true, .. })
+                )
+            };
+            if led_here(before) && (new.fenced || before != Some(place)) {
                 let why = new
                     .serve_check(idx, shard)
                     .err()

@@ -10,6 +10,9 @@
 
 use super::log::ShardLog;
 use super::{Ctx, Life, Refusal, Refused};
+use replicated::Serve;
+
+mod replicated;
 use crate::catalog::{core_for_shard, Catalog, Place};
 use crate::core::{AttachOk, Fetched, MeshMsg, PublishReq, ShardKey, ToConn, ToOwner};
 use crate::fanout::{Lag, ReplayRing, ShardOwner};
@@ -52,12 +55,15 @@ pub(crate) enum Effect<L> {
     /// A message to a core (this one included: the driver queues it in the inbox).
     Send(u8, MeshMsg),
     /// Read history from `from` for subscriber `sub` of core `core`, then call `on_read`.
+    /// Nothing at or past `upto` is read: the ring serves from there, and a replicated
+    /// shard's log holds records past its commit mark that readers must not see.
     Read {
         key: ShardKey,
         log: L,
         core: u8,
         sub: u64,
         from: u64,
+        upto: u64,
     },
     /// Records were committed on this shard (consumer groups may serve waiting polls).
     Committed(ShardKey),
@@ -88,6 +94,9 @@ struct Durable<L> {
     pending: VecDeque<Pending>,
     /// This shard's commit latency histogram (labelled stream and shard).
     commit_hist: Option<Arc<Histogram>>,
+    /// A replicated shard (its log is its replica's, written by the replica's driver): what
+    /// this broker may serve of it now. None for a shard of one copy.
+    replica: Option<Serve>,
 }
 
 struct StreamShard<L> {
@@ -251,13 +260,15 @@ impl<L: ShardLog> StreamHost<L> {
             })
     }
 
-    /// Shutdown: every open log is about to be closed; return them. A failure reported by a
-    /// log from now on is the close, and answers what still waits `shutting_down`.
+    /// Shutdown: every open log is about to be closed; return them (a replicated shard's
+    /// log is its replica's, closed with the replicas). A failure reported by a log from now
+    /// on is the close, and answers what still waits `shutting_down`.
     pub(crate) fn begin_close(&mut self) -> Vec<L> {
         self.closing = true;
         self.shards
             .values()
-            .filter_map(|s| s.durable.as_ref().and_then(|d| d.life.log().cloned()))
+            .filter_map(|s| s.durable.as_ref().filter(|d| d.replica.is_none()))
+            .filter_map(|d| d.life.log().cloned())
             .collect()
     }
 
@@ -309,6 +320,8 @@ impl<L: ShardLog> StreamHost<L> {
         if let Err(e) = ctx.catalog.serve_check(key.0, key.1) {
             return self.refuse_publish(req, e.into());
         }
+        // A replicated shard's publishes go to its replica (`core/replica_host.rs`).
+        debug_assert!(!ctx.catalog.replicated(key.0, key.1), "{key:?}");
         let o = &mut self.shard(key).owner;
         if o.holding() || !o.held.is_empty() {
             o.held.push_back(req);
@@ -368,9 +381,29 @@ impl<L: ShardLog> StreamHost<L> {
     /// Give the records their offsets in the ring, send one copy of the batch to every core
     /// with subscribers, answer the publish.
     fn publish_committed(&mut self, key: ShardKey, req: PublishReq, ctx: &Ctx) {
+        let batch = self.append_and_deliver(key, &req.records, ctx);
+        let result = Ok((key.1, batch.first_offset, batch.count));
+        let origin = req.origin;
+        self.send(
+            origin.core,
+            MeshMsg::Conn(ToConn::PublishResult { origin, result }),
+        );
+        if self.is_durable(key) {
+            self.effects.push(Effect::Committed(key));
+        }
+    }
+
+    /// Give `records` the shard's next offsets in the ring and send one copy of the batch to
+    /// every core with subscribers.
+    fn append_and_deliver(
+        &mut self,
+        key: ShardKey,
+        records: &Records,
+        ctx: &Ctx,
+    ) -> crate::fanout::Batch {
         let o = &mut self.shard(key).owner;
         let before = o.next_offset();
-        let batch = o.append(&req.records);
+        let batch = o.append(records);
         assert_eq!(
             batch.first_offset, before,
             "offsets are contiguous per shard"
@@ -379,8 +412,7 @@ impl<L: ShardLog> StreamHost<L> {
         let c = ctx.counters;
         CoreCounters::inc(&c.batches_appended);
         CoreCounters::add(&c.records_appended, batch.count as u64);
-        CoreCounters::add(&c.bytes_appended, req.records.payload_bytes() as u64);
-        let result = Ok((key.1, batch.first_offset, batch.count));
+        CoreCounters::add(&c.bytes_appended, records.payload_bytes() as u64);
         for core in cores {
             if core as u8 != ctx.me {
                 CoreCounters::inc(&c.mesh_deliveries_out);
@@ -392,14 +424,7 @@ impl<L: ShardLog> StreamHost<L> {
             });
             self.send(core as u8, delivery);
         }
-        let origin = req.origin;
-        self.send(
-            origin.core,
-            MeshMsg::Conn(ToConn::PublishResult { origin, result }),
-        );
-        if self.is_durable(key) {
-            self.effects.push(Effect::Committed(key));
-        }
+        batch
     }
 
     /// Append held publishes while nothing is parked: one at a time, each followed by a
@@ -495,6 +520,7 @@ impl<L: ShardLog> StreamHost<L> {
         // always answer its removal with one Detach.
         self.shard(key).owner.attach(core as usize);
         ctx.catalog.serve_check(stream, shard)?;
+        self.replica_check(key, ctx)?;
         let s = &self.shards[&key];
         let o = &s.owner;
         let next = o.next_offset();
@@ -560,6 +586,10 @@ impl<L: ShardLog> StreamHost<L> {
     /// The next history chunk for a catching-up subscriber: from the ring (and live) once
     /// `from` is inside it, else a read of the log (appends go on meanwhile).
     fn fetch(&mut self, key: ShardKey, core: u8, sub: u64, from: u64, ctx: &Ctx) {
+        if let Err(e) = self.replica_check(key, ctx) {
+            let result = Err(e);
+            return self.send(core, MeshMsg::Conn(ToConn::FetchResult { sub, result }));
+        }
         let log = match self.usable(key) {
             Some(Ok(log)) => log.clone(),
             Some(Err(e)) => {
@@ -593,12 +623,14 @@ impl<L: ShardLog> StreamHost<L> {
             return self.send(core, MeshMsg::Conn(ToConn::FetchResult { sub, result }));
         }
         CoreCounters::inc(&ctx.counters.history_reads);
+        let upto = o.ring.oldest().unwrap_or(o.next_offset());
         self.effects.push(Effect::Read {
             key,
             log,
             core,
             sub,
             from,
+            upto,
         });
     }
 
@@ -685,6 +717,7 @@ impl<L: ShardLog> StreamHost<L> {
             },
             pending: VecDeque::new(),
             commit_hist: None,
+            replica: None,
         });
     }
 
@@ -836,6 +869,7 @@ impl<L: ShardLog> StreamHost<L> {
             refused.extend(s.owner.held.drain(..));
             if let Some(d) = s.durable.take() {
                 refused.extend(d.pending.into_iter().map(|p| p.req));
+                let replica = d.replica.is_some();
                 let log = match d.life {
                     Life::Opening { deferred } => {
                         self.effects.push(Effect::Requeue(deferred));
@@ -843,7 +877,9 @@ impl<L: ShardLog> StreamHost<L> {
                     }
                     other => other.into_log(),
                 };
-                gone = Some(log);
+                // A replicated shard's log and files are its replica host's to close and
+                // remove.
+                gone = (!replica).then_some(log);
             }
         }
         for req in refused {

@@ -18,7 +18,7 @@
 
 mod check;
 mod cluster;
-mod disk;
+pub(in crate::core) mod disk;
 mod scenarios;
 
 use crate::catalog::Catalog;
@@ -99,6 +99,7 @@ enum Io {
         key: ShardKey,
         log: MemLog,
         to: (u8, u64, u64),
+        upto: u64,
     },
 }
 
@@ -287,11 +288,13 @@ impl World {
                     core,
                     sub,
                     from,
+                    upto,
                 } => self.io.push(Io::Read {
                     core: c,
                     key,
                     log,
                     to: (core, sub, from),
+                    upto,
                 }),
                 Effect::Committed(_) => {}
                 Effect::Requeue(msgs) => self.cores[c as usize].inbox.extend(msgs),
@@ -801,12 +804,18 @@ impl World {
                 }
                 self.drain_inbox(core);
             }
-            Io::Read { core, key, log, to } => {
-                let r = log
-                    .read(to.2, crate::core::timers::HISTORY_READ_RECORDS_MAX)
-                    .map(|o| {
-                        o.map(|(first, recs)| (first, Records::encode(recs.iter().map(|p| &p[..]))))
-                    });
+            Io::Read {
+                core,
+                key,
+                log,
+                to,
+                upto,
+            } => {
+                let want = (crate::core::timers::HISTORY_READ_RECORDS_MAX as u64)
+                    .min(upto.saturating_sub(to.2));
+                let r = log.read(to.2, want as usize).map(|o| {
+                    o.map(|(first, recs)| (first, Records::encode(recs.iter().map(|p| &p[..]))))
+                });
                 self.with_streams(core, |h, ctx| h.on_read(key, to, r, ctx));
                 self.drain_inbox(core);
             }

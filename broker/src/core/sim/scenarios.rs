@@ -28,6 +28,7 @@ pub(super) fn def(name: &str, durable: bool) -> StreamDef {
         fsync: None,
         retention_bytes: None,
         retention_seconds: None,
+        quorum: false,
     }
 }
 
