@@ -261,6 +261,16 @@ settings! {
         /// Forwards one core may have waiting or in flight on one peer link; past it a forward
         /// is refused `inflight_limit` (nothing was sent).
         peer_forwards_max: u32 = 4096, "FELIX_PEER_FORWARDS_MAX";
+        /// A replicated shard's leader lease, milliseconds (docs/replication-design.md, rule
+        /// 2): a new leader waits it out (plus 1/4 of it) before it serves, and a leader whose
+        /// replicas stop answering stops acknowledging within it. Give every broker the same
+        /// value.
+        replica_lease_ms: u64 = 2_000, "FELIX_REPLICA_LEASE_MS";
+        /// How long a `quorum` publish waits for the commit mark before it is answered
+        /// `outcome_unknown`, milliseconds.
+        replica_quorum_wait_ms: u64 = 5_000, "FELIX_REPLICA_QUORUM_WAIT_MS";
+        /// Records per shipment from a leader to a follower, at most.
+        replica_ship_records_max: u32 = 64, "FELIX_REPLICA_SHIP_RECORDS_MAX";
         /// Who may speak: `auto` (default: `controlplane` with a control plane, else
         /// `standalone`), `standalone` (this broker's own signing key and admin token under
         /// data_dir/auth; `felix-broker token create` signs more), `controlplane` (tokens
@@ -382,6 +392,24 @@ impl Config {
         }
         if self.peer_forwards_max == 0 {
             return Err("peer_forwards_max must be at least 1".into());
+        }
+        if !(100..=600_000).contains(&self.replica_lease_ms) {
+            return Err(format!(
+                "replica_lease_ms must be 100..=600000, got {}",
+                self.replica_lease_ms
+            ));
+        }
+        if !(1..=600_000).contains(&self.replica_quorum_wait_ms) {
+            return Err(format!(
+                "replica_quorum_wait_ms must be 1..=600000, got {}",
+                self.replica_quorum_wait_ms
+            ));
+        }
+        if !(1..=4096).contains(&self.replica_ship_records_max) {
+            return Err(format!(
+                "replica_ship_records_max must be 1..=4096, got {}",
+                self.replica_ship_records_max
+            ));
         }
         Ok(())
     }
@@ -720,6 +748,43 @@ mod tests {
         assert!(Config::resolve(&f)
             .unwrap_err()
             .contains("io_memory_bytes must be at least 512 KiB"));
+    }
+
+    #[test]
+    fn replica_settings_out_of_range_are_refused_by_name() {
+        for (f, want) in [
+            (
+                Flags {
+                    replica_lease_ms: Some(50),
+                    ..Default::default()
+                },
+                "replica_lease_ms must be 100..=600000, got 50",
+            ),
+            (
+                Flags {
+                    replica_quorum_wait_ms: Some(0),
+                    ..Default::default()
+                },
+                "replica_quorum_wait_ms must be 1..=600000, got 0",
+            ),
+            (
+                Flags {
+                    replica_ship_records_max: Some(5000),
+                    ..Default::default()
+                },
+                "replica_ship_records_max must be 1..=4096, got 5000",
+            ),
+        ] {
+            let e = Config::resolve(&f).unwrap_err();
+            assert!(e.contains(want), "{e}");
+        }
+        let c = Config::resolve(&Flags::default()).unwrap();
+        let r = crate::core::ReplicaCfg::from_config(&c);
+        assert_eq!(
+            (r.lease_ms, r.renew_ms, r.quorum_wait_ms),
+            (2_000, 500, 5_000)
+        );
+        assert!(r.validate().is_ok());
     }
 
     #[test]

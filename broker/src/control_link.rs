@@ -506,6 +506,7 @@ async fn post_reports(
                 Ok(a) => reports.answer(job.core, job.key, a),
                 Err(e) => tracing::debug!(error = %e, "replica report not posted"),
             }
+            reports.posted(job.core);
         }
         let _ = tokio::time::timeout(Duration::from_millis(200), reports.wake.notified()).await;
     }

@@ -16,6 +16,9 @@ macro_rules! counters {
             pub durable_commit: Histogram,
             /// fdatasync latency of the durable logs (streams and caches) this core owns.
             pub fsync: Histogram,
+            /// `quorum` publishes on replicated shards led on this core: from written on the
+            /// leader to acknowledged at the commit mark.
+            pub quorum_wait: Histogram,
         }
         impl CoreCounters {
             /// Every family once, its samples for all cores together (the text format wants
@@ -43,6 +46,12 @@ macro_rules! counters {
                     "felix_fsync_seconds",
                     "fdatasync of durable logs (commit under on_commit, periodic, segment seal), seconds",
                     cores.iter().map(|c| &c.fsync),
+                    out,
+                );
+                Histogram::render(
+                    "felix_replica_quorum_wait_seconds",
+                    "quorum publishes on replicated shards: from written on the leader to acknowledged at the commit mark, seconds",
+                    cores.iter().map(|c| &c.quorum_wait),
                     out,
                 );
             }
@@ -121,6 +130,11 @@ counters! {
     replica_inputs_dropped: "inputs to a hosted replica (messages, assignments, report answers) or reports to the control plane dropped because their queue was full",
     replica_elections: "times a replica hosted on this core finished its fence and led its shard",
     replica_failures: "replicas hosted on this core that failed (their driver's storage); hosted again at the next catalog change",
+    replica_step_downs: "times a replica hosted on this core stopped leading or fencing: a newer generation fenced it, or placement refused its report",
+    replica_refusals_sent: "replica messages of a superseded generation (or from a leader not in the ballot) that this core's replicas refused",
+    replica_publishes_acked: "publishes on replicated shards led on this core answered with a PublishAck (at the commit mark for quorum, once written for leader)",
+    replica_publishes_not_vouched: "publishes on replicated shards led on this core answered outcome_unknown: written, not known committed (quorum wait over, deposed, the replica failed or the broker shut down)",
+    replica_publishes_refused: "publishes on replicated shards refused on their owner core with nothing appended (not leading, fencing, no lease, no replica open, an empty record, inputs full)",
     auth_accepted: "tokens accepted on this core (Authenticate)",
     auth_refused: "tokens refused on this core (unauthenticated, token_expired, revoked)",
     auth_denied: "frames refused by the auth check on this core (unauthenticated, forbidden, token_expired, revoked)",

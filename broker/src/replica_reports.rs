@@ -7,6 +7,7 @@
 
 use felix_control::replication::{Report, ReportAnswer};
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 /// Reports waiting to be posted, across every core; past it, new ones are dropped (the
@@ -36,6 +37,9 @@ pub struct ReportBox {
     pub wake: tokio::sync::Notify,
     /// Per core: answers to hand to its replicas.
     answers: Vec<Mutex<Answers>>,
+    /// Per core: its reports queued or being posted. The ops thread cannot wake a core, so a
+    /// core with a report out polls for the answer ([`ReportBox::awaited`]).
+    out: Vec<AtomicUsize>,
 }
 
 impl ReportBox {
@@ -44,6 +48,26 @@ impl ReportBox {
             jobs: Mutex::new(VecDeque::new()),
             wake: tokio::sync::Notify::new(),
             answers: (0..cores).map(|_| Mutex::new(Vec::new())).collect(),
+            out: (0..cores).map(|_| AtomicUsize::new(0)).collect(),
+        }
+    }
+
+    /// Whether `core` waits for an answer or has one to take.
+    pub fn awaited(&self, core: usize) -> bool {
+        let out = self
+            .out
+            .get(core)
+            .is_some_and(|o| o.load(Ordering::Acquire) > 0);
+        out || self
+            .answers
+            .get(core)
+            .is_some_and(|m| !m.lock().unwrap_or_else(|p| p.into_inner()).is_empty())
+    }
+
+    /// The report of `core` was posted (answered or not): one fewer out.
+    pub fn posted(&self, core: usize) {
+        if let Some(o) = self.out.get(core) {
+            let _ = o.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
         }
     }
 
@@ -52,6 +76,9 @@ impl ReportBox {
         let mut q = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
         if q.len() >= REPORTS_QUEUED_MAX {
             return false;
+        }
+        if let Some(o) = self.out.get(job.core) {
+            o.fetch_add(1, Ordering::AcqRel);
         }
         q.push_back(job);
         drop(q);

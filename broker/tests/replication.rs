@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::cluster::start_node;
+use common::cluster::{start_node, wait_for_storage_ids};
 use common::cp::{felixctl, start_control_plane};
 use common::ok;
 
@@ -112,23 +112,7 @@ async fn replicas_on_three_brokers_elect_ship_and_report_through_the_control_pla
     let ctl = |args: &[&str]| ok(felixctl(&cp, tmp.path(), args));
     // Three brokers registered with a storage identity, or a stream of three copies is
     // refused (and would wait unplaced).
-    let t = Instant::now();
-    loop {
-        let v: serde_json::Value = reqwest::get(format!("{}/v1/brokers", cp.url))
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        let with_id = v.as_array().map_or(0, |a| {
-            a.iter().filter(|b| b["storage_id"].is_string()).count()
-        });
-        if with_id == 3 {
-            break;
-        }
-        assert!(t.elapsed() < Duration::from_secs(20), "brokers: {v}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_storage_ids(&cp, 3).await;
     ctl(&["tenant", "create", "acme"]);
     ctl(&["--tenant", "acme", "namespace", "create", "prod"]);
     let ns = ["--tenant", "acme", "--namespace", "prod"];
@@ -225,6 +209,11 @@ async fn replicas_on_three_brokers_elect_ship_and_report_through_the_control_pla
         .unwrap_err();
     assert_eq!(e.code(), Some(ErrorCode::InvalidRequest), "{e}");
     assert_eq!(records(&mut sub, 1).await, vec![(31, acked[&31].clone())]);
+    // The leader counted them: acknowledged, each with its quorum wait, and the empty
+    // record refused.
+    assert!(lead.total("replica_publishes_acked") >= 11);
+    assert!(lead.total("replica_quorum_wait_seconds_count") >= 11);
+    assert!(lead.total("replica_publishes_refused") >= 1);
     // Consumer groups do not serve replicated shards yet: refused, typed.
     let e = c
         .group_create(&name, "g", Some(0), GroupOptions::default())

@@ -456,6 +456,13 @@ fn next_wait(st: &CoreState, drain: &Drain) -> Duration {
     .min();
     let cap = if st.streams.held_total() > 0 || !matches!(drain, Drain::Serving) {
         timers::FLUSH_WAIT_BUSY
+    } else if st
+        .s
+        .reports
+        .as_ref()
+        .is_some_and(|r| r.awaited(st.id as usize))
+    {
+        timers::REPORT_ANSWER_POLL
     } else {
         timers::FLUSH_WAIT_IDLE
     };

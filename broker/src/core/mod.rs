@@ -65,6 +65,8 @@ mod peer;
 #[cfg(test)]
 mod peer_check;
 mod replica;
+#[cfg(test)]
+pub(crate) use replica::ReplicaCfg;
 mod replica_driver;
 mod replica_host;
 mod replica_store;

@@ -130,13 +130,43 @@ impl ReplicaDriver {
     /// Hand the machine one input at `now_ms` (its monotonic clock; `wall_ms` stamps the
     /// records a leader writes) and carry its effects out. An error leaves the files as a
     /// crash at that point would: the caller closes the shard and reopens it.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) async fn handle(
         &mut self,
         input: Input,
         now_ms: u64,
         wall_ms: u64,
     ) -> Result<Vec<Output>, String> {
+        self.handle_all(vec![input], now_ms, wall_ms).await
+    }
+
+    /// [`ReplicaDriver::handle`] for several inputs in order, with one wait for the log at
+    /// the end (a group commit): nothing of the outputs leaves before the log acknowledged
+    /// everything appended, so no answer claims what is not written.
+    pub(crate) async fn handle_all(
+        &mut self,
+        inputs: Vec<Input>,
+        now_ms: u64,
+        wall_ms: u64,
+    ) -> Result<Vec<Output>, String> {
         let mut out = Vec::new();
+        for input in inputs {
+            self.step(input, now_ms, wall_ms, &mut out).await?;
+        }
+        self.store.settle().await?;
+        // Rule 10: retention stops at the mark this replica has learnt.
+        self.store.hold_at(self.r.known_commit()).await?;
+        self.hand_over(&mut out).await?;
+        Ok(out)
+    }
+
+    async fn step(
+        &mut self,
+        input: Input,
+        now_ms: u64,
+        wall_ms: u64,
+        out: &mut Vec<Output>,
+    ) -> Result<(), String> {
         let mut client: Vec<Carried> = Vec::new();
         let mut in_hand: Vec<Carried> = Vec::new();
         match input {
@@ -181,13 +211,9 @@ impl ReplicaDriver {
             },
         }
         for e in self.r.drain_effects() {
-            self.carry_out(e, &client, &in_hand, wall_ms, &mut out)
-                .await?;
+            self.carry_out(e, &client, &in_hand, wall_ms, out).await?;
         }
-        // Rule 10: retention stops at the mark this replica has learnt.
-        self.store.hold_at(self.r.known_commit()).await?;
-        self.hand_over(&mut out).await?;
-        Ok(out)
+        Ok(())
     }
 
     /// While serving, hand over the committed records not handed over yet (bounded per
@@ -213,22 +239,10 @@ impl ReplicaDriver {
         if commit <= v {
             return Ok(());
         }
-        let want = ((commit - v) as usize).min(VISIBLE_RECORDS_MAX);
-        let got = self
+        let payloads = self
             .store
-            .log()
-            .read(v, want, VISIBLE_BYTES_MAX)
-            .await
-            .map_err(|e| format!("read the committed records at {v}: {e}"))?;
-        let payloads: Vec<Bytes> = got
-            .into_iter()
-            .take(want)
-            .enumerate()
-            .map(|(k, r)| {
-                assert_eq!(r.offset, v + k as u64, "a log read is contiguous");
-                r.payload
-            })
-            .collect();
+            .read_committed(v, commit, VISIBLE_RECORDS_MAX, VISIBLE_BYTES_MAX)
+            .await?;
         if payloads.is_empty() {
             return Err(format!(
                 "the log holds nothing at {v}, below the commit mark {commit}"

@@ -28,6 +28,9 @@ use std::ops::Range;
 const REPLICA_INPUTS_MAX: usize = 1024;
 /// How often a hosted replica's machine is ticked: lease renewals, retries, reports.
 const REPLICA_TICK: Duration = Duration::from_millis(50);
+/// Inputs already queued that one step of a replica takes together, at most: their appends
+/// share one wait for the log (a group commit).
+const REPLICA_INPUTS_PER_STEP_MAX: usize = 256;
 
 pub(in crate::core) struct Hosted {
     tx: LocalSender<Input>,
@@ -41,8 +44,9 @@ pub(in crate::core) struct Hosted {
     /// Publishes handed to the replica, waiting for `Proposed` or `NotTaken`, in order (the
     /// driver answers its inputs in the order it takes them).
     proposing: VecDeque<PublishReq>,
-    /// `quorum` publishes written, waiting for `Ack` or `CannotVouch`, in offset order.
-    waiting: VecDeque<(Range<u64>, PublishReq)>,
+    /// `quorum` publishes written (when), waiting for `Ack` or `CannotVouch`, in offset
+    /// order.
+    waiting: VecDeque<(Range<u64>, PublishReq, Instant)>,
 }
 
 #[derive(Default)]
@@ -57,6 +61,7 @@ struct OpenReplica {
     set: Vec<u64>,
     dir: std::path::PathBuf,
     log_cfg: felix_storage::LogConfig,
+    cfg: ReplicaCfg,
 }
 
 impl CoreState {
@@ -154,6 +159,7 @@ impl CoreState {
             set,
             dir: durable::slot_shard_dir(root, &slot.def.name(), slot.incarnation, key.1),
             log_cfg: self.observed(durable::log_config(&self.s.cfg, &slot.def)),
+            cfg: ReplicaCfg::from_config(&self.s.cfg),
         };
         let ident = ShardRef {
             stream: slot.def.name(),
@@ -221,7 +227,12 @@ impl CoreState {
         };
         for o in outputs {
             match o {
-                Output::Send { to, msg, records } => self.send_replica(to, &ident, msg, records),
+                Output::Send { to, msg, records } => {
+                    if matches!(msg, ReplicaMsg::Refuse { .. }) {
+                        CoreCounters::inc(&self.s.counters.replica_refusals_sent);
+                    }
+                    self.send_replica(to, &ident, msg, records)
+                }
                 Output::Report(report) => {
                     let Some(reports) = self.s.reports.clone() else {
                         continue;
@@ -244,6 +255,7 @@ impl CoreState {
                     tracing::info!(stream = %ident.stream, shard = ident.shard, gen, "leading the shard's replicas");
                 }
                 Output::SteppedDown { gen } => {
+                    CoreCounters::inc(&self.s.counters.replica_step_downs);
                     tracing::info!(stream = %ident.stream, shard = ident.shard, gen, "stepped down");
                     let why = Refusal::new(
                         ErrorCode::NotLeader,
@@ -303,6 +315,12 @@ impl CoreState {
     }
 
     fn answer_publish(&mut self, req: PublishReq, result: PubResult) {
+        let c = &self.s.counters;
+        CoreCounters::inc(match &result {
+            Ok(_) => &c.replica_publishes_acked,
+            Err(r) if r.code == ErrorCode::OutcomeUnknown => &c.replica_publishes_not_vouched,
+            Err(_) => &c.replica_publishes_refused,
+        });
         let origin = req.origin;
         self.route(
             origin.core,
@@ -325,9 +343,9 @@ impl CoreState {
                 let n = req.records.count();
                 let range = at..at + n as u64;
                 // Both sides of the hand-off: answers come in offset order.
-                debug_assert!(h.waiting.back().is_none_or(|(r, _)| r.end <= at));
+                debug_assert!(h.waiting.back().is_none_or(|(r, _, _)| r.end <= at));
                 if h.quorum {
-                    h.waiting.push_back((range, req));
+                    h.waiting.push_back((range, req, Instant::now()));
                     return;
                 }
                 Ok((shard, at, n))
@@ -354,12 +372,14 @@ impl CoreState {
             return;
         };
         let mut done = Vec::new();
-        while h.waiting.front().is_some_and(|(r, _)| r.end <= below) {
+        while h.waiting.front().is_some_and(|(r, _, _)| r.end <= below) {
             done.push(h.waiting.pop_front().expect("checked"));
         }
-        for (range, req) in done {
+        for (range, req, written) in done {
             let n = req.records.count();
             debug_assert_eq!(range.end - range.start, n as u64);
+            let us = written.elapsed().as_micros() as u64;
+            self.s.counters.quorum_wait.observe_us(us);
             self.answer_publish(req, Ok((key.1, range.start, n)));
         }
     }
@@ -371,11 +391,11 @@ impl CoreState {
             return;
         };
         let mut done = Vec::new();
-        while h.waiting.front().is_some_and(|(r, _)| r.start < below) {
+        while h.waiting.front().is_some_and(|(r, _, _)| r.start < below) {
             done.push(h.waiting.pop_front().expect("checked"));
         }
         let name = h.ident.stream.clone();
-        for (range, req) in done {
+        for (range, req, _) in done {
             let why = Refusal::new(
                 ErrorCode::OutcomeUnknown,
                 format!("records {}..{} of shard {} of {name} were written on the leader but it cannot vouch for them (no majority confirmed them in time, or it was deposed); they may or may not survive", range.start, range.end, key.1),
@@ -390,7 +410,7 @@ impl CoreState {
         let reqs: Vec<PublishReq> = h
             .proposing
             .drain(..)
-            .chain(h.waiting.drain(..).map(|(_, r)| r))
+            .chain(h.waiting.drain(..).map(|(_, r, _)| r))
             .collect();
         for req in reqs {
             let msg = format!("{why}; the publish may or may not have been written");
@@ -477,7 +497,7 @@ async fn run_replica(
     o: OpenReplica,
     rx: LocalReceiver<Input>,
 ) {
-    let opened = ReplicaDriver::open(o.me, o.sid, o.set, &o.dir, o.log_cfg, ReplicaCfg::default());
+    let opened = ReplicaDriver::open(o.me, o.sid, o.set, &o.dir, o.log_cfg, o.cfg);
     let mut d = match opened.await {
         Ok(d) => d,
         Err(e) => {
@@ -508,11 +528,25 @@ async fn run_replica(
                 None => continue,
             }
         };
+        // Take what else is queued already (a dropped `recv` that was not ready takes
+        // nothing).
+        let mut inputs = vec![input];
+        let mut closed = false;
+        while inputs.len() < REPLICA_INPUTS_PER_STEP_MAX {
+            match futures_lite::future::poll_once(rx.recv()).await {
+                Some(Some(i)) => inputs.push(i),
+                Some(None) => {
+                    closed = true;
+                    break;
+                }
+                None => break,
+            }
+        }
         let now_ms = t0.elapsed().as_millis() as u64;
         let wall_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
-        match d.handle(input, now_ms, wall_ms).await {
+        match d.handle_all(inputs, now_ms, wall_ms).await {
             Ok(out) if out.is_empty() => {}
             Ok(out) => reenter(&state, |st| st.on_replica_outputs(key, out)),
             Err(e) => {
@@ -520,7 +554,7 @@ async fn run_replica(
                 return;
             }
         }
-        if state.upgrade().is_none() {
+        if closed || state.upgrade().is_none() {
             return;
         }
     }

@@ -40,6 +40,12 @@ struct StateFile {
 /// the one on disk (a lagging hold keeps more records, never fewer).
 pub(crate) const HOLD_PERSIST_EVERY_RECORDS: u64 = 4096;
 
+/// The newest records kept in memory for shipments and the hand-over to readers, at most
+/// (older ones are read back from the log).
+pub(crate) const RECENT_RECORDS_MAX: usize = 8192;
+/// Payload bytes of the newest records kept in memory, at most.
+pub(crate) const RECENT_BYTES_MAX: usize = 16 << 20;
+
 /// One record as a shipment carries it: what the leader's log holds at its offset.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Carried {
@@ -86,6 +92,14 @@ pub(crate) struct ReplicaStore {
     /// What `replica-state.json` holds now.
     durable: Durable,
     hold_on_disk: u64,
+    /// The newest records appended, from offset `recent_first` on, contiguous and bounded:
+    /// a shipment or a hand-over of them is served from memory, not read back.
+    recent: std::collections::VecDeque<Carried>,
+    recent_first: u64,
+    recent_bytes: usize,
+    /// Appended, not yet waited for: the log acknowledges everything below this before any
+    /// answer leaves (`settle`).
+    unsettled: u64,
 }
 
 impl ReplicaStore {
@@ -118,11 +132,16 @@ impl ReplicaStore {
             .await
             .map_err(|e| format!("open the log in {}: {e}", dir.display()))?;
         let view = gen_view(&log)?;
+        let next = log.next_offset();
         let store = ReplicaStore {
             dir: dir.to_path_buf(),
             log,
             durable,
             hold_on_disk: hold,
+            recent: std::collections::VecDeque::new(),
+            recent_first: next,
+            recent_bytes: 0,
+            unsettled: 0,
         };
         Ok((store, durable, view))
     }
@@ -169,15 +188,98 @@ impl ReplicaStore {
     }
 
     /// `Effect::Truncate`.
-    pub(crate) async fn truncate(&self, from: u64) -> Result<(), LogError> {
+    pub(crate) async fn truncate(&mut self, from: u64) -> Result<(), LogError> {
+        self.settle().await.map_err(LogError::Failed)?;
+        let keep = from.saturating_sub(self.recent_first) as usize;
+        while self.recent.len() > keep {
+            let r = self.recent.pop_back().expect("non-empty");
+            self.recent_bytes -= r.payload.len();
+        }
+        if from < self.recent_first {
+            self.recent_first = from;
+        }
         self.log.truncate_from(from).await
     }
 
-    /// `Effect::Append { at, gens, .. }` with its records: appended in their generations
-    /// (consecutive records of one generation in one append), then waited for until the log
-    /// acknowledges them.
-    pub(crate) async fn append(
+    /// Wait until the log acknowledged everything appended: run before anything that tells
+    /// another party what this log holds (an answer, a report, an acknowledgement).
+    pub(crate) async fn settle(&mut self) -> Result<(), String> {
+        if self.unsettled > 0 {
+            let upto = std::mem::take(&mut self.unsettled);
+            self.log.wait_acked(upto).await.map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// Keep `records`, appended at `at`, among the newest (bounded).
+    fn remember(&mut self, at: u64, records: &[Carried]) {
+        if at != self.recent_first + self.recent.len() as u64 {
+            self.recent.clear();
+            self.recent_bytes = 0;
+            self.recent_first = at;
+        }
+        for r in records {
+            self.recent_bytes += r.payload.len();
+            self.recent.push_back(r.clone());
+        }
+        while self.recent.len() > RECENT_RECORDS_MAX || self.recent_bytes > RECENT_BYTES_MAX {
+            let r = self.recent.pop_front().expect("over a bound: non-empty");
+            self.recent_bytes -= r.payload.len();
+            self.recent_first += 1;
+        }
+    }
+
+    /// Records `start..start + n` from memory, if all of them are among the newest.
+    fn recent_range(&self, start: u64, n: usize) -> Option<Vec<Carried>> {
+        let skip = start.checked_sub(self.recent_first)? as usize;
+        if skip + n > self.recent.len() {
+            return None;
+        }
+        Some(self.recent.range(skip..skip + n).cloned().collect())
+    }
+
+    /// Committed records from `from`, at most `records_max` and (roughly) `bytes_max`, below
+    /// `below`: from memory when they are among the newest, else read back from the log.
+    pub(crate) async fn read_committed(
         &self,
+        from: u64,
+        below: u64,
+        records_max: usize,
+        bytes_max: usize,
+    ) -> Result<Vec<Bytes>, String> {
+        let want = (below.saturating_sub(from) as usize).min(records_max);
+        if let Some(recs) = self.recent_range(from, want) {
+            let mut bytes = 0;
+            return Ok(recs
+                .into_iter()
+                .take_while(|r| {
+                    bytes += r.payload.len();
+                    bytes <= bytes_max || bytes == r.payload.len()
+                })
+                .map(|r| r.payload)
+                .collect());
+        }
+        let got = self
+            .log
+            .read(from, want, bytes_max)
+            .await
+            .map_err(|e| format!("read the committed records at {from}: {e}"))?;
+        Ok(got
+            .into_iter()
+            .take(want)
+            .enumerate()
+            .map(|(k, r)| {
+                assert_eq!(r.offset, from + k as u64, "a log read is contiguous");
+                r.payload
+            })
+            .collect())
+    }
+
+    /// `Effect::Append { at, gens, .. }` with its records: appended in their generations
+    /// (consecutive records of one generation in one append). The log acknowledges them
+    /// before any answer leaves ([`ReplicaStore::settle`]).
+    pub(crate) async fn append(
+        &mut self,
         at: u64,
         gens: &[u64],
         records: &[Carried],
@@ -206,7 +308,9 @@ impl ReplicaStore {
             assert_eq!(r.start, end, "appends are contiguous");
             end = r.end;
         }
-        self.log.wait_acked(end).await.map_err(|e| e.to_string())
+        self.remember(at, records);
+        self.unsettled = self.unsettled.max(end);
+        Ok(())
     }
 
     /// The records a shipment of `gens` from `start` carries, read from the log; each must be
@@ -216,6 +320,15 @@ impl ReplicaStore {
         start: u64,
         gens: &[u64],
     ) -> Result<Vec<Carried>, String> {
+        if let Some(recs) = self.recent_range(start, gens.len()) {
+            if recs.iter().map(|r| r.gen).eq(gens.iter().copied()) {
+                return Ok(recs);
+            }
+            return Err(format!(
+                "the newest records from {start} are of generations {:?}, the machine names {gens:?}",
+                recs.iter().map(|r| r.gen).collect::<Vec<_>>()
+            ));
+        }
         let mut out: Vec<Carried> = Vec::with_capacity(gens.len());
         // Bounded: every read returns at least one record or fails.
         while out.len() < gens.len() {

@@ -13,6 +13,17 @@ use std::path::Path;
 
 /// A broker of the cluster: node `id`, peer listener on a random port.
 pub fn start_node(cp: &ControlPlane, certs: &Path, id: u64, extra: &[&str]) -> Broker {
+    restart_node(cp, certs, id, tempfile::tempdir().unwrap(), extra)
+}
+
+/// [`start_node`] on an existing data directory (a restart after [`Broker::kill`]).
+pub fn restart_node(
+    cp: &ControlPlane,
+    certs: &Path,
+    id: u64,
+    dir: tempfile::TempDir,
+    extra: &[&str],
+) -> Broker {
     let id_s = id.to_string();
     let cert = certs.join(format!("node-{id}.pem"));
     let key = certs.join(format!("node-{id}-key.pem"));
@@ -35,7 +46,7 @@ pub fn start_node(cp: &ControlPlane, certs: &Path, id: u64, extra: &[&str]) -> B
         args.extend_from_slice(&["--peer-listen", "127.0.0.1:0"]);
     }
     args.extend_from_slice(extra);
-    Broker::start(1, &args)
+    Broker::start_in(dir, 1, &args)
 }
 
 /// Tenant `acme`, namespace `prod`, and a stream and a cache over every broker.
@@ -184,4 +195,29 @@ pub async fn cluster_id(cp: &ControlPlane) -> String {
         .await
         .unwrap();
     v["catalog_id"].as_str().unwrap().to_string()
+}
+
+/// Wait (20 s at most) until `n` brokers registered with a storage identity: a stream of `n`
+/// copies is refused before that.
+pub async fn wait_for_storage_ids(cp: &ControlPlane, n: usize) {
+    let t = std::time::Instant::now();
+    loop {
+        let v: serde_json::Value = reqwest::get(format!("{}/v1/brokers", cp.url))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let with_id = v.as_array().map_or(0, |a| {
+            a.iter().filter(|b| b["storage_id"].is_string()).count()
+        });
+        if with_id >= n {
+            return;
+        }
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(20),
+            "brokers: {v}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
 }

@@ -102,10 +102,11 @@ pub struct StreamFields {
     /// on_commit, periodic (default) or none.
     #[arg(long)]
     pub(super) fsync: Option<String>,
-    /// leader or quorum (quorum is refused until replication exists).
+    /// leader or quorum (quorum needs a control plane run with --replication-preview).
     #[arg(long)]
     pub(super) consistency: Option<String>,
-    /// Replicas per shard (above 1 is refused until replication exists).
+    /// Replicas per shard, 1..=5 (above 1 needs a control plane run with
+    /// --replication-preview).
     #[arg(long)]
     pub(super) replication_factor: Option<u32>,
 }

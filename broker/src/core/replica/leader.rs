@@ -8,6 +8,10 @@ use super::{
     Role, Shipped, Source, StorageId,
 };
 
+/// Unanswered shipments a leader keeps in flight to one follower, at most (in batches of
+/// `ReplicaCfg::batch_max` records).
+const SHIP_WINDOW_BATCHES: u64 = 8;
+
 impl Replica {
     /// Ask the replicas to renew the lease if due: an exchange sent now (rule 2).
     pub(super) fn renew(&mut self, now_ms: u64) {
@@ -44,6 +48,7 @@ impl Replica {
             .map(|(n, e)| {
                 let peer = Peer {
                     next: e.min(end),
+                    sent: e.min(end),
                     held: None,
                 };
                 (n, peer)
@@ -67,31 +72,48 @@ impl Replica {
         self.effects.push(Effect::Elected { gen });
         self.append(vec![gen], Source::Start);
         self.renew(now_ms);
-        self.ship_all();
+        self.ship_all(true);
         self.report(false);
     }
 
-    pub(super) fn ship_all(&mut self) {
+    /// Ship to every follower: `again` from what each last answered (a tick: shipments may
+    /// be lost, and the followers learn the mark), else only what was not shipped yet.
+    pub(super) fn ship_all(&mut self, again: bool) {
         let peers: Vec<NodeId> = match &self.role {
             Role::Leading(l) => l.peers.keys().copied().collect(),
             _ => return,
         };
         for p in peers {
-            self.ship(p);
+            self.ship(p, again);
         }
     }
 
-    pub(super) fn ship(&mut self, to: NodeId) {
-        let Role::Leading(l) = &self.role else {
+    /// One shipment to `to`: from its `next` when `again`, else from what was shipped last
+    /// (pipelined, nothing when nothing is new or [`SHIP_WINDOW_BATCHES`] shipments are
+    /// unanswered).
+    pub(super) fn ship(&mut self, to: NodeId, again: bool) {
+        let end = self.log.end();
+        let batch_max = self.cfg.batch_max as u64;
+        let Role::Leading(l) = &mut self.role else {
             return;
         };
-        let Some(peer) = l.peers.get(&to) else { return };
+        let Some(peer) = l.peers.get_mut(&to) else {
+            return;
+        };
+        let start = if !again {
+            if peer.sent >= end || peer.sent >= peer.next + SHIP_WINDOW_BATCHES * batch_max {
+                return;
+            }
+            peer.sent.max(peer.next)
+        } else {
+            peer.next.min(end)
+        };
+        let upto = (start + batch_max).min(end);
+        peer.sent = peer.sent.max(upto);
         let gen = l.gen;
-        let start = peer.next.min(self.log.end());
-        let prev_gen = start.checked_sub(1).map(|p| self.log.gen_at(p));
-        let upto = (start + self.cfg.batch_max as u64).min(self.log.end());
-        let gens = self.log.gens(start..upto);
         let commit = l.known(self.known_commit);
+        let prev_gen = start.checked_sub(1).map(|p| self.log.gen_at(p));
+        let gens = self.log.gens(start..upto);
         self.send(
             to,
             Msg::Ship {
@@ -138,14 +160,16 @@ impl Replica {
                     l.report_due = true;
                 }
                 peer.next = end;
+                peer.sent = peer.sent.max(end);
                 if end < len {
-                    self.ship(from);
+                    self.ship(from, false);
                 }
                 self.report(false);
             }
             Shipped::Mismatch { below } => {
                 peer.next = below.min(peer.next.saturating_sub(1));
-                self.ship(from);
+                peer.sent = peer.next;
+                self.ship(from, true);
             }
         }
         if breaks::on(&breaks::ACK_BEFORE_REPORT) {

@@ -34,6 +34,18 @@ impl Default for ReplicaCfg {
 }
 
 impl ReplicaCfg {
+    /// The broker's settings (checked there): the lease, a margin of a quarter of it, a
+    /// renewal every quarter of it.
+    pub(crate) fn from_config(c: &crate::config::Config) -> ReplicaCfg {
+        ReplicaCfg {
+            lease_ms: c.replica_lease_ms,
+            margin_ms: c.replica_lease_ms / 4,
+            renew_ms: (c.replica_lease_ms / 4).max(1),
+            batch_max: c.replica_ship_records_max as usize,
+            quorum_wait_ms: c.replica_quorum_wait_ms,
+        }
+    }
+
     pub(crate) fn validate(&self) -> Result<(), String> {
         if self.renew_ms == 0
             || self.renew_ms >= self.lease_ms

@@ -121,8 +121,12 @@ pub(crate) enum Effect {
 /// A follower as its leader knows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Peer {
-    /// The offset the next shipment starts at.
+    /// The offset the next shipment starts at: the follower agrees with this leader below it,
+    /// as far as its answers said.
     next: u64,
+    /// Shipped up to here (exclusive), answered or not: a new record is shipped from here,
+    /// so shipments are pipelined; a tick or a mismatch ships again from `next`.
+    sent: u64,
     /// From its last answer to a shipment: it agrees with the leader's log below this end
     /// (exclusive), under that storage identity. None until it answers one.
     held: Option<(u64, StorageId)>,
@@ -403,7 +407,7 @@ impl Replica {
             Role::Follower => return Err(NotLeader::Follower),
         };
         self.append(vec![gen; n], Source::Client);
-        self.ship_all();
+        self.ship_all(false);
         Ok(at)
     }
 
@@ -436,7 +440,7 @@ impl Replica {
             }
             Role::Leading(_) => {
                 self.renew(now_ms);
-                self.ship_all();
+                self.ship_all(true);
                 // A report or its answer may have been lost: send the newest again.
                 self.report(true);
                 self.release(now_ms);
@@ -460,10 +464,11 @@ impl Replica {
                     if l.gen == gen && !l.peers.contains_key(&from) {
                         let peer = Peer {
                             next: end,
+                            sent: end,
                             held: None,
                         };
                         l.peers.insert(from, peer);
-                        self.ship(from);
+                        self.ship(from, true);
                     }
                 }
             }

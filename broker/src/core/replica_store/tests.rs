@@ -449,8 +449,10 @@ fn the_store_refuses_what_does_not_match_the_machine() {
             store.read_shipment(1, &[3, 4]).await.unwrap(),
             vec![rec(3, b"x"), rec(4, b"y")]
         );
+        // From memory (the newest records), and after a reopen from the log.
         let e = store.read_shipment(1, &[3, 3]).await.unwrap_err();
-        assert!(e.contains("generation 4 at offset 2"), "{e}");
+        assert!(e.contains("generations [3, 4]"), "{e}");
+        store.settle().await.unwrap();
         // The retention hold moves with the learnt mark and is written with the promise.
         store.hold_at(2).await.unwrap();
         assert_eq!(store.log().retention_hold(), Some(2));
@@ -460,6 +462,12 @@ fn the_store_refuses_what_does_not_match_the_machine() {
         assert_eq!(store.log().retention_hold(), Some(2), "in force from open");
         assert_eq!(d2, d);
         assert_eq!(view, GenLog::from_gens([3, 3, 4]));
+        assert_eq!(
+            store.read_shipment(1, &[3, 4]).await.unwrap(),
+            vec![rec(3, b"x"), rec(4, b"y")]
+        );
+        let e = store.read_shipment(1, &[3, 3]).await.unwrap_err();
+        assert!(e.contains("generation 4 at offset 2"), "{e}");
         store.log().close().await.unwrap();
         std::fs::write(dir.join(STATE_FILE), b"{not json").unwrap();
         let e = ReplicaStore::open(&dir, log_cfg()).await.err().unwrap();

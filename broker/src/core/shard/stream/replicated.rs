@@ -184,10 +184,10 @@ impl<L: ShardLog> StreamHost<L> {
 #[cfg(test)]
 mod tests {
     use super::super::HostCfg;
+    use super::super::StreamMsg;
     use super::*;
     use crate::catalog::{Catalog, ControlView, ViewPlace, ViewStream};
     use crate::core::sim::disk::MemLog;
-    use super::super::StreamMsg;
     use crate::core::ToOwner;
     use crate::metrics::CoreCounters;
     use felix_quic::wire::StartAt;

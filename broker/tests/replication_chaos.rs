@@ -1,0 +1,305 @@
+//! Chaos on a replicated stream (issue 23), with real processes and real signals: a control
+//! plane run with `--replication-preview` and three brokers hold a `quorum` stream of three
+//! copies. A publisher sends one record at a time to the leader the control plane names,
+//! while, round after round, one broker chosen from the seed is SIGKILLed and restarted on
+//! its files, or frozen (SIGSTOP) past the control plane's dead time and thawed (SIGCONT).
+//! After every round the stream must take publishes again; at the end every acknowledged
+//! record is on the leader at its offset, exactly once, and what a subscriber reads from the
+//! start is contiguous.
+//!
+//! `FELIX_CHAOS_ROUNDS` (default 3, the CI budget) and `FELIX_CHAOS_SEED` (default: from the
+//! clock, printed) pick the run; a failing run prints its seed, and
+//! `FELIX_CHAOS_SEED=N FELIX_CHAOS_ROUNDS=R cargo nextest run -p felix-broker --test
+//! replication_chaos` replays its choices (the timing of real processes is not replayed).
+//! `scripts/chaos.sh` runs more rounds by hand.
+
+use bytes::Bytes;
+use felix_client::{Client, ClientConfig, Event, SubscribeOptions};
+use felix_quic::tls::generate_cluster_certs;
+use felix_quic::wire::{ErrorCode, ShardSelector, StartAt, StreamName};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+mod common;
+use common::cluster::{restart_node, start_node, wait_for_storage_ids};
+use common::cp::{felixctl, start_control_plane};
+use common::{ok, Broker};
+
+/// The control plane counts a broker dead after this long without a heartbeat.
+const DEAD_AFTER_MS: u64 = 1_500;
+/// A round's recovery: the stream takes a publish again within this.
+const RECOVERY_MAX: Duration = Duration::from_secs(40);
+/// One publish may take this long (a frozen leader does not answer).
+const PUBLISH_WAIT: Duration = Duration::from_secs(3);
+
+/// A small deterministic generator (xorshift), so a seed replays the run's choices.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// What the publisher saw.
+#[derive(Default)]
+struct Seen {
+    /// Acknowledged: offset → payload.
+    acked: BTreeMap<u64, Bytes>,
+    /// Answers that were not acknowledgements, by code (or "timeout").
+    refused: BTreeMap<String, u64>,
+}
+
+/// The node the control plane names leader of shard 0 of `name`, once its generation's start
+/// record is committed.
+async fn leader(cp_url: &str, name: &str) -> Option<u64> {
+    let url = format!("{cp_url}/v1/tenants/acme/namespaces/prod/streams/{name}/replication");
+    let v: serde_json::Value = reqwest::get(url).await.ok()?.json().await.ok()?;
+    let s = &v["shards"][0];
+    (s["commit"].as_u64()? >= 1)
+        .then(|| s["leader"].as_u64())
+        .flatten()
+}
+
+/// Publish one record after another to the leader the control plane names until `stop`.
+async fn publisher(
+    cp_url: String,
+    clients: Arc<Mutex<HashMap<u64, ClientConfig>>>,
+    seen: Arc<Mutex<Seen>>,
+    stop: Arc<AtomicBool>,
+) {
+    let name = StreamName::new("acme", "prod", "c3");
+    let mut conns: HashMap<u64, Client> = HashMap::new();
+    let mut i = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let Some(node) = leader(&cp_url, "c3").await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        if let std::collections::hash_map::Entry::Vacant(slot) = conns.entry(node) {
+            let Some(cfg) = clients.lock().unwrap().get(&node).cloned() else {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            };
+            match tokio::time::timeout(PUBLISH_WAIT, Client::connect(cfg)).await {
+                Ok(Ok(c)) => {
+                    slot.insert(c);
+                }
+                _ => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            }
+        }
+        let c = &conns[&node];
+        // Each payload is published once: an unanswered one is never sent again, so every
+        // acknowledged payload must be found exactly once.
+        let payload = Bytes::from(format!("p{i}"));
+        i += 1;
+        let r = tokio::time::timeout(
+            PUBLISH_WAIT,
+            c.publish_batch(&name, ShardSelector::Shard(0), vec![payload.clone()]),
+        )
+        .await;
+        let refused = match r {
+            Ok(Ok(a)) => {
+                let old = seen.lock().unwrap().acked.insert(a.first_offset, payload);
+                assert!(
+                    old.is_none(),
+                    "offset {} acknowledged twice",
+                    a.first_offset
+                );
+                continue;
+            }
+            Ok(Err(e)) => e.code().map_or("connection", ErrorCode::name).to_string(),
+            Err(_) => "timeout".to_string(),
+        };
+        *seen.lock().unwrap().refused.entry(refused).or_default() += 1;
+        conns.remove(&node);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_records_survive_kills_and_freezes_of_any_broker() {
+    let rounds: u64 = std::env::var("FELIX_CHAOS_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    let seed: u64 = std::env::var("FELIX_CHAOS_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        });
+    eprintln!("chaos: FELIX_CHAOS_SEED={seed} FELIX_CHAOS_ROUNDS={rounds}");
+    let mut rng = Rng(seed | 1);
+    std::env::set_var("FELIX_REPLICATION_PREVIEW", "true");
+    let cp = start_control_plane(DEAD_AFTER_MS);
+    let tmp = tempfile::tempdir().unwrap();
+    let certs = tmp.path().join("certs");
+    generate_cluster_certs(&certs, &[1, 2, 3]).unwrap();
+    let durable: Vec<String> = (1..=3)
+        .map(|i| tmp.path().join(format!("d{i}")).display().to_string())
+        .collect();
+    let args = |id: u64| {
+        vec![
+            "--durable-storage-dir".to_string(),
+            durable[id as usize - 1].clone(),
+        ]
+    };
+    let mut nodes: BTreeMap<u64, Broker> = (1..=3u64)
+        .map(|id| {
+            let a = args(id);
+            let a: Vec<&str> = a.iter().map(String::as_str).collect();
+            (id, start_node(&cp, &certs, id, &a))
+        })
+        .collect();
+    let clients: Arc<Mutex<HashMap<u64, ClientConfig>>> = Arc::new(Mutex::new(
+        nodes
+            .iter()
+            .map(|(&id, b)| (id, b.client_config()))
+            .collect(),
+    ));
+    wait_for_storage_ids(&cp, 3).await;
+    let ctl = |a: &[&str]| ok(felixctl(&cp, tmp.path(), a));
+    ctl(&["tenant", "create", "acme"]);
+    ctl(&["--tenant", "acme", "namespace", "create", "prod"]);
+    ctl(&[
+        "--tenant",
+        "acme",
+        "--namespace",
+        "prod",
+        "stream",
+        "create",
+        "c3",
+        "--durable",
+        "--replication-factor",
+        "3",
+        "--consistency",
+        "quorum",
+    ]);
+
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let pub_task = tokio::spawn(publisher(
+        cp.url.clone(),
+        clients.clone(),
+        seen.clone(),
+        stop.clone(),
+    ));
+    let progress = |at_least: usize| {
+        let seen = seen.clone();
+        async move {
+            let t = Instant::now();
+            loop {
+                let n = seen.lock().unwrap().acked.len();
+                if n >= at_least {
+                    return n;
+                }
+                assert!(
+                    t.elapsed() < RECOVERY_MAX,
+                    "no publish acknowledged for {RECOVERY_MAX:?} (seed {seed}); {n} so far"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    let mut acked = progress(5).await;
+    for round in 0..rounds {
+        tokio::time::sleep(Duration::from_millis(200 + rng.below(800))).await;
+        let id = 1 + rng.below(3);
+        let is_leader = leader(&cp.url, "c3").await == Some(id);
+        if rng.below(2) == 0 {
+            eprintln!("round {round}: SIGKILL node {id} (leader: {is_leader}), restart in 2 s");
+            clients.lock().unwrap().remove(&id);
+            let dir = nodes.remove(&id).unwrap().kill();
+            tokio::time::sleep(Duration::from_millis(2_000)).await;
+            let a = args(id);
+            let a: Vec<&str> = a.iter().map(String::as_str).collect();
+            let b = restart_node(&cp, &certs, id, dir, &a);
+            clients.lock().unwrap().insert(id, b.client_config());
+            nodes.insert(id, b);
+        } else {
+            let ms = DEAD_AFTER_MS + 500 + rng.below(1_500);
+            eprintln!("round {round}: SIGSTOP node {id} (leader: {is_leader}) for {ms} ms");
+            nodes[&id].signal(libc::SIGSTOP);
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            nodes[&id].signal(libc::SIGCONT);
+        }
+        acked = progress(acked + 3).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let _ = tokio::time::timeout(PUBLISH_WAIT * 2, pub_task).await;
+
+    // Every acknowledged record, on the leader, at its offset, once.
+    let (acked, refused) = {
+        let s = seen.lock().unwrap();
+        (s.acked.clone(), s.refused.clone())
+    };
+    eprintln!("acknowledged {}, not acknowledged {refused:?}", acked.len());
+    let last = *acked.keys().next_back().unwrap();
+    let t = Instant::now();
+    let got: BTreeMap<u64, Bytes> = loop {
+        assert!(
+            t.elapsed() < RECOVERY_MAX,
+            "no leader serves the whole log (seed {seed})"
+        );
+        let Some(l) = leader(&cp.url, "c3").await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        match read_from_start(&nodes[&l], last).await {
+            Some(got) => break got,
+            None => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    };
+    for (o, p) in &acked {
+        assert_eq!(
+            got.get(o),
+            Some(p),
+            "acknowledged record at {o} (seed {seed})"
+        );
+    }
+    let mut payloads: HashMap<&Bytes, u64> = HashMap::new();
+    for (o, p) in got.iter().filter(|(_, p)| !p.is_empty()) {
+        if let Some(first) = payloads.insert(p, *o) {
+            panic!("{p:?} at offsets {first} and {o} (seed {seed})");
+        }
+    }
+}
+
+/// Read shard 0 of c3 on `b` from the start through offset `last`: offset → payload, or None
+/// when the broker does not serve it now (not the leader yet, not serving, or cut off).
+async fn read_from_start(b: &Broker, last: u64) -> Option<BTreeMap<u64, Bytes>> {
+    let c = tokio::time::timeout(PUBLISH_WAIT, b.client()).await.ok()?;
+    let name = StreamName::new("acme", "prod", "c3");
+    let opts = SubscribeOptions {
+        start: StartAt::Earliest,
+        ..SubscribeOptions::default()
+    };
+    let mut sub = c.subscribe(&name, 0, opts).await.ok()?;
+    let mut got = BTreeMap::new();
+    let mut next = 0u64;
+    while next <= last {
+        match sub.next_timeout(Duration::from_secs(5)).await {
+            Ok(Some(ev @ Event::Records { .. })) => {
+                for (o, p) in ev.records() {
+                    assert_eq!(o, next, "offsets from the start are contiguous");
+                    next = o + 1;
+                    got.insert(o, p);
+                }
+            }
+            _ => return None,
+        }
+    }
+    Some(got)
+}
