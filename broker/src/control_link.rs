@@ -500,11 +500,25 @@ async fn post_reports(
     reports: Arc<crate::replica_reports::ReportBox>,
     shutdown: Arc<AtomicBool>,
 ) {
+    let mut failing = false;
     while !shutdown.load(Ordering::Acquire) {
+        use crate::replica_reports::{REPORTS_FAILED, REPORTS_POSTED};
         while let Some(job) = reports.pop() {
             match post_report(&http, &base, &job).await {
-                Ok(a) => reports.answer(job.core, job.key, a),
-                Err(e) => tracing::debug!(error = %e, "replica report not posted"),
+                Ok(a) => {
+                    REPORTS_POSTED.fetch_add(1, Ordering::Relaxed);
+                    failing = false;
+                    reports.answer(job.core, job.key, a)
+                }
+                Err(e) => {
+                    // Warn when posts start failing; the rest are counted.
+                    REPORTS_FAILED.fetch_add(1, Ordering::Relaxed);
+                    if !std::mem::replace(&mut failing, true) {
+                        tracing::warn!(error = %e, stream = %job.stream, shard = job.shard, "replica report not posted; the replica reports again on a tick");
+                    } else {
+                        tracing::debug!(error = %e, "replica report not posted");
+                    }
+                }
             }
             reports.posted(job.core);
         }

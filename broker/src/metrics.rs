@@ -300,6 +300,7 @@ impl Ops {
             a.render(&mut s);
         }
         crate::control_link::credential::render(&mut s);
+        crate::replica_reports::render(&mut s);
         s
     }
 

@@ -7,8 +7,35 @@
 
 use felix_control::replication::{Report, ReportAnswer};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
+
+/// Reports posted and answered by the control plane (any answer).
+pub static REPORTS_POSTED: AtomicU64 = AtomicU64::new(0);
+/// Reports whose post failed (no answer: the control plane unreachable, or an error status);
+/// the replica reports again on a tick.
+pub static REPORTS_FAILED: AtomicU64 = AtomicU64::new(0);
+
+/// The report counters in Prometheus text.
+pub fn render(out: &mut String) {
+    for (name, help, c) in [
+        (
+            "felix_replica_reports_posted_total",
+            "replica reports this broker posted to the control plane and got an answer to",
+            &REPORTS_POSTED,
+        ),
+        (
+            "felix_replica_reports_failed_total",
+            "replica reports whose post to the control plane failed (sent again on a tick)",
+            &REPORTS_FAILED,
+        ),
+    ] {
+        out.push_str(&format!(
+            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}\n",
+            c.load(Ordering::Relaxed)
+        ));
+    }
+}
 
 /// Reports waiting to be posted, across every core; past it, new ones are dropped (the
 /// replica sends its report again on a tick while none has landed).

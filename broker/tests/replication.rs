@@ -214,6 +214,15 @@ async fn replicas_on_three_brokers_elect_ship_and_report_through_the_control_pla
     assert!(lead.total("replica_publishes_acked") >= 11);
     assert!(lead.total("replica_quorum_wait_seconds_count") >= 11);
     assert!(lead.total("replica_publishes_refused") >= 1);
+    let metrics = lead.http_get("/metrics");
+    let posted = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("felix_replica_reports_posted_total "))
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    assert!(
+        posted >= Some(1),
+        "the leader's reports were posted: {posted:?}"
+    );
     // Consumer groups do not serve replicated shards yet: refused, typed.
     let e = c
         .group_create(&name, "g", Some(0), GroupOptions::default())
