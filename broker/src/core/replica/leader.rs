@@ -8,8 +8,9 @@ use super::{
     Role, Shipped, Source, StorageId,
 };
 
-/// Unanswered shipments a leader keeps in flight to one follower, at most (in batches of
-/// `ReplicaCfg::batch_max` records).
+/// Unanswered records a leader keeps in flight to one follower, at most, in whole batches of
+/// `ReplicaCfg::batch_max` records (a partial batch waits for the answer to the one in
+/// flight).
 const SHIP_WINDOW_BATCHES: u64 = 8;
 
 impl Replica {
@@ -101,10 +102,17 @@ impl Replica {
             return;
         };
         let start = if !again {
-            if peer.sent >= end || peer.sent >= peer.next + SHIP_WINDOW_BATCHES * batch_max {
+            let from = peer.sent.max(peer.next);
+            let waiting = end.saturating_sub(from);
+            // While a shipment is unanswered, new records wait for its answer unless a whole
+            // batch is ready (and the window has room): one shipment per answer, not one per
+            // record, so a follower's answers cannot flood the leader's inputs.
+            let in_flight = peer.sent > peer.next;
+            let window_full = peer.sent >= peer.next + SHIP_WINDOW_BATCHES * batch_max;
+            if waiting == 0 || (in_flight && (waiting < batch_max || window_full)) {
                 return;
             }
-            peer.sent.max(peer.next)
+            from
         } else {
             peer.next.min(end)
         };
