@@ -8,7 +8,10 @@
 //! acknowledged record at its offset.
 
 use bytes::Bytes;
-use felix_client::{Client, Event, GroupOptions, SubscribeOptions, Subscription};
+use felix_client::{
+    Client, ClientConfig, ClusterClient, ClusterConfig, Event, GroupOptions, SubscribeOptions,
+    Subscription,
+};
 use felix_quic::tls::generate_cluster_certs;
 use felix_quic::wire::{ErrorCode, ShardSelector, StartAt, StreamName};
 use std::collections::BTreeMap;
@@ -17,7 +20,7 @@ use std::time::{Duration, Instant};
 mod common;
 use common::cluster::{start_node, wait_for_storage_ids};
 use common::cp::{felixctl, start_control_plane};
-use common::ok;
+use common::{ok, Broker};
 
 /// `GET .../streams/{name}/replication` of tenant acme, namespace prod.
 async fn replication(url: &str, name: &str) -> serde_json::Value {
@@ -31,8 +34,20 @@ async fn replication(url: &str, name: &str) -> serde_json::Value {
     .unwrap()
 }
 
+/// A client of `b`, trusting the cluster CA the test's brokers present.
+async fn client(b: &Broker) -> Client {
+    let ca = CLUSTER_CA.get().expect("set at the start").clone();
+    Client::connect(ClientConfig::new(b.quic, Some(ca)))
+        .await
+        .expect("connect")
+}
+
+/// The cluster CA of the test's certificates.
+static CLUSTER_CA: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
 /// Retry `f` while it is refused with a retryable code a new leadership answers (fencing,
-/// waiting out the old lease, its first commit): 20 s at most.
+/// waiting out the old lease, its first commit; `not_leader` while a client follows it): 20 s
+/// at most.
 async fn retrying<T, F, Fut>(what: &str, mut f: F) -> T
 where
     F: FnMut() -> Fut,
@@ -42,7 +57,12 @@ where
     loop {
         match f().await {
             Ok(v) => return v,
-            Err(e) if e.code() == Some(ErrorCode::Unavailable) => {
+            Err(e)
+                if matches!(
+                    e.code(),
+                    Some(ErrorCode::Unavailable | ErrorCode::NotLeader)
+                ) =>
+            {
                 assert!(t.elapsed() < Duration::from_secs(20), "{what}: {e}");
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
@@ -95,6 +115,7 @@ async fn replicas_on_three_brokers_elect_ship_and_report_through_the_control_pla
     let tmp = tempfile::tempdir().unwrap();
     let certs = tmp.path().join("certs");
     generate_cluster_certs(&certs, &[1, 2, 3]).unwrap();
+    CLUSTER_CA.set(certs.join("ca.pem")).unwrap();
     let dirs: Vec<String> = (1..=3)
         .map(|i| {
             tmp.path()
@@ -106,7 +127,21 @@ async fn replicas_on_three_brokers_elect_ship_and_report_through_the_control_pla
     let mut nodes: Vec<_> = (1..=3u64)
         .map(|i| {
             let dir = &dirs[i as usize - 1];
-            start_node(&cp, &certs, i, &["--durable-storage-dir", dir])
+            // Client certificates from the cluster CA too, so one ClusterClient trusts all.
+            let cert = certs.join(format!("node-{i}.pem")).display().to_string();
+            let key = certs
+                .join(format!("node-{i}-key.pem"))
+                .display()
+                .to_string();
+            let args = [
+                "--durable-storage-dir",
+                dir,
+                "--tls-cert",
+                &cert,
+                "--tls-key",
+                &key,
+            ];
+            start_node(&cp, &certs, i, &args)
         })
         .collect();
     let ctl = |args: &[&str]| ok(felixctl(&cp, tmp.path(), args));
@@ -175,7 +210,7 @@ async fn replicas_on_three_brokers_elect_ship_and_report_through_the_control_pla
     // is acknowledged at the commit mark, at contiguous offsets after the generation-start
     // record (offset 0), and the subscriber receives that record (an empty payload) and
     // every acknowledged one, in order.
-    let c = lead.client().await;
+    let c = client(lead).await;
     let name = StreamName::new("acme", "prod", "r3");
     let mut sub = subscribe(&c, &name, StartAt::Earliest).await;
     let mut acked: BTreeMap<u64, Bytes> = BTreeMap::new();
@@ -198,7 +233,7 @@ async fn replicas_on_three_brokers_elect_ship_and_report_through_the_control_pla
     );
     // Through a follower: forwarded to the leader over the peer link.
     let follower = nodes.iter().find(|n| !std::ptr::eq(*n, lead)).unwrap();
-    let cf = follower.client().await;
+    let cf = client(follower).await;
     let at = publish(&cf, &name, &["via-follower".to_string()]).await;
     assert_eq!(at, 31);
     acked.insert(at, Bytes::from_static(b"via-follower"));
@@ -253,7 +288,7 @@ async fn replicas_on_three_brokers_elect_ship_and_report_through_the_control_pla
         assert!(t.elapsed() < Duration::from_secs(30), "r3l: {v}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    let cl = nodes[l_leader as usize - 1].client().await;
+    let cl = client(&nodes[l_leader as usize - 1]).await;
     let lname = StreamName::new("acme", "prod", "r3l");
     let mut lsub = subscribe(&cl, &lname, StartAt::Earliest).await;
     let at = publish(&c, &lname, &["l0".to_string(), "l1".to_string()]).await;
@@ -270,6 +305,7 @@ async fn replicas_on_three_brokers_elect_ship_and_report_through_the_control_pla
     // follower at the mark (rule 8) in generation 2; that one fences the other, writes its
     // own generation-start record at offset 32 and ships it, and its report lands.
     let gone = nodes.remove(leader as usize - 1);
+    let gone_addr = gone.quic.to_string();
     let _dir = gone.kill();
     let t = Instant::now();
     let shard = loop {
@@ -299,7 +335,7 @@ async fn replicas_on_three_brokers_elect_ship_and_report_through_the_control_pla
         .iter()
         .find(|n| n.total("replica_elections") >= 1)
         .expect("the new leader counted its election");
-    let c2 = nl.client().await;
+    let c2 = client(nl).await;
     let at = publish(&c2, &name, &["b0".to_string()]).await;
     assert_eq!(at, 33);
     acked.insert(at, Bytes::from_static(b"b0"));
@@ -319,6 +355,21 @@ async fn replicas_on_three_brokers_elect_ship_and_report_through_the_control_pla
     let mut resumed = subscribe(&c2, &name, StartAt::Offset(20)).await;
     let first = records(&mut resumed, 1).await;
     assert_eq!(first[0], (20, acked[&20].clone()), "no gap, no duplicate");
+    // A ClusterClient seeded with all three addresses (one dead) follows the stream to the
+    // new leader.
+    let seeds: Vec<String> = nodes
+        .iter()
+        .map(|n| n.quic.to_string())
+        .chain([gone_addr])
+        .collect();
+    let mut cfg = ClusterConfig::new(&seeds.join(","), CLUSTER_CA.get().cloned()).unwrap();
+    cfg.connect_timeout = Duration::from_millis(500);
+    let cc = ClusterClient::connect(cfg).await.unwrap();
+    let a = retrying("cluster publish", || {
+        cc.publish_batch(&name, ShardSelector::Shard(0), vec!["c0".to_string()])
+    })
+    .await;
+    assert_eq!((a.first_offset, a.owner), (34, Some(new_leader)));
     // Each replica holds its log in the stream incarnation's directory.
     let holds_r3 = |dir: &str| {
         std::fs::read_dir(std::path::Path::new(dir).join("acme").join("prod"))
