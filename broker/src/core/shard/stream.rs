@@ -427,6 +427,18 @@ impl<L: ShardLog> StreamHost<L> {
         batch
     }
 
+    /// Tell each of `cores` that the subscriptions to shard `key` end, with `why`.
+    fn end_subs(&mut self, key: ShardKey, cores: Vec<usize>, why: &Refused) {
+        for core in cores {
+            let msg = ToConn::SubsEnded {
+                stream: key.0,
+                shard: key.1,
+                why: why.clone(),
+            };
+            self.send(core as u8, MeshMsg::Conn(msg));
+        }
+    }
+
     /// Append held publishes while nothing is parked: one at a time, each followed by a
     /// self-message so this core's subscribers see the batch (and may park) first.
     fn drain_held(&mut self, key: ShardKey, ctx: &Ctx) {
@@ -821,14 +833,7 @@ impl<L: ShardLog> StreamHost<L> {
                 ErrorCode::Unavailable,
                 format!("shard storage failed: {why}; subscribe again after the broker reopens it"),
             );
-            for core in cores {
-                let msg = ToConn::SubsEnded {
-                    stream: key.0,
-                    shard: key.1,
-                    why: end.clone(),
-                };
-                self.send(core as u8, MeshMsg::Conn(msg));
-            }
+            self.end_subs(key, cores, &end);
         }
         let Some(d) = self.shards.get_mut(&key).and_then(|s| s.durable.as_mut()) else {
             return;

@@ -8,7 +8,7 @@
 //! record a failover could cut. While the replica does not serve, attaches and fetches are
 //! refused `unavailable` (retryable), and when it stops serving its subscriptions end.
 
-use super::{Durable, Effect, Life, MeshMsg, Refusal, Refused, ShardLog, StreamHost, ToConn};
+use super::{Durable, Effect, Life, Refusal, Refused, ShardLog, StreamHost};
 use crate::core::shard::Ctx;
 use crate::core::ShardKey;
 use felix_quic::wire::{ErrorCode, Records};
@@ -116,14 +116,7 @@ impl<L: ShardLog> StreamHost<L> {
             return;
         }
         let cores: Vec<usize> = s.owner.interested_cores().collect();
-        for core in cores {
-            let msg = ToConn::SubsEnded {
-                stream: key.0,
-                shard: key.1,
-                why: why.clone(),
-            };
-            self.send(core as u8, MeshMsg::Conn(msg));
-        }
+        self.end_subs(key, cores, &why);
     }
 
     /// The replica failed: the shard answers `unavailable` with why until it is hosted
@@ -184,7 +177,7 @@ impl<L: ShardLog> StreamHost<L> {
 #[cfg(test)]
 mod tests {
     use super::super::HostCfg;
-    use super::super::StreamMsg;
+    use super::super::{MeshMsg, StreamMsg, ToConn};
     use super::*;
     use crate::catalog::{Catalog, ControlView, ViewPlace, ViewStream};
     use crate::core::sim::disk::MemLog;
