@@ -119,7 +119,8 @@ pub enum Consistency {
     /// The shard's owner alone (default; the only level this build serves).
     #[default]
     Leader,
-    /// A quorum of the replica set (refused with `unsupported` until replication exists).
+    /// A quorum of the replica set, and the control plane's record of it (refused with
+    /// `unsupported` unless the control plane runs with `--replication-preview`).
     Quorum,
 }
 
@@ -142,8 +143,9 @@ pub enum ShardState {
     Assigned,
     /// No live broker to own it (none registered, or all dead).
     Unassigned,
-    /// Durable and owned by a dead broker: it is not moved (a move would reset its offsets
-    /// until replication exists), so it cannot serve until that broker returns.
+    /// Durable and owned by a dead broker: it is not moved (a move would reset the offsets of
+    /// a shard of one copy), so it cannot serve until that broker returns. A replicated
+    /// shard is unavailable while no replica qualifies to lead it.
     Unavailable,
 }
 
@@ -358,7 +360,8 @@ pub struct CreateStream {
     pub fsync: Option<FsyncMode>,
     #[serde(default)]
     pub consistency: Option<Consistency>,
-    /// Default 1; above 1 is refused (`unsupported`) until replication exists.
+    /// Default 1; above 1 is refused (`unsupported`) unless the control plane runs with
+    /// `--replication-preview`.
     #[serde(default)]
     pub replication_factor: Option<u32>,
 }
