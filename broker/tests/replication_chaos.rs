@@ -14,25 +14,20 @@
 //! `scripts/chaos.sh` runs more rounds by hand.
 
 use bytes::Bytes;
-use felix_client::{Client, ClientConfig, Event, SubscribeOptions};
-use felix_quic::tls::generate_cluster_certs;
-use felix_quic::wire::{ErrorCode, ShardSelector, StartAt, StreamName};
+use felix_client::{Client, ClientConfig};
+use felix_quic::wire::{ErrorCode, ShardSelector, StreamName};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::cluster::{restart_node, start_node, wait_for_storage_ids};
-use common::cp::{felixctl, start_control_plane};
-use common::{ok, Broker};
+use common::replicated::{check_acked_on_leader, leader_at, Trio, PUBLISH_WAIT};
 
 /// The control plane counts a broker dead after this long without a heartbeat.
 const DEAD_AFTER_MS: u64 = 1_500;
 /// A round's recovery: the stream takes a publish again within this.
 const RECOVERY_MAX: Duration = Duration::from_secs(40);
-/// One publish may take this long (a frozen leader does not answer).
-const PUBLISH_WAIT: Duration = Duration::from_secs(3);
 
 /// A small deterministic generator (xorshift), so a seed replays the run's choices.
 struct Rng(u64);
@@ -55,17 +50,6 @@ struct Seen {
     refused: BTreeMap<String, u64>,
 }
 
-/// The node the control plane names leader of shard 0 of `name`, once its generation's start
-/// record is committed.
-async fn leader(cp_url: &str, name: &str) -> Option<u64> {
-    let url = format!("{cp_url}/v1/tenants/acme/namespaces/prod/streams/{name}/replication");
-    let v: serde_json::Value = reqwest::get(url).await.ok()?.json().await.ok()?;
-    let s = &v["shards"][0];
-    (s["commit"].as_u64()? >= 1)
-        .then(|| s["leader"].as_u64())
-        .flatten()
-}
-
 /// Publish one record after another to the leader the control plane names until `stop`.
 async fn publisher(
     cp_url: String,
@@ -77,7 +61,7 @@ async fn publisher(
     let mut conns: HashMap<u64, Client> = HashMap::new();
     let mut i = 0u64;
     while !stop.load(Ordering::Relaxed) {
-        let Some(node) = leader(&cp_url, "c3").await else {
+        let Some(node) = leader_at(&cp_url, "c3").await else {
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };
@@ -142,56 +126,19 @@ async fn acknowledged_records_survive_kills_and_freezes_of_any_broker() {
         });
     eprintln!("chaos: FELIX_CHAOS_SEED={seed} FELIX_CHAOS_ROUNDS={rounds}");
     let mut rng = Rng(seed | 1);
-    std::env::set_var("FELIX_REPLICATION_PREVIEW", "true");
-    let cp = start_control_plane(DEAD_AFTER_MS);
-    let tmp = tempfile::tempdir().unwrap();
-    let certs = tmp.path().join("certs");
-    generate_cluster_certs(&certs, &[1, 2, 3]).unwrap();
-    let durable: Vec<String> = (1..=3)
-        .map(|i| tmp.path().join(format!("d{i}")).display().to_string())
-        .collect();
-    let args = |id: u64| {
-        vec![
-            "--durable-storage-dir".to_string(),
-            durable[id as usize - 1].clone(),
-        ]
-    };
-    let mut nodes: BTreeMap<u64, Broker> = (1..=3u64)
-        .map(|id| {
-            let a = args(id);
-            let a: Vec<&str> = a.iter().map(String::as_str).collect();
-            (id, start_node(&cp, &certs, id, &a))
-        })
-        .collect();
+    let mut t = Trio::start(DEAD_AFTER_MS, &[]).await;
     let clients: Arc<Mutex<HashMap<u64, ClientConfig>>> = Arc::new(Mutex::new(
-        nodes
+        t.nodes
             .iter()
             .map(|(&id, b)| (id, b.client_config()))
             .collect(),
     ));
-    wait_for_storage_ids(&cp, 3).await;
-    let ctl = |a: &[&str]| ok(felixctl(&cp, tmp.path(), a));
-    ctl(&["tenant", "create", "acme"]);
-    ctl(&["--tenant", "acme", "namespace", "create", "prod"]);
-    ctl(&[
-        "--tenant",
-        "acme",
-        "--namespace",
-        "prod",
-        "stream",
-        "create",
-        "c3",
-        "--durable",
-        "--replication-factor",
-        "3",
-        "--consistency",
-        "quorum",
-    ]);
+    t.create_stream("c3", "quorum");
 
     let seen = Arc::new(Mutex::new(Seen::default()));
     let stop = Arc::new(AtomicBool::new(false));
     let pub_task = tokio::spawn(publisher(
-        cp.url.clone(),
+        t.cp.url.clone(),
         clients.clone(),
         seen.clone(),
         stop.clone(),
@@ -217,23 +164,23 @@ async fn acknowledged_records_survive_kills_and_freezes_of_any_broker() {
     for round in 0..rounds {
         tokio::time::sleep(Duration::from_millis(200 + rng.below(800))).await;
         let id = 1 + rng.below(3);
-        let is_leader = leader(&cp.url, "c3").await == Some(id);
+        let is_leader = t.leader("c3").await == Some(id);
         if rng.below(2) == 0 {
             eprintln!("round {round}: SIGKILL node {id} (leader: {is_leader}), restart in 2 s");
             clients.lock().unwrap().remove(&id);
-            let dir = nodes.remove(&id).unwrap().kill();
+            t.kill(id);
             tokio::time::sleep(Duration::from_millis(2_000)).await;
-            let a = args(id);
-            let a: Vec<&str> = a.iter().map(String::as_str).collect();
-            let b = restart_node(&cp, &certs, id, dir, &a);
-            clients.lock().unwrap().insert(id, b.client_config());
-            nodes.insert(id, b);
+            t.restart(id);
+            clients
+                .lock()
+                .unwrap()
+                .insert(id, t.nodes[&id].client_config());
         } else {
             let ms = DEAD_AFTER_MS + 500 + rng.below(1_500);
             eprintln!("round {round}: SIGSTOP node {id} (leader: {is_leader}) for {ms} ms");
-            nodes[&id].signal(libc::SIGSTOP);
+            t.nodes[&id].signal(libc::SIGSTOP);
             tokio::time::sleep(Duration::from_millis(ms)).await;
-            nodes[&id].signal(libc::SIGCONT);
+            t.nodes[&id].signal(libc::SIGCONT);
         }
         acked = progress(acked + 3).await;
     }
@@ -246,60 +193,12 @@ async fn acknowledged_records_survive_kills_and_freezes_of_any_broker() {
         (s.acked.clone(), s.refused.clone())
     };
     eprintln!("acknowledged {}, not acknowledged {refused:?}", acked.len());
-    let last = *acked.keys().next_back().unwrap();
-    let t = Instant::now();
-    let got: BTreeMap<u64, Bytes> = loop {
-        assert!(
-            t.elapsed() < RECOVERY_MAX,
-            "no leader serves the whole log (seed {seed})"
-        );
-        let Some(l) = leader(&cp.url, "c3").await else {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            continue;
-        };
-        match read_from_start(&nodes[&l], last).await {
-            Some(got) => break got,
-            None => tokio::time::sleep(Duration::from_millis(200)).await,
-        }
-    };
-    for (o, p) in &acked {
-        assert_eq!(
-            got.get(o),
-            Some(p),
-            "acknowledged record at {o} (seed {seed})"
-        );
-    }
+    // The seed is in the first line of the output, for a failure here.
+    let got = check_acked_on_leader(&t, "c3", &acked, RECOVERY_MAX).await;
     let mut payloads: HashMap<&Bytes, u64> = HashMap::new();
     for (o, p) in got.iter().filter(|(_, p)| !p.is_empty()) {
         if let Some(first) = payloads.insert(p, *o) {
             panic!("{p:?} at offsets {first} and {o} (seed {seed})");
         }
     }
-}
-
-/// Read shard 0 of c3 on `b` from the start through offset `last`: offset → payload, or None
-/// when the broker does not serve it now (not the leader yet, not serving, or cut off).
-async fn read_from_start(b: &Broker, last: u64) -> Option<BTreeMap<u64, Bytes>> {
-    let c = tokio::time::timeout(PUBLISH_WAIT, b.client()).await.ok()?;
-    let name = StreamName::new("acme", "prod", "c3");
-    let opts = SubscribeOptions {
-        start: StartAt::Earliest,
-        ..SubscribeOptions::default()
-    };
-    let mut sub = c.subscribe(&name, 0, opts).await.ok()?;
-    let mut got = BTreeMap::new();
-    let mut next = 0u64;
-    while next <= last {
-        match sub.next_timeout(Duration::from_secs(5)).await {
-            Ok(Some(ev @ Event::Records { .. })) => {
-                for (o, p) in ev.records() {
-                    assert_eq!(o, next, "offsets from the start are contiguous");
-                    next = o + 1;
-                    got.insert(o, p);
-                }
-            }
-            _ => return None,
-        }
-    }
-    Some(got)
 }

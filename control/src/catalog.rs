@@ -1082,6 +1082,9 @@ impl Catalog {
         };
         self.brokers.insert(b.node_id, b.clone());
         self.register_replica_identity(b.node_id, b.storage_id.as_deref());
+        if prev.is_some() {
+            self.replica_leader_restarted(b.node_id);
+        }
         self.emit(ChangeEvent::BrokerPut { broker: b.clone() });
         self.place_all();
         Ok(Reply::Broker(b))

@@ -198,6 +198,23 @@ impl Placement {
         self.promote(c, false)
     }
 
+    /// The leader named at the newest generation restarted. A broker never leads a generation
+    /// twice (rule 1), so it cannot serve this one again: name the leader of a new generation
+    /// as [`Placement::promote_among`] does (the restarted broker is a candidate like any
+    /// other). With none qualifying, no leader is named, and the shard is unavailable until
+    /// one qualifies (rule 8). Placement may promote at any time, so this is as safe as any
+    /// promotion.
+    pub fn leader_restarted(
+        &mut self,
+        live: impl Fn(NodeId) -> bool,
+    ) -> Result<Assignment, PromoteError> {
+        let r = self.promote_among(live);
+        if r.is_err() {
+            self.leader = None;
+        }
+        r
+    }
+
     /// The newest generation and its named leader.
     pub fn newest(&self) -> (u64, Option<NodeId>) {
         (self.gen, self.leader)

@@ -176,6 +176,8 @@ struct Soft {
     deleting: HashMap<(bool, String, String, String, u64), Instant>,
     /// In the settle window: when this leader first saw a registered broker.
     first_broker: Option<Instant>,
+    /// When the last sweep ran (see `sweep::forgive_stall`).
+    swept_at: Option<Instant>,
 }
 
 impl AppState {

@@ -105,7 +105,12 @@ impl CoreState {
                 forwards_max: cfg.peer_forwards_max as usize,
             })
         });
-        let (catalog_version, catalog) = settings.catalog.load();
+        // The core starts from an empty catalog, and its first round takes the published one
+        // as a change from nothing: what that version asks of this core (replicas to host,
+        // durable logs to open) is done even when it was published before the core started.
+        // (Loading it here skipped that: a broker restarted on a quiet cluster never hosted
+        // its replicas, tests/replication_faults.rs.) No version is u64::MAX.
+        let (catalog_version, catalog) = (u64::MAX, Arc::new(crate::catalog::Catalog::default()));
         let streams = StreamHost::new(HostCfg {
             cores: n,
             ring_records_max: settings.cfg.ring_records_max as u64,

@@ -74,7 +74,12 @@ impl CoreState {
         }
         let node = self.s.cfg.node_id;
         let Some(&sid) = self.catalog.storage_ids.get(&node) else {
-            return; // not registered with an identity: nothing to vouch with (rule 9)
+            // Not registered with an identity: nothing to vouch with (rule 9).
+            tracing::debug!(
+                node,
+                "no storage identity in the catalog yet: no replica hosted"
+            );
+            return;
         };
         let Some(root) = self.s.cfg.durable_storage_dir.clone() else {
             return; // no durable storage: no log to replicate (a durable stream refuses here)

@@ -5,6 +5,7 @@
 pub mod cluster;
 pub mod cp;
 pub mod raw;
+pub mod replicated;
 
 use felix_client::{Client, ClientConfig};
 use std::collections::HashMap;
@@ -105,7 +106,7 @@ impl Broker {
             .arg("--data-dir")
             .arg(dir.path())
             .args(extra)
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", broker_log())
             // The suites test the data path; tests/auth.rs and the cluster's auth test run
             // with auth on (a test's `--auth` flag beats this).
             .env("FELIX_AUTH", "off")
@@ -128,7 +129,7 @@ impl Broker {
             .arg("--data-dir")
             .arg(dir.path())
             .args(extra)
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", broker_log())
             .env("FELIX_AUTH", "off")
             .env_remove("FELIX_CORES")
             .env_remove("FELIX_CPU_LIST")
@@ -310,6 +311,12 @@ impl Broker {
             .map(|v| v.iter().sum())
             .unwrap_or(0)
     }
+}
+
+/// The brokers' log filter: `warn`, or `FELIX_TEST_BROKER_LOG` (e.g.
+/// `info,felix_broker::core::replica_host=debug`) to see more of a failing test.
+pub fn broker_log() -> String {
+    std::env::var("FELIX_TEST_BROKER_LOG").unwrap_or_else(|_| "warn".to_string())
 }
 
 /// The stdout of a felixctl run that must succeed (its stderr in the failure message).

@@ -208,6 +208,19 @@ impl Catalog {
         }
     }
 
+    /// Broker `node` registered again: a new process, which has none of its old leaderships
+    /// (rule 1). Every shard it leads gets a new generation, or no leader when none qualifies
+    /// (a restarted leader would otherwise be named at a generation it refuses to lead, and
+    /// its shard would wait for a promotion that never comes while it stays live).
+    pub(super) fn replica_leader_restarted(&mut self, node: u64) {
+        let live = self.live();
+        for p in self.replicas.values_mut() {
+            if p.newest().1 == Some(node) {
+                let _ = p.leader_restarted(|n| live.contains(&n));
+            }
+        }
+    }
+
     /// A stream is gone: so are its shards' placements.
     pub(super) fn forget_replicas(&mut self, k: &ObjKey) {
         self.replicas.retain(|(sk, _), _| sk != k);
@@ -628,6 +641,51 @@ mod tests {
         assert_eq!(
             (sp.leader, sp.generation, sp.state),
             (Some(f1), 2, ShardState::Assigned)
+        );
+    }
+
+    #[test]
+    fn a_restarted_leader_leads_a_new_generation_or_its_shard_waits_for_one_that_qualifies() {
+        let (mut c, [l, f1, f2]) = three_seated();
+        report(
+            &mut c,
+            "s",
+            0,
+            1,
+            l,
+            1,
+            &[(l, 1, 10, sid(l)), (f1, 1, 7, sid(f1)), (f2, 1, 3, sid(f2))],
+        );
+        // The leader's process restarts under the same identity, faster than it is counted
+        // dead: it cannot lead generation 1 again (rule 1), so it is named at generation 2,
+        // being the furthest ahead.
+        register(&mut c, l, Some(sid(l)));
+        let sp = shard(&c, "s", 0);
+        assert_eq!(
+            (sp.leader, sp.generation, sp.state),
+            (Some(l), 2, ShardState::Assigned)
+        );
+        // A follower's restart changes no leadership.
+        register(&mut c, f2, Some(sid(f2)));
+        assert_eq!(shard(&c, "s", 0).generation, 2);
+        // The leader restarts under a rotated identity (rule 9) while f1 is down: f2 is behind
+        // the mark (7), and the leader's reports no longer vouch for it. Nobody qualifies: the
+        // shard waits, with no leader named, rather than stay named at a generation its
+        // leader refuses.
+        live(&mut c, f1, false);
+        register(&mut c, l, Some(sid(l) + 100));
+        let sp = shard(&c, "s", 0);
+        assert_eq!(
+            (sp.state, sp.generation),
+            (ShardState::Unavailable, 2),
+            "no generation issued to no one"
+        );
+        // f1 returns, at the mark: it leads generation 3.
+        live(&mut c, f1, true);
+        let sp = shard(&c, "s", 0);
+        assert_eq!(
+            (sp.leader, sp.generation, sp.state),
+            (Some(f1), 3, ShardState::Assigned)
         );
     }
 

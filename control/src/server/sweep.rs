@@ -24,6 +24,23 @@ pub async fn sweep(st: Arc<AppState>, mut stop: tokio::sync::watch::Receiver<boo
     }
 }
 
+/// A sweep far later than its period means this process did not run (frozen, descheduled):
+/// it could not take heartbeats, so that time is no evidence against any broker. Every
+/// broker's last sight moves forward by the stall, and a real death is still seen, at most
+/// `dead_after` after the control plane runs again. Without this, a control plane paused
+/// past `dead_after` counted every broker dead on waking and moved every leadership
+/// (tests/replication_faults.rs in felix-broker freezes it with SIGSTOP).
+fn forgive_stall(soft: &mut Soft, now: Instant, period: Duration) {
+    if let Some(prev) = soft.swept_at.replace(now) {
+        let stall = now.duration_since(prev).saturating_sub(period * 2);
+        if !stall.is_zero() {
+            for seen in soft.last_seen.values_mut() {
+                seen.1 = (seen.1 + stall).min(now);
+            }
+        }
+    }
+}
+
 /// One pass: which commands the clock calls for now.
 fn sweep_once(st: &AppState) -> Vec<Command> {
     let status = st.store.status();
@@ -34,6 +51,8 @@ fn sweep_once(st: &AppState) -> Vec<Command> {
     }
     let now = Instant::now();
     soft.leader_since.get_or_insert(now);
+    let period = Duration::from_millis(st.cfg.sweep_interval_ms.max(10));
+    forgive_stall(&mut soft, now, period);
     let mut cmds = Vec::new();
     let dead_after = Duration::from_millis(st.cfg.dead_after_ms);
     let grace = Duration::from_millis(st.cfg.delete_grace_ms);
@@ -134,4 +153,33 @@ fn sweep_once(st: &AppState) -> Vec<Command> {
         }
     }
     cmds
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stall_of_the_sweep_itself_is_not_counted_against_brokers() {
+        let t0 = Instant::now();
+        let period = Duration::from_millis(50);
+        let mut soft = Soft::default();
+        soft.last_seen.insert(1, (1, t0));
+        // The first sweep has nothing to compare with; one on time moves nothing.
+        forgive_stall(&mut soft, t0, period);
+        forgive_stall(&mut soft, t0 + period, period);
+        assert_eq!(soft.last_seen[&1].1, t0);
+        // A sweep 2 s after the last one: the broker's last sight moves by the stall (the
+        // gap less two periods of ordinary lateness).
+        let late = t0 + period + Duration::from_secs(2);
+        forgive_stall(&mut soft, late, period);
+        assert_eq!(
+            soft.last_seen[&1].1,
+            t0 + Duration::from_secs(2) - period * 2
+        );
+        // Never past now.
+        soft.last_seen.insert(2, (1, late));
+        forgive_stall(&mut soft, late + Duration::from_secs(5), period);
+        assert!(soft.last_seen[&2].1 <= late + Duration::from_secs(5));
+    }
 }

@@ -1,0 +1,300 @@
+//! Three brokers and a control plane run with `--replication-preview`, for the tests of
+//! replicated streams with real processes (`replication_chaos.rs`, `replication_faults.rs`):
+//! start, kill and restart brokers on their files, read placement's view of a shard, publish
+//! one record and say how it was answered, and read a shard back from its start.
+
+use super::cluster::{restart_node, start_node, wait_for_storage_ids};
+use super::cp::{felixctl, start_control_plane, ControlPlane};
+use super::{ok, Broker};
+use bytes::Bytes;
+use felix_client::{Client, Event, SubscribeOptions};
+use felix_quic::tls::generate_cluster_certs;
+use felix_quic::wire::{ErrorCode, ShardSelector, StartAt, StreamName};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// One publish may take this long before the test counts it unanswered (a frozen or cut-off
+/// leader does not answer).
+pub const PUBLISH_WAIT: Duration = Duration::from_secs(3);
+
+/// A control plane and brokers 1..=3, tenant `acme` and namespace `prod` made.
+pub struct Trio {
+    pub cp: ControlPlane,
+    pub tmp: tempfile::TempDir,
+    pub certs: PathBuf,
+    /// The running brokers, by node id.
+    pub nodes: BTreeMap<u64, Broker>,
+    /// The data directories of killed brokers, kept for their restart.
+    down: BTreeMap<u64, tempfile::TempDir>,
+    /// Extra broker flags, given at every (re)start.
+    extra: Vec<String>,
+}
+
+impl Trio {
+    /// Start the control plane (a broker silent for `dead_after_ms` is counted dead) and three
+    /// brokers with `extra` flags, and wait until all three registered a storage identity.
+    pub async fn start(dead_after_ms: u64, extra: &[&str]) -> Trio {
+        // Inherited by the control plane (and harmlessly by the brokers).
+        std::env::set_var("FELIX_REPLICATION_PREVIEW", "true");
+        let cp = start_control_plane(dead_after_ms);
+        let tmp = tempfile::tempdir().unwrap();
+        let certs = tmp.path().join("certs");
+        generate_cluster_certs(&certs, &[1, 2, 3]).unwrap();
+        let mut t = Trio {
+            cp,
+            tmp,
+            certs,
+            nodes: BTreeMap::new(),
+            down: BTreeMap::new(),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        for id in 1..=3 {
+            let a = t.args(id);
+            let a: Vec<&str> = a.iter().map(String::as_str).collect();
+            let b = start_node(&t.cp, &t.certs, id, &a);
+            t.nodes.insert(id, b);
+        }
+        wait_for_storage_ids(&t.cp, 3).await;
+        t.ctl(&["tenant", "create", "acme"]);
+        t.ctl(&["--tenant", "acme", "namespace", "create", "prod"]);
+        t
+    }
+
+    /// Node `id`'s flags: its durable directory (outside the data directory a kill hands
+    /// back, so that it survives every restart) and the extra flags.
+    fn args(&self, id: u64) -> Vec<String> {
+        let dir = self.tmp.path().join(format!("durable-{id}"));
+        let mut a = vec![
+            "--durable-storage-dir".to_string(),
+            dir.display().to_string(),
+        ];
+        a.extend(self.extra.iter().cloned());
+        a
+    }
+
+    /// felixctl against the control plane; its stdout, and it must succeed.
+    pub fn ctl(&self, args: &[&str]) -> String {
+        ok(felixctl(&self.cp, self.tmp.path(), args))
+    }
+
+    /// Create stream `name` in acme/prod: durable, one shard, three copies, `consistency`.
+    pub fn create_stream(&self, name: &str, consistency: &str) {
+        self.ctl(&[
+            "--tenant",
+            "acme",
+            "--namespace",
+            "prod",
+            "stream",
+            "create",
+            name,
+            "--durable",
+            "--replication-factor",
+            "3",
+            "--consistency",
+            consistency,
+        ]);
+    }
+
+    /// SIGKILL node `id`; its files are kept for [`Trio::restart`].
+    pub fn kill(&mut self, id: u64) {
+        let b = self.nodes.remove(&id).expect("node running");
+        self.down.insert(id, b.kill());
+    }
+
+    /// Start node `id` again on the files a [`Trio::kill`] kept.
+    pub fn restart(&mut self, id: u64) {
+        let dir = self.down.remove(&id).expect("node killed");
+        let a = self.args(id);
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        let b = restart_node(&self.cp, &self.certs, id, dir, &a);
+        self.nodes.insert(id, b);
+    }
+
+    /// Send `sig` to the control plane's process (SIGSTOP freezes it, SIGCONT thaws it).
+    pub fn signal_control_plane(&self, sig: i32) {
+        // SAFETY: plain kill(2) on our own child's pid.
+        unsafe { libc::kill(self.cp.child.id() as i32, sig) };
+    }
+
+    /// Placement's view of shard 0 of `name` (`GET .../replication`).
+    pub async fn shard(&self, name: &str) -> serde_json::Value {
+        shard_at(&self.cp.url, name).await
+    }
+
+    /// The node placement names leader of shard 0 of `name`, once its generation's start
+    /// record is committed.
+    pub async fn leader(&self, name: &str) -> Option<u64> {
+        leader_at(&self.cp.url, name).await
+    }
+
+    /// Wait (`max` at most) until placement shows shard 0 of `name` with all three replicas
+    /// live, vouched and holding the commit mark (the replication factor is back); the view.
+    pub async fn wait_full(&self, name: &str, max: Duration) -> serde_json::Value {
+        let t = Instant::now();
+        loop {
+            let s = self.shard(name).await;
+            let commit = s["commit"].as_u64().unwrap_or(0);
+            let full = s["replicas"].as_array().is_some_and(|r| {
+                r.len() == 3
+                    && r.iter().all(|x| {
+                        x["live"] == true
+                            && x["vouched"] == true
+                            && x["end"].as_u64() >= Some(commit)
+                    })
+            });
+            if commit >= 1 && full {
+                return s;
+            }
+            if t.elapsed() >= max {
+                panic!(
+                    "{name} never had three full replicas: {s}\nthe brokers' replica counters: {}",
+                    self.replica_counters()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Every running broker's `felix_replica_*` counters (summed over cores), for a failure's
+    /// message.
+    pub fn replica_counters(&self) -> String {
+        let mut out = String::new();
+        for (id, b) in &self.nodes {
+            let mut c: Vec<(String, u64)> = b
+                .counters()
+                .into_iter()
+                .filter(|(k, _)| k.starts_with("replica_"))
+                .map(|(k, v)| (k, v.iter().sum()))
+                .collect();
+            c.sort();
+            out.push_str(&format!("\n  node {id}: {c:?}"));
+        }
+        out
+    }
+
+    /// A client of node `id`, or None when it does not connect within [`PUBLISH_WAIT`].
+    pub async fn client(&self, id: u64) -> Option<Client> {
+        let cfg = self.nodes.get(&id)?.client_config();
+        tokio::time::timeout(PUBLISH_WAIT, Client::connect(cfg))
+            .await
+            .ok()?
+            .ok()
+    }
+
+    /// Wait (`max` at most) until the leader of `name` acknowledges `payload`; its offset.
+    pub async fn publish_until_acked(&self, name: &str, payload: &str, max: Duration) -> u64 {
+        let t = Instant::now();
+        let mut last = String::new();
+        while t.elapsed() < max {
+            if let Some(l) = self.leader(name).await {
+                if let Some(c) = self.client(l).await {
+                    match publish_one(&c, name, payload, PUBLISH_WAIT).await {
+                        Ok(o) => return o,
+                        Err(e) => last = e,
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("{payload} not acknowledged on {name} within {max:?} (last: {last})");
+    }
+}
+
+/// Placement's view of shard 0 of acme/prod/`name` at the control plane `cp_url` (Null while
+/// it does not answer).
+pub async fn shard_at(cp_url: &str, name: &str) -> serde_json::Value {
+    let url = format!("{cp_url}/v1/tenants/acme/namespaces/prod/streams/{name}/replication");
+    match reqwest::get(url).await {
+        Ok(r) => r.json::<serde_json::Value>().await.unwrap_or_default()["shards"][0].clone(),
+        Err(_) => serde_json::Value::Null,
+    }
+}
+
+/// The leader [`shard_at`] names, once its generation's start record is committed.
+pub async fn leader_at(cp_url: &str, name: &str) -> Option<u64> {
+    let s = shard_at(cp_url, name).await;
+    (s["commit"].as_u64()? >= 1)
+        .then(|| s["leader"].as_u64())
+        .flatten()
+}
+
+/// Publish one record to shard 0 of acme/prod/`name` through `c`: its offset, or how it was
+/// answered otherwise (an error code's name, "connection", or "timeout" past `wait`).
+pub async fn publish_one(
+    c: &Client,
+    name: &str,
+    payload: &str,
+    wait: Duration,
+) -> Result<u64, String> {
+    let stream = StreamName::new("acme", "prod", name);
+    let p = Bytes::from(payload.to_string());
+    match tokio::time::timeout(
+        wait,
+        c.publish_batch(&stream, ShardSelector::Shard(0), vec![p]),
+    )
+    .await
+    {
+        Ok(Ok(a)) => Ok(a.first_offset),
+        Ok(Err(e)) => Err(e.code().map_or("connection", ErrorCode::name).to_string()),
+        Err(_) => Err("timeout".to_string()),
+    }
+}
+
+/// Read shard 0 of acme/prod/`name` on `b` from the start through offset `last`: offset →
+/// payload, or None when the broker does not serve it now (not the leader yet, not serving,
+/// or cut off). Offsets from the start must be contiguous.
+pub async fn read_from_start(b: &Broker, name: &str, last: u64) -> Option<BTreeMap<u64, Bytes>> {
+    let c = tokio::time::timeout(PUBLISH_WAIT, b.client()).await.ok()?;
+    let stream = StreamName::new("acme", "prod", name);
+    let opts = SubscribeOptions {
+        start: StartAt::Earliest,
+        ..SubscribeOptions::default()
+    };
+    let mut sub = c.subscribe(&stream, 0, opts).await.ok()?;
+    let mut got = BTreeMap::new();
+    let mut next = 0u64;
+    while next <= last {
+        match sub.next_timeout(Duration::from_secs(5)).await {
+            Ok(Some(ev @ Event::Records { .. })) => {
+                for (o, p) in ev.records() {
+                    assert_eq!(o, next, "offsets from the start are contiguous");
+                    next = o + 1;
+                    got.insert(o, p);
+                }
+            }
+            _ => return None,
+        }
+    }
+    Some(got)
+}
+
+/// Wait (`max` at most) until the leader of `name` serves the shard from its start through
+/// `last`, and check that every record of `acked` is there at its offset.
+pub async fn check_acked_on_leader(
+    t: &Trio,
+    name: &str,
+    acked: &BTreeMap<u64, Bytes>,
+    max: Duration,
+) -> BTreeMap<u64, Bytes> {
+    let last = *acked.keys().next_back().expect("something acknowledged");
+    let start = Instant::now();
+    let got = loop {
+        assert!(
+            start.elapsed() < max,
+            "no leader of {name} serves the whole log"
+        );
+        if let Some(l) = t.leader(name).await {
+            if let Some(b) = t.nodes.get(&l) {
+                if let Some(got) = read_from_start(b, name, last).await {
+                    break got;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    for (o, p) in acked {
+        assert_eq!(got.get(o), Some(p), "acknowledged record at {o} of {name}");
+    }
+    got
+}

@@ -1,0 +1,290 @@
+//! Named faults on a replicated stream (issue 23), with real processes and real signals: a
+//! control plane run with `--replication-preview` and three brokers holding `quorum` streams
+//! of three copies. Where `replication_chaos.rs` kills or freezes a broker chosen from a seed,
+//! each test here drives one case the issue names, and checks what clients were answered and
+//! that every acknowledged record is on the leader at its offset afterwards:
+//! - one follower dead: acknowledgements go on; both dead: nothing is acknowledged; both back,
+//!   and then all three brokers killed and restarted at once: the shard has its three replicas
+//!   again, and lost nothing;
+//! - the control plane frozen (SIGSTOP): `quorum` acknowledgements stop (the leader cannot
+//!   vouch), `leader` acknowledgements go on, and after SIGCONT both go on;
+//! - a stream deleted and created again under load: the new one is empty on every broker, and
+//!   no replica fails.
+
+use bytes::Bytes;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+mod common;
+use common::replicated::{check_acked_on_leader, publish_one, Trio, PUBLISH_WAIT};
+
+/// The control plane counts a broker dead after this long without a heartbeat.
+const DEAD_AFTER_MS: u64 = 1_500;
+/// A leader answers a `quorum` publish it cannot vouch for after this long.
+const QUORUM_WAIT_MS: &str = "1000";
+/// Any recovery the tests wait for: a leader serving again, the replicas full again.
+const RECOVERY_MAX: Duration = Duration::from_secs(40);
+
+/// Publish `n` records one at a time to node `id` (the leader), each acknowledged; into `acked`.
+async fn publish_acked(
+    t: &Trio,
+    id: u64,
+    name: &str,
+    tag: &str,
+    n: usize,
+    acked: &mut BTreeMap<u64, Bytes>,
+) {
+    let c = t.client(id).await.expect("the leader answers");
+    for i in 0..n {
+        let p = format!("{tag}-{i}");
+        let o = publish_one(&c, name, &p, PUBLISH_WAIT)
+            .await
+            .unwrap_or_else(|e| panic!("{p} to node {id}: {e}"));
+        assert!(
+            acked.insert(o, Bytes::from(p)).is_none(),
+            "offset {o} twice"
+        );
+    }
+}
+
+/// The two replicas of shard 0 of `name` that do not lead.
+async fn followers(t: &Trio, name: &str, leader: u64) -> Vec<u64> {
+    let s = t.shard(name).await;
+    let f: Vec<u64> = s["followers"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|x| x.as_u64()).collect())
+        .unwrap_or_default();
+    assert_eq!(f.len(), 2, "{s}");
+    assert!(!f.contains(&leader), "{s}");
+    f
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quorum_needs_a_live_majority_and_every_replica_comes_back() {
+    let mut t = Trio::start(DEAD_AFTER_MS, &["--replica-quorum-wait-ms", QUORUM_WAIT_MS]).await;
+    t.create_stream("q", "quorum");
+    let mut acked = BTreeMap::new();
+    t.publish_until_acked("q", "first", RECOVERY_MAX).await;
+    let leader = t.leader("q").await.unwrap();
+    let f = followers(&t, "q", leader).await;
+    publish_acked(&t, leader, "q", "all", 5, &mut acked).await;
+
+    // One follower dead: the other one is the majority, and acknowledgements go on.
+    t.kill(f[0]);
+    publish_acked(&t, leader, "q", "one-down", 10, &mut acked).await;
+
+    // Both dead: the leader alone cannot vouch for anything.
+    t.kill(f[1]);
+    let c = t.client(leader).await.expect("the leader answers");
+    let mut answers = BTreeMap::<String, u32>::new();
+    for i in 0..3 {
+        match publish_one(&c, "q", &format!("both-down-{i}"), PUBLISH_WAIT).await {
+            Ok(o) => panic!("acknowledged at {o} with both followers dead"),
+            Err(code) => *answers.entry(code).or_default() += 1,
+        }
+    }
+    eprintln!("with both followers dead: {answers:?}");
+    assert!(
+        answers
+            .keys()
+            .all(|c| matches!(c.as_str(), "outcome_unknown" | "unavailable")),
+        "refused with typed codes, never left unanswered: {answers:?}"
+    );
+    assert!(
+        t.shard("q").await["leader"].as_u64() == Some(leader),
+        "nobody replaces a live leader"
+    );
+
+    // Both back: acknowledgements go on, and all three hold the shard again.
+    t.restart(f[0]);
+    t.restart(f[1]);
+    let o = t.publish_until_acked("q", "back", RECOVERY_MAX).await;
+    acked.insert(o, Bytes::from("back"));
+    let s = t.wait_full("q", RECOVERY_MAX).await;
+    eprintln!("after the followers came back: {s}");
+
+    // All three killed at once and restarted on their files: the shard gets its replication
+    // factor back, and nothing acknowledged is lost.
+    for id in 1..=3 {
+        t.kill(id);
+    }
+    for id in 1..=3 {
+        t.restart(id);
+    }
+    let o = t
+        .publish_until_acked("q", "after-restart", RECOVERY_MAX)
+        .await;
+    acked.insert(o, Bytes::from("after-restart"));
+    let s = t.wait_full("q", RECOVERY_MAX).await;
+    eprintln!("after all three restarted: {s}");
+    check_acked_on_leader(&t, "q", &acked, RECOVERY_MAX).await;
+    for b in t.nodes.values() {
+        assert_eq!(b.total("replica_failures"), 0, "no replica failed");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_control_plane_stops_quorum_acknowledgements_and_loses_nothing() {
+    let t = Trio::start(DEAD_AFTER_MS, &["--replica-quorum-wait-ms", QUORUM_WAIT_MS]).await;
+    t.create_stream("q", "quorum");
+    t.create_stream("l", "leader");
+    let mut acked_q = BTreeMap::new();
+    let mut acked_l = BTreeMap::new();
+    t.publish_until_acked("q", "first", RECOVERY_MAX).await;
+    t.publish_until_acked("l", "first", RECOVERY_MAX).await;
+    let (lq, ll) = (t.leader("q").await.unwrap(), t.leader("l").await.unwrap());
+    publish_acked(&t, lq, "q", "before", 3, &mut acked_q).await;
+    publish_acked(&t, ll, "l", "before", 3, &mut acked_l).await;
+
+    let generations = async || {
+        let (q, l) = (t.shard("q").await, t.shard("l").await);
+        (q["generation"].as_u64(), l["generation"].as_u64())
+    };
+    let before = generations().await;
+    // Frozen: no report lands, so the commit mark cannot move and a `quorum` leader cannot
+    // vouch for anything; a `leader` stream acknowledges what its leader wrote.
+    t.signal_control_plane(libc::SIGSTOP);
+    let frozen = Instant::now();
+    let cq = t.client(lq).await.expect("the leader answers");
+    for i in 0..2 {
+        let r = publish_one(&cq, "q", &format!("frozen-{i}"), PUBLISH_WAIT).await;
+        assert_eq!(
+            r,
+            Err("outcome_unknown".to_string()),
+            "a quorum publish while the control plane is frozen"
+        );
+    }
+    publish_acked(&t, ll, "l", "frozen", 3, &mut acked_l).await;
+    // Frozen past the time it counts a silent broker dead.
+    let past = Duration::from_millis(DEAD_AFTER_MS + 500).saturating_sub(frozen.elapsed());
+    tokio::time::sleep(past).await;
+    t.signal_control_plane(libc::SIGCONT);
+
+    // Thawed: `quorum` acknowledgements go on, and nothing acknowledged is lost.
+    let o = t.publish_until_acked("q", "thawed", RECOVERY_MAX).await;
+    acked_q.insert(o, Bytes::from("thawed"));
+    publish_acked(
+        &t,
+        t.leader("l").await.unwrap(),
+        "l",
+        "thawed",
+        2,
+        &mut acked_l,
+    )
+    .await;
+    eprintln!(
+        "after the thaw: q {} l {}",
+        t.shard("q").await,
+        t.shard("l").await
+    );
+    // Its own pause is no evidence against the brokers: no leadership moved.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        generations().await,
+        before,
+        "the control plane's own pause moved a leadership"
+    );
+    check_acked_on_leader(&t, "q", &acked_q, RECOVERY_MAX).await;
+    check_acked_on_leader(&t, "l", &acked_l, RECOVERY_MAX).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_deleted_and_created_again_under_load_is_empty_on_every_broker() {
+    let t = Trio::start(DEAD_AFTER_MS, &[]).await;
+    t.create_stream("d", "quorum");
+    t.publish_until_acked("d", "first", RECOVERY_MAX).await;
+    let leader = t.leader("d").await.unwrap();
+    let c = t.client(leader).await.expect("the leader answers");
+    // Load: publishes go on (unanswered or refused while the stream is gone) across the
+    // delete and the create.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let (mut acked, mut i) = (Vec::new(), 0u64);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                i += 1;
+                let p = format!("load-{i}");
+                if publish_one(&c, "d", &p, PUBLISH_WAIT).await.is_ok() {
+                    acked.push((Bytes::from(p), Instant::now()));
+                } else {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+            acked
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let ns = ["--tenant", "acme", "--namespace", "prod"];
+    let rm = Instant::now();
+    t.ctl(&[&ns[..], &["stream", "rm", "d", "--yes"]].concat());
+    // Created again as soon as the name is free (the delete's grace is 200 ms here).
+    let t0 = Instant::now();
+    loop {
+        let o = common::cp::felixctl(
+            &t.cp,
+            t.tmp.path(),
+            &[
+                &ns[..],
+                &[
+                    "stream",
+                    "create",
+                    "d",
+                    "--durable",
+                    "--replication-factor",
+                    "3",
+                    "--consistency",
+                    "quorum",
+                ],
+            ]
+            .concat(),
+        );
+        if o.status.success() {
+            break;
+        }
+        assert!(
+            t0.elapsed() < RECOVERY_MAX,
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let fresh = t.publish_until_acked("d", "fresh", RECOVERY_MAX).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let loaded = load.await.unwrap();
+    let before_rm: Vec<&Bytes> = loaded
+        .iter()
+        .filter(|(_, at)| *at < rm)
+        .map(|(p, _)| p)
+        .collect();
+    eprintln!(
+        "{} acknowledged under load, {} before the delete; fresh at {fresh}",
+        loaded.len(),
+        before_rm.len()
+    );
+    assert!(
+        !before_rm.is_empty(),
+        "the load was acknowledged before the delete"
+    );
+
+    // The new stream holds its own records only: its start record, whatever the load got in
+    // after the create, and `fresh`; on all three replicas, none of which failed.
+    let s = t.wait_full("d", RECOVERY_MAX).await;
+    eprintln!("the new stream: {s}");
+    let mut acked = BTreeMap::new();
+    acked.insert(fresh, Bytes::from("fresh"));
+    let got = check_acked_on_leader(&t, "d", &acked, RECOVERY_MAX).await;
+    assert!(
+        got[&0].is_empty(),
+        "offset 0 is the generation-start record"
+    );
+    for p in before_rm.iter().copied().chain([&Bytes::from("first")]) {
+        assert!(
+            !got.values().any(|g| g == p),
+            "{p:?} of the deleted stream in the new one: {got:?}"
+        );
+    }
+    for b in t.nodes.values() {
+        assert_eq!(b.total("replica_failures"), 0, "no replica failed");
+    }
+}
