@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Installs the system packages Felix needs to build on Debian 12 (idempotent); with --test,
-# also cargo-nextest, which only the test command needs.
+# also cargo-nextest and nftables, which only the test command needs.
 set -euo pipefail
 need=()
 command -v cmake >/dev/null || need+=(cmake)
 dpkg -s libclang-dev >/dev/null 2>&1 || need+=(libclang-dev)
 command -v curl >/dev/null || need+=(curl)
+# The replication fault tests cut links with nftables (they fail without it, never skip).
+[ "${1:-}" = "--test" ] && ! command -v nft >/dev/null && need+=(nftables)
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
   $SUDO apt-get update -qq

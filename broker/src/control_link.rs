@@ -542,7 +542,7 @@ async fn post_report(
         })
         .collect();
     let body = serde_json::json!({"generation": job.report.gen, "leader": job.report.leader,
-        "seq": job.report.seq, "holders": holders});
+        "seq": job.report.seq, "holders": holders, "resign": job.report.resign});
     // Names are one path segment of [A-Za-z0-9_.-] each (the catalog checked them).
     let url = format!(
         "{base}/v1/tenants/{}/namespaces/{}/streams/{}/shards/{}/report",

@@ -9,14 +9,19 @@
 //! - the control plane frozen (SIGSTOP): `quorum` acknowledgements stop (the leader cannot
 //!   vouch), `leader` acknowledgements go on, and after SIGCONT both go on;
 //! - a stream deleted and created again under load: the new one is empty on every broker, and
-//!   no replica fails.
+//!   no replica fails;
+//! - the leader cut off from its peers by nftables while it still reaches the control plane:
+//!   it acknowledges nothing, resigns once it has held no lease for a lease period, another
+//!   replica leads, and after the cut heals it follows again.
 
 use bytes::Bytes;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::replicated::{check_acked_on_leader, publish_one, Trio, PUBLISH_WAIT};
+use common::replicated::{
+    check_acked_on_leader, publish_one, udp_ports_of, Cut, Trio, PUBLISH_WAIT,
+};
 
 /// The control plane counts a broker dead after this long without a heartbeat.
 const DEAD_AFTER_MS: u64 = 1_500;
@@ -284,6 +289,77 @@ async fn a_stream_deleted_and_created_again_under_load_is_empty_on_every_broker(
             "{p:?} of the deleted stream in the new one: {got:?}"
         );
     }
+    for b in t.nodes.values() {
+        assert_eq!(b.total("replica_failures"), 0, "no replica failed");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_from_its_peers_resigns_and_is_replaced() {
+    let t = Trio::start(DEAD_AFTER_MS, &["--replica-quorum-wait-ms", QUORUM_WAIT_MS]).await;
+    t.create_stream("q", "quorum");
+    let mut acked = BTreeMap::new();
+    t.publish_until_acked("q", "first", RECOVERY_MAX).await;
+    let old = t.leader("q").await.unwrap();
+    publish_acked(&t, old, "q", "before", 5, &mut acked).await;
+
+    // Every UDP socket of the leader but its client listener: its peer listener and the
+    // sockets it dials peers from. Its heartbeats and reports (TCP) still reach the control
+    // plane, and clients still reach it.
+    let b = &t.nodes[&old];
+    let peer_ports: Vec<u16> = udp_ports_of(b.pid())
+        .into_iter()
+        .filter(|&p| p != b.quic.port())
+        .collect();
+    assert!(
+        peer_ports.contains(&b.peer.unwrap().port()),
+        "{peer_ports:?}"
+    );
+    let cut = Cut::udp_ports(&peer_ports);
+    let since = Instant::now();
+    let c = t
+        .client(old)
+        .await
+        .expect("the cut-off leader still takes clients");
+    let mut answers = BTreeMap::<String, u32>::new();
+    let mut i = 0;
+    let new = loop {
+        // A short wait, so that the loop sees the new leader soon after it is named.
+        match publish_one(&c, "q", &format!("cut-{i}"), Duration::from_millis(500)).await {
+            Ok(o) => panic!("the cut-off leader acknowledged cut-{i} at {o}"),
+            Err(code) => *answers.entry(code).or_default() += 1,
+        }
+        i += 1;
+        match t.leader("q").await {
+            Some(l) if l != old => break l,
+            _ => {}
+        }
+        assert!(
+            since.elapsed() < RECOVERY_MAX,
+            "{old} never replaced: {answers:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let replaced_after = since.elapsed();
+    eprintln!(
+        "cut off: node {old} replaced by {new} after {replaced_after:?}; it answered {answers:?}"
+    );
+    let o = t.publish_until_acked("q", "after-cut", RECOVERY_MAX).await;
+    acked.insert(o, Bytes::from("after-cut"));
+    eprintln!("the new leader acknowledged after {:?}", since.elapsed());
+
+    // Healed: the old leader is fenced by the new generation and follows; all three hold the
+    // shard again, and nothing acknowledged was lost.
+    drop(cut);
+    let s = t.wait_full("q", RECOVERY_MAX).await;
+    eprintln!("healed: {s}");
+    assert_eq!(s["leader"].as_u64(), Some(new));
+    // It follows now: a publish sent to it is forwarded to the new leader.
+    let o = publish_one(&c, "q", "through-old", PUBLISH_WAIT)
+        .await
+        .expect("forwarded by the old leader to the new one");
+    acked.insert(o, Bytes::from("through-old"));
+    check_acked_on_leader(&t, "q", &acked, RECOVERY_MAX).await;
     for b in t.nodes.values() {
         assert_eq!(b.total("replica_failures"), 0, "no replica failed");
     }

@@ -43,6 +43,11 @@ pub struct Report {
     /// newer one, is not stored over it.
     pub seq: u64,
     pub holders: Vec<Holding>,
+    /// The leader has held no lease for a whole lease period: it cannot reach a majority of
+    /// its replicas. Placement names another leader if one qualifies (rule 8,
+    /// [`Placement::resign`]); else the leader stays named.
+    #[serde(default)]
+    pub resign: bool,
 }
 
 /// Placement's answer to a [`Report`].
@@ -213,6 +218,17 @@ impl Placement {
             self.leader = None;
         }
         r
+    }
+
+    /// The named leader `leader` resigned (its landed report said it cannot reach a majority):
+    /// name the leader of a new generation among the other replicas `live` says are up, as
+    /// [`Placement::promote_among`] does. With none qualifying, nothing changes: the leader
+    /// stays named, and regains its lease if its replicas come back. As safe as any promotion.
+    pub fn resign(&mut self, leader: NodeId, live: impl Fn(NodeId) -> bool) -> Option<Assignment> {
+        if self.leader != Some(leader) {
+            return None;
+        }
+        self.promote_among(|n| n != leader && live(n)).ok()
     }
 
     /// The newest generation and its named leader.
@@ -417,6 +433,7 @@ mod tests {
             leader,
             seq,
             holders,
+            resign: false,
         }
     }
 
@@ -512,6 +529,7 @@ mod tests {
             leader: 2,
             seq: 1,
             holders: vec![at(2, 1, 4, 20), at(3, 1, 4, 30)],
+            resign: false,
         };
         let a = p.on_report(&r);
         let json = serde_json::to_string(&a).unwrap();

@@ -129,16 +129,24 @@ impl Trio {
     }
 
     /// Wait (`max` at most) until placement shows shard 0 of `name` with all three replicas
-    /// live, vouched and holding the commit mark (the replication factor is back); the view.
+    /// live, vouched, holding the commit mark and where the leader is (the replication factor
+    /// is back); the view.
     pub async fn wait_full(&self, name: &str, max: Duration) -> serde_json::Value {
         let t = Instant::now();
         loop {
             let s = self.shard(name).await;
             let commit = s["commit"].as_u64().unwrap_or(0);
+            // Where the leader is: every replica must be there too (the same end, and the same
+            // generation below it, so none holds a divergent suffix it has yet to cut).
+            let at = |x: &serde_json::Value| (x["last_generation"].clone(), x["end"].clone());
+            let lead = s["replicas"]
+                .as_array()
+                .and_then(|r| r.iter().find(|x| x["node"] == s["leader"]).map(at));
             let full = s["replicas"].as_array().is_some_and(|r| {
                 r.len() == 3
                     && r.iter().all(|x| {
-                        x["live"] == true
+                        Some(at(x)) == lead
+                            && x["live"] == true
                             && x["vouched"] == true
                             && x["end"].as_u64() >= Some(commit)
                     })
@@ -297,4 +305,88 @@ pub async fn check_acked_on_leader(
         assert_eq!(got.get(o), Some(p), "acknowledged record at {o} of {name}");
     }
     got
+}
+
+/// The local UDP ports of process `pid`'s sockets (from /proc: its socket inodes, matched in
+/// its network namespace's UDP tables).
+pub fn udp_ports_of(pid: u32) -> Vec<u16> {
+    let mut inodes = std::collections::HashSet::new();
+    for e in std::fs::read_dir(format!("/proc/{pid}/fd")).expect("the process's fds") {
+        let Ok(target) = std::fs::read_link(e.unwrap().path()) else {
+            continue;
+        };
+        let t = target.display().to_string();
+        if let Some(i) = t.strip_prefix("socket:[").and_then(|s| s.strip_suffix(']')) {
+            inodes.insert(i.to_string());
+        }
+    }
+    let mut ports = Vec::new();
+    for table in ["udp", "udp6"] {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            // sl local rem st tx:rx tr:when retrnsmt uid timeout inode ...
+            if f.len() > 9 && inodes.contains(f[9]) {
+                let port = f[1].rsplit(':').next().unwrap();
+                ports.push(u16::from_str_radix(port, 16).unwrap());
+            }
+        }
+    }
+    ports.sort_unstable();
+    ports.dedup();
+    ports
+}
+
+/// A cut made with nftables: every UDP datagram from or to `ports` on this host is dropped
+/// (a table of its own in the host's network namespace), until dropped. Making it must
+/// succeed: a test that cannot cut fails, it never skips.
+pub struct Cut {
+    table: String,
+}
+
+impl Cut {
+    pub fn udp_ports(ports: &[u16]) -> Cut {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        assert!(!ports.is_empty(), "nothing to cut");
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let table = format!("felix_test_cut_{}_{n}", std::process::id());
+        let set = ports
+            .iter()
+            .map(u16::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
+        // Loopback datagrams pass the output hook once: dropping there cuts both ways.
+        let script = format!(
+            "table inet {table} {{\n chain out {{\n  type filter hook output priority 0; policy accept;\n  udp sport {{ {set} }} drop\n  udp dport {{ {set} }} drop\n }}\n}}\n"
+        );
+        nft(&["-f", "-"], Some(&script));
+        Cut { table }
+    }
+}
+
+impl Drop for Cut {
+    fn drop(&mut self) {
+        nft(&["delete", "table", "inet", &self.table], None);
+    }
+}
+
+/// Run `nft` with `args` (and `stdin`); it must succeed.
+fn nft(args: &[&str], stdin: Option<&str>) {
+    use std::io::Write;
+    let mut child = std::process::Command::new("nft")
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("nft (the nftables package; scripts/setup.sh --test installs it) must run: this test cuts links with it");
+    if let Some(s) = stdin {
+        child.stdin.take().unwrap().write_all(s.as_bytes()).unwrap();
+    }
+    drop(child.stdin.take());
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "nft {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

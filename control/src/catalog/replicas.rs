@@ -7,7 +7,7 @@
 //! change: the commit mark and each replica's lag are read with [`Catalog::stream_replication`].
 
 use super::*;
-use crate::replication::{Placement, PromoteError, Report, StorageId};
+use crate::replication::{Placement, PromoteError, Report, ReportAnswer, StorageId};
 
 /// One replicated shard: its stream and shard number.
 pub(super) type ShardKey = (ObjKey, u32);
@@ -237,13 +237,43 @@ impl Catalog {
     ) -> Outcome {
         let k = key(tenant, namespace, stream);
         self.stream(tenant, namespace, stream)?;
-        let Some(p) = self.replicas.get_mut(&(k, shard)) else {
+        let live = self.live();
+        let Some(p) = self.replicas.get_mut(&(k.clone(), shard)) else {
             return Err(ApiError::new(
                 ErrorCode::NotFound,
                 format!("stream {tenant}/{namespace}/{stream} has no replicated shard {shard}"),
             ));
         };
-        Ok(Reply::Report(p.on_report(report)))
+        let answer = p.on_report(report);
+        // A resigning leader's landed report: another qualifying live replica leads a new
+        // generation, and brokers see the move.
+        if report.resign
+            && matches!(answer, ReportAnswer::Landed { .. })
+            && p.resign(report.leader, |n| live.contains(&n)).is_some()
+        {
+            let p = p.clone();
+            self.publish_placement(&k, shard, &p);
+        }
+        Ok(Reply::Report(answer))
+    }
+
+    /// Make the routing entry of `shard` of stream `k` say what `p` says (an assigned shard),
+    /// and emit the change brokers follow.
+    fn publish_placement(&mut self, k: &ObjKey, shard: u32, p: &Placement) {
+        let rev = self.revision + 1;
+        let s = self
+            .streams
+            .get_mut(k)
+            .expect("a placement's stream exists");
+        let sp = s
+            .placement
+            .iter_mut()
+            .find(|sp| sp.shard == shard)
+            .expect("a placement's shard exists");
+        mirror(sp, p, ShardState::Assigned);
+        s.revision = rev;
+        let s = s.clone();
+        self.emit(ChangeEvent::StreamPut { stream: s });
     }
 
     /// The operator's way out of an unavailable replicated shard (`felixctl shard abandon`):
@@ -313,17 +343,7 @@ impl Catalog {
             .abandon(c)
             .map_err(|e| ApiError::invalid(format!("{name}: {e:?}")))?;
         let p = p.clone();
-        let rev = self.revision + 1;
-        let s = self.streams.get_mut(&k).expect("checked above");
-        let sp = s
-            .placement
-            .iter_mut()
-            .find(|sp| sp.shard == shard)
-            .expect("checked above");
-        mirror(sp, &p, ShardState::Assigned);
-        s.revision = rev;
-        let s = s.clone();
-        self.emit(ChangeEvent::StreamPut { stream: s });
+        self.publish_placement(&k, shard, &p);
         Ok(Reply::Abandoned(a))
     }
 
@@ -485,6 +505,18 @@ mod tests {
         seq: u64,
         holders: &[(u64, u64, u64, u64)],
     ) -> ReportAnswer {
+        report_resigning(c, name, i, (gen, leader, seq), holders, false)
+    }
+
+    /// As [`report`], saying whether the leader resigns.
+    fn report_resigning(
+        c: &mut Catalog,
+        name: &str,
+        i: u32,
+        (gen, leader, seq): (u64, u64, u64),
+        holders: &[(u64, u64, u64, u64)],
+        resign: bool,
+    ) -> ReportAnswer {
         let holders = holders
             .iter()
             .map(|&(node, last_gen, end, sid)| Holding {
@@ -498,6 +530,7 @@ mod tests {
             leader,
             seq,
             holders,
+            resign,
         };
         match c
             .apply(&Command::ReplicaReport {
@@ -686,6 +719,38 @@ mod tests {
         assert_eq!(
             (sp.leader, sp.generation, sp.state),
             (Some(f1), 3, ShardState::Assigned)
+        );
+    }
+
+    #[test]
+    fn a_resigning_leader_gives_way_to_a_live_replica_that_qualifies() {
+        let (mut c, [l, f1, f2]) = three_seated();
+        let holders = [(l, 1, 10, sid(l)), (f1, 1, 7, sid(f1)), (f2, 1, 3, sid(f2))];
+        report(&mut c, "s", 0, 1, l, 1, &holders);
+        // A follower's report cannot resign for the leader (it is refused).
+        let a = report_resigning(&mut c, "s", 0, (1, f1, 1), &holders, true);
+        assert!(matches!(a, ReportAnswer::Refused { .. }), "{a:?}");
+        assert_eq!(shard(&c, "s", 0).generation, 1);
+        // With f1 down, f2 is behind the mark (7): none qualifies, and the leader stays.
+        live(&mut c, f1, false);
+        let a = report_resigning(&mut c, "s", 0, (1, l, 2), &holders, true);
+        assert!(matches!(a, ReportAnswer::Landed { .. }), "{a:?}");
+        let sp = shard(&c, "s", 0);
+        assert_eq!((sp.leader, sp.generation), (Some(l), 1));
+        // f1 is back: the next resigning report names it at generation 2, brokers see the
+        // move, and the old leader's next report is refused.
+        live(&mut c, f1, true);
+        let rev = c.revision();
+        report_resigning(&mut c, "s", 0, (1, l, 3), &holders, true);
+        let sp = shard(&c, "s", 0);
+        assert_eq!(
+            (sp.leader, sp.generation, sp.state),
+            (Some(f1), 2, ShardState::Assigned)
+        );
+        assert!(c.revision() > rev, "the move is a change brokers see");
+        assert_eq!(
+            report(&mut c, "s", 0, 1, l, 4, &holders),
+            ReportAnswer::Refused { gen: 1, newest: 2 }
         );
     }
 

@@ -37,6 +37,10 @@ pub struct ReportRequest {
     /// Numbers the leader's reports within its generation, from 1.
     pub seq: u64,
     pub holders: Vec<HolderEntry>,
+    /// The leader has held no lease for a whole lease period (it cannot reach a majority of
+    /// its replicas): placement names another leader if one qualifies. Default false.
+    #[serde(default)]
+    pub resign: bool,
 }
 
 /// One replica in a report.
@@ -110,6 +114,7 @@ impl ReportRequest {
             leader: self.leader,
             seq: self.seq,
             holders,
+            resign: self.resign,
         })
     }
 }

@@ -68,6 +68,7 @@ impl Replica {
             report_out: false,
             report_seq: 0,
             report_due: true,
+            resigned_ms: None,
         });
         self.lease = Some(Lease::new(gen, now_ms, &self.cfg));
         self.effects.push(Effect::Elected { gen });
@@ -219,6 +220,7 @@ impl Replica {
             leader: self.me,
             seq,
             holders,
+            resign: l.resigned_ms.is_some(),
         };
         if let Role::Leading(l) = &mut self.role {
             l.report_out = true;
@@ -226,6 +228,29 @@ impl Replica {
             l.report_seq = seq;
         }
         self.effects.push(Effect::Report(report));
+    }
+
+    /// A leader that has held no lease for a whole lease period cannot reach a majority (its
+    /// followers are down, or cut off from it while it still reaches placement): it says so
+    /// in a report, again every lease period while it lasts, and placement names another
+    /// leader if one qualifies (`Placement::resign`). Once it holds a lease again, its next
+    /// report withdraws that.
+    pub(super) fn resign_if_stranded(&mut self, now_ms: u64) {
+        let lapsed = self.lease.as_ref().map_or(0, |l| l.lapsed_ms(now_ms));
+        let lease_ms = self.cfg.lease_ms;
+        let Role::Leading(l) = &mut self.role else {
+            return;
+        };
+        if lapsed < lease_ms {
+            if l.resigned_ms.take().is_some() {
+                l.report_due = true;
+            }
+            return;
+        }
+        if l.resigned_ms.is_none_or(|t| now_ms >= t + lease_ms) {
+            l.resigned_ms = Some(now_ms);
+            l.report_due = true;
+        }
     }
 
     /// Placement answered a report. A landed report moves the commit mark, on what it

@@ -103,6 +103,15 @@ impl Lease {
         now_ms >= self.serve_from_ms && self.until_ms.is_some_and(|u| now_ms < u)
     }
 
+    /// How long, at `now_ms`, the leader has gone without a lease it could serve under since
+    /// it could first serve: 0 while it serves or still waits out older leases.
+    pub(crate) fn lapsed_ms(&self, now_ms: u64) -> u64 {
+        let since = self
+            .until_ms
+            .map_or(self.serve_from_ms, |u| u.max(self.serve_from_ms));
+        now_ms.saturating_sub(since)
+    }
+
     /// Whether a renewal is due at `now_ms`.
     pub(crate) fn due(&self, now_ms: u64, cfg: &ReplicaCfg) -> bool {
         self.last_ask_ms

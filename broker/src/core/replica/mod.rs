@@ -156,6 +156,9 @@ struct Lead {
     report_seq: u64,
     /// Something the report would say changed since the last one was built.
     report_due: bool,
+    /// When this leader last reported that it resigns (it has held no lease for a whole
+    /// lease period); None while it holds one.
+    resigned_ms: Option<u64>,
 }
 
 impl Lead {
@@ -440,6 +443,7 @@ impl Replica {
             }
             Role::Leading(_) => {
                 self.renew(now_ms);
+                self.resign_if_stranded(now_ms);
                 self.ship_all(true);
                 // A report or its answer may have been lost: send the newest again.
                 self.report(true);
@@ -681,5 +685,51 @@ mod tests {
             rs.get_mut(&2).unwrap().propose(1, later),
             Err(NotLeader::Follower)
         );
+    }
+
+    /// The `resign` flag of each report among `r`'s effects.
+    fn resigns(r: &mut Replica) -> Vec<bool> {
+        r.drain_effects()
+            .into_iter()
+            .filter_map(|e| match e {
+                Effect::Report(rep) => Some(rep.resign),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_leader_without_a_lease_for_a_lease_period_resigns_until_it_holds_one_again() {
+        let mut rs = three(Default::default());
+        let a = Assignment {
+            gen: 1,
+            leader: 1,
+            sid: 101,
+        };
+        rs.get_mut(&1).unwrap().assign(a, 0);
+        settle(&mut rs);
+        rs.get_mut(&1).unwrap().tick(3_000);
+        settle(&mut rs);
+        assert!(rs[&1].serving(3_000), "the lease runs to 5,000");
+        // The followers go silent (nothing is delivered from here on). The lease runs out at
+        // 5,000; no resignation before a whole lease period (2,000) past that.
+        let l = rs.get_mut(&1).unwrap();
+        for t in (3_500..7_000).step_by(500) {
+            l.tick(t);
+            assert!(!resigns(l).contains(&true), "resigned at {t}");
+        }
+        l.tick(7_000);
+        assert!(resigns(l).contains(&true), "no resignation at 7,000");
+        l.tick(7_050);
+        assert_eq!(resigns(l), vec![true], "the report in flight says it again");
+        // The followers answer again: a renewal gives it a lease, and its next report
+        // withdraws the resignation.
+        l.tick(7_500);
+        settle(&mut rs);
+        assert!(rs[&1].serving(7_600));
+        let l = rs.get_mut(&1).unwrap();
+        l.tick(7_600);
+        let r = resigns(l);
+        assert!(!r.is_empty() && !r.contains(&true), "{r:?}");
     }
 }

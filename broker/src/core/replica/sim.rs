@@ -113,6 +113,9 @@ struct Reached {
     /// A machine crash lost records that placement's last report still says the node holds,
     /// under its old identity (what rule 9 exists for).
     stale_report_after_crash: bool,
+    /// A leader without a lease for a whole lease period resigned, and placement named
+    /// another.
+    resigned: bool,
 }
 
 struct World {
@@ -484,10 +487,21 @@ impl World {
         if to == PLACEMENT {
             if let Wire::Report(r) = w {
                 let a = self.placement.on_report(&r);
-                if matches!(a, ReportAnswer::Landed { .. }) {
+                let landed = matches!(a, ReportAnswer::Landed { .. });
+                if landed {
                     self.heard_ms = self.true_ms;
                 }
                 self.net.push((PLACEMENT, from, Wire::Answer(a)));
+                // A resigning leader: another qualifying replica leads (placement here
+                // takes every replica for up; promotion is safe whoever it names).
+                if landed && r.resign {
+                    if let Some(a) = self.placement.resign(r.leader, |_| true) {
+                        self.reached.resigned = true;
+                        self.trace
+                            .push(format!("placement on a resignation: {a:?}"));
+                        self.net.push((PLACEMENT, a.leader, Wire::Assign(a)));
+                    }
+                }
             }
             return None;
         }
@@ -829,8 +843,9 @@ fn replicas_keep_one_server_one_leader_per_generation_matching_logs_and_acked_re
         "two leading at once",
         "an ack, then another replica led",
         "a stale report after a machine crash",
+        "a resignation",
     ];
-    let mut counts = [0u64; 8];
+    let mut counts = [0u64; 9];
     // With FELIX_REPLICA_BUDGET_S (scripts/test.sh sets it), seeds go on past the ones asked
     // for until the budget is spent: as many as fit, never fewer than asked.
     let budget = std::env::var("FELIX_REPLICA_BUDGET_S")
@@ -860,6 +875,7 @@ fn replicas_keep_one_server_one_leader_per_generation_matching_logs_and_acked_re
             r.two_leading,
             r.acked_then_failover,
             r.stale_report_after_crash,
+            r.resigned,
         ]) {
             *c += u64::from(hit);
         }
