@@ -12,7 +12,9 @@
 //!   no replica fails;
 //! - the leader cut off from its peers by nftables while it still reaches the control plane:
 //!   it acknowledges nothing, resigns once it has held no lease for a lease period, another
-//!   replica leads, and after the cut heals it follows again.
+//!   replica leads, and after the cut heals it follows again;
+//! - a follower wiped and the leader killed: no replica qualifies, the shard waits, and the
+//!   operator's way out (`felixctl shard abandon`) recovers it, saying what may be lost.
 
 use bytes::Bytes;
 use std::collections::BTreeMap;
@@ -363,4 +365,78 @@ async fn a_leader_cut_off_from_its_peers_resigns_and_is_replaced() {
     for b in t.nodes.values() {
         assert_eq!(b.total("replica_failures"), 0, "no replica failed");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wiped_follower_and_a_dead_leader_wait_for_the_operators_way_out() {
+    let mut t = Trio::start(DEAD_AFTER_MS, &[]).await;
+    t.create_stream("q", "quorum");
+    let mut acked = BTreeMap::new();
+    t.publish_until_acked("q", "first", RECOVERY_MAX).await;
+    let l = t.leader("q").await.unwrap();
+    let f = followers(&t, "q", l).await;
+    publish_acked(&t, l, "q", "all", 5, &mut acked).await;
+    // f[1] dies; the leader and f[0] commit more, past what f[1] holds.
+    t.kill(f[1]);
+    let mut after = BTreeMap::new();
+    publish_acked(&t, l, "q", "two", 5, &mut after).await;
+    // f[0] is wiped and the leader dies: f[0] comes back empty under a new identity, f[1]
+    // comes back behind the mark. No replica qualifies (rule 8).
+    t.kill(f[0]);
+    t.wipe(f[0]);
+    t.kill(l);
+    t.restart(f[0]);
+    t.restart(f[1]);
+    let since = Instant::now();
+    loop {
+        let s = t.shard("q").await;
+        if s["state"] == "unavailable" {
+            break;
+        }
+        assert!(since.elapsed() < RECOVERY_MAX, "never unavailable: {s}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // It waits: still unavailable a while later, no new generation issued.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let s = t.shard("q").await;
+    assert_eq!(
+        (s["state"].as_str(), s["generation"].as_u64()),
+        (Some("unavailable"), Some(1)),
+        "{s}"
+    );
+
+    // The operator's way out: the live replica furthest ahead, f[1], leads generation 2; the
+    // records committed after it died may be lost, and the command says how many.
+    let out = t.ctl(&[
+        "--tenant",
+        "acme",
+        "--namespace",
+        "prod",
+        "-o",
+        "json",
+        "shard",
+        "abandon",
+        "q",
+        "0",
+        "--yes",
+    ]);
+    eprintln!("abandon: {out}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON object");
+    assert_eq!(v["leader"].as_u64(), Some(f[1]), "{v}");
+    assert!(v["may_lose_records"].as_u64() >= Some(5), "{v}");
+    let o = t
+        .publish_until_acked("q", "after-abandon", RECOVERY_MAX)
+        .await;
+    acked.insert(o, Bytes::from("after-abandon"));
+    // Everything committed before f[1] died is there; what only the dead leader and the
+    // wiped follower held is gone, as the command said.
+    let got = check_acked_on_leader(&t, "q", &acked, RECOVERY_MAX).await;
+    assert!(
+        after.values().all(|p| !got.values().any(|g| g == p)),
+        "{got:?}"
+    );
+    // The old leader returns, is cut back to the new leader's log, and all three hold it.
+    t.restart(l);
+    let s = t.wait_full("q", RECOVERY_MAX).await;
+    eprintln!("after the old leader came back: {s}");
 }

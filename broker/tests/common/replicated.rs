@@ -111,6 +111,13 @@ impl Trio {
         self.nodes.insert(id, b);
     }
 
+    /// Delete killed node `id`'s durable directory (its logs, promises and storage identity):
+    /// it comes back empty, under a new identity (rule 9).
+    pub fn wipe(&self, id: u64) {
+        assert!(self.down.contains_key(&id), "wipe a killed node only");
+        std::fs::remove_dir_all(self.tmp.path().join(format!("durable-{id}"))).unwrap();
+    }
+
     /// Send `sig` to the control plane's process (SIGSTOP freezes it, SIGCONT thaws it).
     pub fn signal_control_plane(&self, sig: i32) {
         // SAFETY: plain kill(2) on our own child's pid.
