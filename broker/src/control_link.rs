@@ -492,38 +492,66 @@ fn note_answer() {
     }
 }
 
-/// Post the hosted replicas' reports and leave each answer for its core. A report that is not
-/// answered is dropped: its replica reports again on a tick while none has landed.
+/// Post the hosted replicas' reports and leave each answer for its core, up to
+/// [`REPORTS_POSTING_MAX`] at once (a leader keeps two out, and every shard's leader reports:
+/// one at a time, a report waited for the others' round trips). A report that is not answered
+/// is dropped: its replica reports again on a tick while none has landed.
 async fn post_reports(
     http: credential::Http,
     base: String,
     reports: Arc<crate::replica_reports::ReportBox>,
     shutdown: Arc<AtomicBool>,
 ) {
-    let mut failing = false;
+    let failing = Arc::new(AtomicBool::new(false));
+    let slots = Arc::new(tokio::sync::Semaphore::new(REPORTS_POSTING_MAX));
+    let mut posting = tokio::task::JoinSet::new();
     while !shutdown.load(Ordering::Acquire) {
-        use crate::replica_reports::{REPORTS_FAILED, REPORTS_POSTED};
         while let Some(job) = reports.pop() {
-            match post_report(&http, &base, &job).await {
-                Ok(a) => {
-                    REPORTS_POSTED.fetch_add(1, Ordering::Relaxed);
-                    failing = false;
-                    reports.answer(job.core, job.key, a)
-                }
-                Err(e) => {
-                    // Warn when posts start failing; the rest are counted.
-                    REPORTS_FAILED.fetch_add(1, Ordering::Relaxed);
-                    if !std::mem::replace(&mut failing, true) {
-                        tracing::warn!(error = %e, stream = %job.stream, shard = job.shard, "replica report not posted; the replica reports again on a tick");
-                    } else {
-                        tracing::debug!(error = %e, "replica report not posted");
-                    }
-                }
-            }
-            reports.posted(job.core);
+            let Ok(slot) = slots.clone().acquire_owned().await else {
+                return;
+            };
+            let (http, base, reports, failing) =
+                (http.clone(), base.clone(), reports.clone(), failing.clone());
+            posting.spawn(async move {
+                post_one_report(&http, &base, &reports, &failing, job).await;
+                drop(slot);
+            });
+            while posting.try_join_next().is_some() {}
         }
         let _ = tokio::time::timeout(Duration::from_millis(200), reports.wake.notified()).await;
     }
+    // Shutting down: the posts under way end (their answers no longer matter).
+    posting.abort_all();
+}
+
+/// Reports posted to the control plane at once, at most.
+const REPORTS_POSTING_MAX: usize = 8;
+
+async fn post_one_report(
+    http: &credential::Http,
+    base: &str,
+    reports: &crate::replica_reports::ReportBox,
+    failing: &AtomicBool,
+    job: crate::replica_reports::ReportJob,
+) {
+    use crate::replica_reports::{REPORTS_FAILED, REPORTS_POSTED};
+    match post_report(http, base, &job).await {
+        Ok(a) => {
+            REPORTS_POSTED.fetch_add(1, Ordering::Relaxed);
+            failing.store(false, Ordering::Relaxed);
+            reports.answer(job.core, job.key, a)
+        }
+        Err(e) => {
+            // Warn when posts start failing; the rest are counted.
+            REPORTS_FAILED.fetch_add(1, Ordering::Relaxed);
+            if !failing.swap(true, Ordering::Relaxed) {
+                tracing::warn!(error = %e, stream = %job.stream, shard = job.shard, "replica report not posted; the replica reports again on a tick");
+            } else {
+                tracing::debug!(error = %e, "replica report not posted");
+            }
+        }
+    }
+    reports.posted(job.core);
 }
 
 async fn post_report(

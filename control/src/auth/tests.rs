@@ -106,6 +106,29 @@ fn expiry_and_not_before_use_the_given_clock() {
 }
 
 #[test]
+fn a_verified_token_is_remembered_but_still_expires() {
+    let k = key("k1", 7);
+    let v = verifier(&[&k]);
+    let t = k.issue(&claims(&["manage:*"]));
+    let p = v.verify(&t, NOW).unwrap();
+    assert_eq!(v.verify(&t, NOW + 1).unwrap(), p, "remembered");
+    assert!(
+        matches!(v.verify(&t, NOW + 3600), Err(AuthError::Expired(_))),
+        "the expiry is checked on a remembered token"
+    );
+    // A forgery under the same kid is refused, every time (a refusal is not remembered).
+    let forged = key("k1", 9).issue(&claims(&["manage:*"]));
+    for _ in 0..2 {
+        assert!(matches!(
+            v.verify(&forged, NOW),
+            Err(AuthError::Unauthenticated(_))
+        ));
+    }
+    // The key removed: a verifier of the keys left verifies afresh, and refuses it.
+    assert!(verifier(&[&key("k2", 8)]).verify(&t, NOW).is_err());
+}
+
+#[test]
 fn hostile_tokens_are_refused_typed() {
     let k = key("k1", 7);
     let other = key("k1", 9); // same kid, another secret: a forgery

@@ -163,31 +163,30 @@ fn bearer(headers: &HeaderMap) -> Res<&str> {
 impl AppState {
     /// A verifier of the keys the store holds now, rebuilt only when they change.
     fn verifier(&self) -> Res<Arc<Verifier>> {
-        let (kids, jwks) = self.read(|c| {
+        let (kids, initialized) = self.read(|c| {
             let a = c.auth();
             let kids: Vec<String> = a.keys.iter().map(|k| k.kid.clone()).collect();
-            (
-                kids,
-                if a.initialized() {
-                    Some(a.jwks())
-                } else {
-                    None
-                },
-            )
+            (kids, a.initialized())
         });
-        let Some(jwks) = jwks else {
+        if !initialized {
             return Err(ApiError::new(
                 ErrorCode::Unavailable,
                 "the signing keys are not created yet (the first leader creates them at start); retry",
             )
             .into());
-        };
+        }
         let mut cache = self.verifier.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((k, v)) = cache.as_ref() {
             if *k == kids {
                 return Ok(v.clone());
             }
         }
+        // The public keys only on a change: deriving them from the seeds is a scalar
+        // multiplication per key, which every request used to pay.
+        let (kids, jwks) = self.read(|c| {
+            let a = c.auth();
+            (a.keys.iter().map(|k| k.kid.clone()).collect(), a.jwks())
+        });
         let v = Arc::new(Verifier::new(&jwks).map_err(|e| ApiError::new(ErrorCode::Internal, e))?);
         *cache = Some((kids, v.clone()));
         Ok(v)

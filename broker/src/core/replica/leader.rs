@@ -65,7 +65,7 @@ impl Replica {
             acked: end + 1,
             gave_up: end + 1,
             waits: std::collections::VecDeque::new(),
-            report_out: false,
+            reports_out: 0,
             report_seq: 0,
             report_due: true,
             resigned_ms: None,
@@ -187,14 +187,15 @@ impl Replica {
     }
 
     /// Send placement a report of who holds what (rule 7): this leader at its log end, and
-    /// every follower at the end and under the identity of its last answer. One report is in
-    /// flight at a time, unless `again` (a tick: the one in flight may be lost).
+    /// every follower at the end and under the identity of its last answer. At most
+    /// [`super::REPORTS_IN_FLIGHT_MAX`] are in flight, unless `again` (a tick: those in flight
+    /// may be lost).
     pub(super) fn report(&mut self, again: bool) {
         let Role::Leading(l) = &self.role else { return };
         let send = if again {
-            l.report_due || l.report_out
+            l.report_due || l.reports_out > 0
         } else {
-            l.report_due && !l.report_out
+            l.report_due && l.reports_out < super::REPORTS_IN_FLIGHT_MAX
         };
         if !send {
             return;
@@ -223,7 +224,9 @@ impl Replica {
             resign: l.resigned_ms.is_some(),
         };
         if let Role::Leading(l) = &mut self.role {
-            l.report_out = true;
+            // A tick sends again what may have been lost: the reports counted out before it
+            // are taken for lost (an answer that comes anyway only lowers the count).
+            l.reports_out = if again { 1 } else { l.reports_out + 1 };
             l.report_due = false;
             l.report_seq = seq;
         }
@@ -268,13 +271,20 @@ impl Replica {
                     .collect();
                 self.commit_to(ends);
                 if let Role::Leading(l) = &mut self.role {
-                    l.report_out = false;
+                    l.reports_out = l.reports_out.saturating_sub(1);
                 }
                 self.report(false);
                 self.release(now_ms);
             }
             // A newer report landed (or will): its own answer moves the mark.
-            ReportAnswer::Stale { .. } => {}
+            ReportAnswer::Stale { gen, .. } => {
+                if self.leading() == Some(gen) {
+                    if let Role::Leading(l) = &mut self.role {
+                        l.reports_out = l.reports_out.saturating_sub(1);
+                    }
+                    self.report(false);
+                }
+            }
             ReportAnswer::Refused { gen, newest } => {
                 if self.taken() == Some(gen) {
                     debug_assert!(newest >= gen);
