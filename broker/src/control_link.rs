@@ -414,6 +414,45 @@ async fn call<T: serde::de::DeserializeOwned>(rb: reqwest::RequestBuilder) -> Re
     Err(CallError::Api(status, body))
 }
 
+/// Set once a stopping broker has told the control plane it leaves (or tried to, for at most
+/// [`LEAVE_WAIT`]); the stop waits for it (see [`wait_for_leave`]).
+pub static LEFT: AtomicBool = AtomicBool::new(false);
+
+/// How long a stopping broker tries to tell the control plane it leaves.
+pub const LEAVE_WAIT: Duration = Duration::from_millis(1_000);
+
+/// Tell the control plane this process stops (a heartbeat saying `leaving`): it counts the
+/// broker dead at once, and the replicated shards it leads get new leaders without waiting
+/// out `dead_after_ms`. Best effort, bounded by [`LEAVE_WAIT`]: a stop that cannot say so is
+/// noticed the usual way.
+async fn leave(http: &credential::Http, base: &str, node_id: u64, incarnation: u64) {
+    let hb = api::Heartbeat {
+        incarnation: Some(incarnation),
+        catalog_revision: None,
+        leaving: Some(true),
+    };
+    let url = format!("{base}/v1/brokers/{node_id}/heartbeat");
+    match tokio::time::timeout(
+        LEAVE_WAIT,
+        call::<api::HeartbeatReply>(http.post(&url).json(&hb)),
+    )
+    .await
+    {
+        Ok(Ok(_)) => tracing::info!("told the control plane this broker leaves"),
+        Ok(Err(e)) => tracing::warn!(error = %e, "could not tell the control plane this broker leaves; it is counted dead after dead_after_ms"),
+        Err(_) => tracing::warn!("the control plane did not answer that this broker leaves; it is counted dead after dead_after_ms"),
+    }
+    LEFT.store(true, Ordering::Release);
+}
+
+/// Wait (at most [`LEAVE_WAIT`] and a little) until the control link said this broker leaves.
+pub fn wait_for_leave() {
+    let until = std::time::Instant::now() + LEAVE_WAIT + Duration::from_millis(200);
+    while !LEFT.load(Ordering::Acquire) && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 async fn sleep_unless_stopped(ms: u64, shutdown: &AtomicBool) -> bool {
     let mut left = ms;
     while left > 0 {
@@ -747,11 +786,19 @@ async fn run(
             let mut hb_ok = true;
             loop {
                 if !sleep_unless_stopped(hb_interval_ms, &shutdown).await {
+                    leave(
+                        &http,
+                        &base,
+                        cfg.node_id,
+                        incarnation.load(Ordering::Acquire),
+                    )
+                    .await;
                     return;
                 }
                 let hb = api::Heartbeat {
                     incarnation: Some(incarnation.load(Ordering::Acquire)),
                     catalog_revision: Some(applied.load(Ordering::Acquire)),
+                    leaving: None,
                 };
                 let url = format!("{base}/v1/brokers/{}/heartbeat", cfg.node_id);
                 match call::<api::HeartbeatReply>(http.post(&url).json(&hb)).await {

@@ -457,6 +457,9 @@ fn run(cfg: Config, (node_token, controlplane_ca): Credentials) -> Result<(), St
                     tracing::error!(error = %e, "could not record the clean stop in the storage identity");
                 }
             }
+            if !standalone {
+                felix_broker::control_link::wait_for_leave();
+            }
             tracing::info!("shutdown complete");
             return Ok(());
         }

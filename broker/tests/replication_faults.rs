@@ -14,7 +14,9 @@
 //!   it acknowledges nothing, resigns once it has held no lease for a lease period, another
 //!   replica leads, and after the cut heals it follows again;
 //! - a follower wiped and the leader killed: no replica qualifies, the shard waits, and the
-//!   operator's way out (`felixctl shard abandon`) recovers it, saying what may be lost.
+//!   operator's way out (`felixctl shard abandon`) recovers it, saying what may be lost;
+//! - the leader stopped with SIGTERM: it tells the control plane it leaves, and another
+//!   replica leads without waiting for it to be counted dead.
 
 use bytes::Bytes;
 use std::collections::BTreeMap;
@@ -439,4 +441,53 @@ async fn a_wiped_follower_and_a_dead_leader_wait_for_the_operators_way_out() {
     t.restart(l);
     let s = t.wait_full("q", RECOVERY_MAX).await;
     eprintln!("after the old leader came back: {s}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_stopped_with_sigterm_is_replaced_without_being_counted_dead_first() {
+    // Counted dead only after 20 s of silence: a replacement sooner comes from the leave.
+    const SLOW_DEAD_AFTER_MS: u64 = 20_000;
+    let mut t = Trio::start(SLOW_DEAD_AFTER_MS, &[]).await;
+    t.create_stream("q", "quorum");
+    let mut acked = BTreeMap::new();
+    t.publish_until_acked("q", "first", RECOVERY_MAX).await;
+    let old = t.leader("q").await.unwrap();
+    publish_acked(&t, old, "q", "before", 5, &mut acked).await;
+    let since = Instant::now();
+    let code = t.stop(old, Duration::from_secs(15));
+    assert_eq!(code, Some(0), "a clean stop");
+    let new = loop {
+        match t.leader("q").await {
+            Some(l) if l != old => break l,
+            _ => {}
+        }
+        assert!(
+            since.elapsed() < Duration::from_millis(SLOW_DEAD_AFTER_MS / 2),
+            "not replaced within half the dead time: the stop did not say it leaves"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    eprintln!(
+        "SIGTERM of node {old}: node {new} named after {:?}",
+        since.elapsed()
+    );
+    let brokers: serde_json::Value = reqwest::get(format!("{}/v1/brokers", t.cp.url))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let b = brokers
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["node_id"].as_u64() == Some(old))
+        .unwrap();
+    assert_eq!(b["live"], false, "the stopped broker is counted dead: {b}");
+    let o = t.publish_until_acked("q", "after-stop", RECOVERY_MAX).await;
+    acked.insert(o, Bytes::from("after-stop"));
+    eprintln!("the new leader acknowledged after {:?}", since.elapsed());
+    t.restart(old);
+    t.wait_full("q", RECOVERY_MAX).await;
+    check_acked_on_leader(&t, "q", &acked, RECOVERY_MAX).await;
 }

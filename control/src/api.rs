@@ -494,6 +494,11 @@ pub struct Heartbeat {
     /// The catalog revision this broker has applied (lets deletes finish sooner).
     #[serde(default)]
     pub catalog_revision: Option<u64>,
+    /// The broker is stopping (SIGTERM): count it dead now rather than after
+    /// `dead_after_ms`, so that the replicated shards it leads get new leaders at once. Needs
+    /// `incarnation`: a newer process's registration is never undone by an older one leaving.
+    #[serde(default)]
+    pub leaving: Option<bool>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -763,6 +763,29 @@ async fn local_heartbeat(st: &AppState, id: u64, hb: Heartbeat) -> Res<Heartbeat
             .into());
         }
     }
+    if hb.leaving == Some(true) {
+        if hb.incarnation != Some(b.incarnation) {
+            return Err(
+                ApiError::invalid("a leaving heartbeat names the incarnation that leaves").into(),
+            );
+        }
+        let live = match st
+            .write(Command::SetBrokerLive {
+                node_id: id,
+                live: false,
+            })
+            .await?
+        {
+            Reply::Broker(ref b) => b.live,
+            _ => false,
+        };
+        return Ok(HeartbeatReply {
+            live,
+            heartbeat_interval_ms: st.cfg.heartbeat_interval_ms,
+            dead_after_ms: st.cfg.dead_after_ms,
+            catalog_revision: st.read(|c| c.revision()),
+        });
+    }
     {
         let mut s = st.soft.lock().unwrap_or_else(|e| e.into_inner());
         s.last_seen.insert(id, (b.incarnation, Instant::now()));

@@ -736,6 +736,38 @@ async fn suite(s: &Server) {
         "{sh}"
     );
 
+    // A stopping broker says it leaves: counted dead at once, not after dead_after_ms. Only
+    // with its own incarnation (an older process never undoes a newer one's registration).
+    let leave = |inc: Option<u64>| json!({"incarnation": inc, "leaving": true});
+    let (st, e) = call(&c, "POST", &u("/v1/brokers/2/heartbeat"), Some(leave(None))).await;
+    assert_eq!((st, code(&e)), (400, "invalid_request"));
+    let (st, e) = call(
+        &c,
+        "POST",
+        &u("/v1/brokers/2/heartbeat"),
+        Some(leave(Some(999))),
+    )
+    .await;
+    assert_eq!((st, code(&e)), (409, "conflict"));
+    let (st, r) = call(
+        &c,
+        "POST",
+        &u("/v1/brokers/2/heartbeat"),
+        Some(leave(Some(incarnation[2]))),
+    )
+    .await;
+    assert_eq!((st, r["live"].as_bool()), (200, Some(false)), "{r}");
+    let (_, b) = call(&c, "GET", &u("/v1/brokers/2"), None).await;
+    assert_eq!(b["live"], false, "{b}");
+    let (_, sh) = call(&c, "GET", &format!("{so}/shards"), None).await;
+    assert!(
+        sh.as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["owner"] == 2 && p["state"] == "unavailable"),
+        "its durable shards wait for it: {sh}"
+    );
+
     // Cluster status.
     let (st, cl) = call(&c, "GET", &u("/v1/cluster"), None).await;
     assert_eq!((st, cl["ready"].as_bool()), (200, Some(true)));

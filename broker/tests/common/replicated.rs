@@ -102,6 +102,16 @@ impl Trio {
         self.down.insert(id, b.kill());
     }
 
+    /// SIGTERM node `id` and wait (`max` at most) for it to exit; its files are kept for
+    /// [`Trio::restart`]. Its exit code.
+    pub fn stop(&mut self, id: u64, max: Duration) -> Option<i32> {
+        let b = self.nodes.remove(&id).expect("node running");
+        b.signal(libc::SIGTERM);
+        let (code, dir) = b.wait_exit(max);
+        self.down.insert(id, dir);
+        code
+    }
+
     /// Start node `id` again on the files a [`Trio::kill`] kept.
     pub fn restart(&mut self, id: u64) {
         let dir = self.down.remove(&id).expect("node killed");
