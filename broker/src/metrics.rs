@@ -135,6 +135,7 @@ counters! {
     replica_publishes_acked: "publishes on replicated shards led on this core answered with a PublishAck (at the commit mark for quorum, once written for leader)",
     replica_publishes_not_vouched: "publishes on replicated shards led on this core answered outcome_unknown: written, not known committed (quorum wait over, deposed, the replica failed or the broker shut down)",
     replica_publishes_refused: "publishes on replicated shards refused on their owner core with nothing appended (not leading, fencing, no lease, no replica open, an empty record, inputs full)",
+    replica_publishes_held: "publishes on replicated shards held (nothing appended) because this broker, named leader, was fencing or waiting out the old lease; each answered later like any other, or refused at publish_timeout_ms",
     auth_accepted: "tokens accepted on this core (Authenticate)",
     auth_refused: "tokens refused on this core (unauthenticated, token_expired, revoked)",
     auth_denied: "frames refused by the auth check on this core (unauthenticated, forbidden, token_expired, revoked)",

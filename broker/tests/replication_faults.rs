@@ -15,8 +15,9 @@
 //!   replica leads, and after the cut heals it follows again;
 //! - a follower wiped and the leader killed: no replica qualifies, the shard waits, and the
 //!   operator's way out (`felixctl shard abandon`) recovers it, saying what may be lost;
-//! - the leader stopped with SIGTERM: it tells the control plane it leaves, and another
-//!   replica leads without waiting for it to be counted dead.
+//! - the leader stopped with SIGTERM: it tells the control plane it leaves, another replica
+//!   leads without waiting for it to be counted dead, and a publish sent to the new leader
+//!   while it still fences and waits out the old lease is held and acknowledged, not refused.
 
 use bytes::Bytes;
 use std::collections::BTreeMap;
@@ -70,7 +71,10 @@ async fn followers(t: &Trio, name: &str, leader: u64) -> Vec<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quorum_needs_a_live_majority_and_every_replica_comes_back() {
-    let mut t = Trio::start(DEAD_AFTER_MS, &["--replica-quorum-wait-ms", QUORUM_WAIT_MS]).await;
+    // A publish the leader cannot take (no lease) is held this long, then refused.
+    let hold = ["--publish-timeout-ms", "1500"];
+    let flags = [&["--replica-quorum-wait-ms", QUORUM_WAIT_MS][..], &hold[..]].concat();
+    let mut t = Trio::start(DEAD_AFTER_MS, &flags).await;
     t.create_stream("q", "quorum");
     let mut acked = BTreeMap::new();
     t.publish_until_acked("q", "first", RECOVERY_MAX).await;
@@ -82,7 +86,9 @@ async fn a_quorum_needs_a_live_majority_and_every_replica_comes_back() {
     t.kill(f[0]);
     publish_acked(&t, leader, "q", "one-down", 10, &mut acked).await;
 
-    // Both dead: the leader alone cannot vouch for anything.
+    // Both dead: the leader alone cannot vouch for anything. What it wrote is answered
+    // `outcome_unknown` at the quorum wait; once its lease ran out it takes nothing, and
+    // holds a publish for `--publish-timeout-ms`, then refuses it `unavailable`.
     t.kill(f[1]);
     let c = t.client(leader).await.expect("the leader answers");
     let mut answers = BTreeMap::<String, u32>::new();
@@ -484,9 +490,18 @@ async fn a_leader_stopped_with_sigterm_is_replaced_without_being_counted_dead_fi
         .find(|b| b["node_id"].as_u64() == Some(old))
         .unwrap();
     assert_eq!(b["live"], false, "the stopped broker is counted dead: {b}");
-    let o = t.publish_until_acked("q", "after-stop", RECOVERY_MAX).await;
-    acked.insert(o, Bytes::from("after-stop"));
+    // Sent at once to the new leader, which is still fencing or waiting out the old lease:
+    // held, not refused, and acknowledged once it serves (one attempt, no retry).
+    let c = t.client(new).await.expect("the new leader answers");
+    let o = publish_one(&c, "q", "during-hand-off", Duration::from_secs(8))
+        .await
+        .expect("held through the hand-off and acknowledged");
+    acked.insert(o, Bytes::from("during-hand-off"));
     eprintln!("the new leader acknowledged after {:?}", since.elapsed());
+    assert!(
+        t.nodes[&new].total("replica_publishes_held") >= 1,
+        "the publish was held, not taken at once"
+    );
     t.restart(old);
     t.wait_full("q", RECOVERY_MAX).await;
     check_acked_on_leader(&t, "q", &acked, RECOVERY_MAX).await;

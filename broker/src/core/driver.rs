@@ -407,6 +407,7 @@ fn flush_round(st: &mut CoreState, batches: &mut [TxBatch]) {
     st.refresh_catalog();
     st.links_tick(now);
     st.replica_answers_tick();
+    st.replica_held_tick();
     st.with_streams(|h, ctx| h.tick(ctx));
     st.groups_tick();
     st.caches_tick();

@@ -31,6 +31,13 @@ const REPLICA_TICK: Duration = Duration::from_millis(50);
 /// Inputs already queued that one step of a replica takes together, at most: their appends
 /// share one wait for the log (a group commit).
 const REPLICA_INPUTS_PER_STEP_MAX: usize = 256;
+/// Publishes a named leader holds while it is not serving yet, at most (well under
+/// [`REPLICA_INPUTS_MAX`], since they are proposed again together).
+const HELD_PUBLISHES_MAX: usize = 256;
+/// Held publishes are proposed again at most this often, and at once when the replica is
+/// elected or starts serving: proposing them after every batch of outputs made the refusals
+/// of one batch the proposals of the next, a loop that kept the core busy.
+const HELD_RETRY_EVERY: Duration = Duration::from_millis(20);
 
 pub(in crate::core) struct Hosted {
     tx: LocalSender<Input>,
@@ -42,8 +49,18 @@ pub(in crate::core) struct Hosted {
     /// Publishes are acknowledged at the commit mark (else once written on the leader).
     quorum: bool,
     /// Publishes handed to the replica, waiting for `Proposed` or `NotTaken`, in order (the
-    /// driver answers its inputs in the order it takes them).
-    proposing: VecDeque<PublishReq>,
+    /// driver answers its inputs in the order it takes them), with the deadline of their hold
+    /// if they were held before.
+    proposing: VecDeque<(PublishReq, Option<Instant>)>,
+    /// Publishes this broker, named leader, could not take yet (its replica fences, or waits
+    /// out the old lease, rule 4): nothing appended, proposed again after each batch of the
+    /// replica's outputs, in arrival order (a publish arriving while some are held is held
+    /// behind them), until taken, refused, or past the deadline (`--publish-timeout-ms` from
+    /// the first refusal). So a failover or a planned hand-off delays publishes instead of
+    /// refusing them.
+    held: VecDeque<(PublishReq, Instant)>,
+    /// The held publishes are proposed again no sooner than this (see `retry_held`).
+    retry_at: Instant,
     /// `quorum` publishes written (when), waiting for `Ack` or `CannotVouch`, in offset
     /// order.
     waiting: VecDeque<(Range<u64>, PublishReq, Instant)>,
@@ -182,6 +199,8 @@ impl CoreState {
                 log: None,
                 quorum: slot.def.quorum,
                 proposing: VecDeque::new(),
+                held: VecDeque::new(),
+                retry_at: Instant::now(),
                 waiting: VecDeque::new(),
             },
         );
@@ -230,6 +249,10 @@ impl CoreState {
         let Some(ident) = self.replicas.shards.get(&key).map(|h| h.ident.clone()) else {
             return;
         };
+        // Elected or serving now: what is held may be taken.
+        let changed = outputs
+            .iter()
+            .any(|o| matches!(o, Output::Elected { .. } | Output::Serving { .. }));
         for o in outputs {
             match o {
                 Output::Send { to, msg, records } => {
@@ -282,6 +305,7 @@ impl CoreState {
                 }
             }
         }
+        self.retry_held(key, changed);
     }
 
     /// A publish for a replicated shard this core owns: to its replica, which takes it only
@@ -305,15 +329,105 @@ impl CoreState {
             );
             return self.answer_publish(req, Err(why));
         };
+        if !h.held.is_empty() {
+            // Behind the ones held, in order.
+            let deadline = Instant::now() + self.publish_hold();
+            return self.hold_publish(key, req, deadline, true);
+        }
+        self.propose(key, req, None);
+    }
+
+    /// How long a publish may be held while its leader is not serving yet.
+    fn publish_hold(&self) -> Duration {
+        Duration::from_millis(self.s.cfg.publish_timeout_ms)
+    }
+
+    /// Hand `req` to the replica of `key` (hosted), held until `deadline` if it was before.
+    fn propose(&mut self, key: ShardKey, req: PublishReq, deadline: Option<Instant>) {
+        let Some(h) = self.replicas.shards.get_mut(&key) else {
+            return;
+        };
         let payloads = req.records.iter().collect();
         match h.tx.try_send(Input::Propose { payloads }) {
-            Ok(()) => h.proposing.push_back(req),
+            Ok(()) => h.proposing.push_back((req, deadline)),
             Err(_) => {
                 CoreCounters::inc(&self.s.counters.replica_inputs_dropped);
                 let why = Refusal::new(
                     ErrorCode::Unavailable,
                     format!("the shard's replica has {REPLICA_INPUTS_MAX} inputs waiting; nothing was appended; retry"),
                 );
+                self.answer_publish(req, Err(why));
+            }
+        }
+    }
+
+    /// Hold `req` (nothing appended) until its replica serves or `deadline`; refused
+    /// `unavailable` when [`HELD_PUBLISHES_MAX`] are held already.
+    fn hold_publish(&mut self, key: ShardKey, req: PublishReq, deadline: Instant, first: bool) {
+        let Some(h) = self.replicas.shards.get_mut(&key) else {
+            return;
+        };
+        if h.held.len() >= HELD_PUBLISHES_MAX {
+            let why = Refusal::new(
+                ErrorCode::Unavailable,
+                format!("shard {} of {} is changing leaders and {HELD_PUBLISHES_MAX} publishes wait already; nothing was appended; retry", key.1, h.ident.stream),
+            );
+            return self.answer_publish(req, Err(why));
+        }
+        if first {
+            CoreCounters::inc(&self.s.counters.replica_publishes_held);
+        }
+        h.held.push_back((req, deadline));
+    }
+
+    /// Propose the held publishes of `key` again (after a batch of its replica's outputs: its
+    /// election or lease may have moved on). Those still not taken come back held.
+    fn retry_held(&mut self, key: ShardKey, now: bool) {
+        let Some(h) = self.replicas.shards.get_mut(&key) else {
+            return;
+        };
+        let t = Instant::now();
+        if h.held.is_empty() || (!now && t < h.retry_at) {
+            return;
+        }
+        h.retry_at = t + HELD_RETRY_EVERY;
+        let held: Vec<(PublishReq, Instant)> = h.held.drain(..).collect();
+        for (req, deadline) in held {
+            self.propose(key, req, Some(deadline));
+        }
+    }
+
+    /// On every flush round: held publishes past their deadline are refused `unavailable`,
+    /// and all of a shard's are refused as its catalog entry says once this broker no longer
+    /// leads it (the client or the forwarding broker follows the new leader).
+    pub(in crate::core) fn replica_held_tick(&mut self) {
+        let now = Instant::now();
+        let keys: Vec<ShardKey> = self
+            .replicas
+            .shards
+            .iter()
+            .filter(|(_, h)| !h.held.is_empty())
+            .map(|(k, _)| *k)
+            .collect();
+        for key in keys {
+            let check = self.catalog.serve_check(key.0, key.1);
+            let h = self.replicas.shards.get_mut(&key).expect("listed above");
+            let name = h.ident.stream.clone();
+            let mut done = Vec::new();
+            while let Some((_, deadline)) = h.held.front() {
+                if check.is_ok() && *deadline > now {
+                    break;
+                }
+                done.push(h.held.pop_front().expect("checked").0);
+            }
+            for req in done {
+                let why = match &check {
+                    Err(e) => e.clone().into(),
+                    Ok(()) => Refusal::new(
+                        ErrorCode::Unavailable,
+                        format!("shard {} of {name} found no serving leader within {} ms; nothing was appended; retry", key.1, self.s.cfg.publish_timeout_ms),
+                    ),
+                };
                 self.answer_publish(req, Err(why));
             }
         }
@@ -338,8 +452,21 @@ impl CoreState {
         let Some(h) = self.replicas.shards.get_mut(&key) else {
             return;
         };
-        let Some(req) = h.proposing.pop_front() else {
+        let Some((req, held_until)) = h.proposing.pop_front() else {
             debug_assert!(false, "an answer to a proposal nobody made");
+            return;
+        };
+        // Not taken while this broker is the named leader and its replica fences or waits out
+        // the old lease: held, not refused (the deadline counts from the first refusal).
+        if matches!(r, Err(NotLeader::Fencing | NotLeader::NoLease))
+            && self.catalog.serve_check(key.0, key.1).is_ok()
+        {
+            let deadline = held_until.unwrap_or_else(|| Instant::now() + self.publish_hold());
+            if deadline > Instant::now() {
+                return self.hold_publish(key, req, deadline, held_until.is_none());
+            }
+        }
+        let Some(h) = self.replicas.shards.get_mut(&key) else {
             return;
         };
         let (name, shard) = (h.ident.stream.clone(), key.1);
@@ -415,11 +542,18 @@ impl CoreState {
         let reqs: Vec<PublishReq> = h
             .proposing
             .drain(..)
+            .map(|(r, _)| r)
             .chain(h.waiting.drain(..).map(|(_, r, _)| r))
             .collect();
         for req in reqs {
             let msg = format!("{why}; the publish may or may not have been written");
             self.answer_publish(req, Err(Refusal::new(ErrorCode::OutcomeUnknown, msg)));
+        }
+        // Held ones were never handed to the replica: nothing of them was appended.
+        let held: Vec<PublishReq> = h.held.drain(..).map(|(r, _)| r).collect();
+        for req in held {
+            let msg = format!("{why}; nothing was appended; retry");
+            self.answer_publish(req, Err(Refusal::new(ErrorCode::Unavailable, msg)));
         }
     }
 
