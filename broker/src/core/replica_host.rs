@@ -38,6 +38,8 @@ const HELD_PUBLISHES_MAX: usize = 256;
 /// elected or starts serving: proposing them after every batch of outputs made the refusals
 /// of one batch the proposals of the next, a loop that kept the core busy.
 const HELD_RETRY_EVERY: Duration = Duration::from_millis(20);
+/// How often the held publishes are checked for their deadline and their leader.
+const HELD_CHECK_EVERY: Duration = Duration::from_millis(10);
 
 pub(in crate::core) struct Hosted {
     tx: LocalSender<Input>,
@@ -69,6 +71,8 @@ pub(in crate::core) struct Hosted {
 #[derive(Default)]
 pub(in crate::core) struct ReplicaHost {
     shards: HashMap<ShardKey, Hosted>,
+    /// When `replica_held_tick` last looked at the held publishes.
+    held_checked: Option<Instant>,
 }
 
 /// What a replica task opens.
@@ -402,6 +406,16 @@ impl CoreState {
     /// leads it (the client or the forwarding broker follows the new leader).
     pub(in crate::core) fn replica_held_tick(&mut self) {
         let now = Instant::now();
+        // Flush rounds come often under load; every hosted replica is looked at, so not on
+        // each one (deadlines are kept to within this).
+        if self
+            .replicas
+            .held_checked
+            .is_some_and(|t| now.duration_since(t) < HELD_CHECK_EVERY)
+        {
+            return;
+        }
+        self.replicas.held_checked = Some(now);
         let keys: Vec<ShardKey> = self
             .replicas
             .shards
