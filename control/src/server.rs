@@ -779,12 +779,7 @@ async fn local_heartbeat(st: &AppState, id: u64, hb: Heartbeat) -> Res<Heartbeat
             Reply::Broker(ref b) => b.live,
             _ => false,
         };
-        return Ok(HeartbeatReply {
-            live,
-            heartbeat_interval_ms: st.cfg.heartbeat_interval_ms,
-            dead_after_ms: st.cfg.dead_after_ms,
-            catalog_revision: st.read(|c| c.revision()),
-        });
+        return Ok(heartbeat_reply(st, live));
     }
     {
         let mut s = st.soft.lock().unwrap_or_else(|e| e.into_inner());
@@ -801,12 +796,18 @@ async fn local_heartbeat(st: &AppState, id: u64, hb: Heartbeat) -> Res<Heartbeat
             Reply::Broker(ref b) if b.live
         )
     };
-    Ok(HeartbeatReply {
+    Ok(heartbeat_reply(st, live))
+}
+
+/// What a heartbeat is answered: the broker's liveness now, the timing it keeps, and the
+/// catalog revision.
+fn heartbeat_reply(st: &AppState, live: bool) -> HeartbeatReply {
+    HeartbeatReply {
         live,
         heartbeat_interval_ms: st.cfg.heartbeat_interval_ms,
         dead_after_ms: st.cfg.dead_after_ms,
         catalog_revision: st.read(|c| c.revision()),
-    })
+    }
 }
 
 #[utoipa::path(get, path = "/v1/cluster", tag = "cluster", responses((status = 200, body = ClusterStatus)))]
