@@ -329,3 +329,74 @@ fn a_version_1_log_opens_as_generation_0_and_continues_in_a_new_segment() {
         ));
     });
 }
+
+/// A log restarted at a base past its end (a follower rebuilt from its leader's base, rule
+/// 10) holds nothing below the base, takes its next record there, and reopens so. Stopped
+/// before any of its steps (as a crash there would stop it), it reopens as a prefix of the
+/// old log or empty, never with records at other offsets; restarting again finishes.
+#[test]
+fn a_log_restarted_at_a_base_holds_nothing_below_it_and_a_stopped_restart_can_be_finished() {
+    let stops = [
+        None,
+        Some(FaultPoint::Truncate(1)),
+        Some(FaultPoint::Truncate(3)),
+        Some(FaultPoint::Truncate(6)),
+        Some(FaultPoint::CreateSegment),
+    ];
+    for stop_at in stops {
+        let (_t, d) = dir();
+        run(move || async move {
+            let armed = Rc::new(std::cell::Cell::new(false));
+            let mut cfg = small(FsyncMode::OnCommit);
+            let a = armed.clone();
+            cfg.faults = Some(Rc::new(move |p| {
+                (a.get() && Some(p) == stop_at).then_some(libc::EIO)
+            }));
+            let (log, _) = Log::open(&d, cfg).await.unwrap();
+            three_generations(&log).await;
+            assert!(segment_bases(&d).len() > 2, "several segments to remove");
+            assert!(matches!(
+                log.restart_at(299).await,
+                Err(LogError::CannotTruncate(_))
+            ));
+            armed.set(true);
+            let r = log.restart_at(1000).await;
+            if let Some(p) = stop_at {
+                assert!(r.is_err(), "stopped at {p:?}");
+                assert!(
+                    log.failed().is_some(),
+                    "a restart that stopped fails the log"
+                );
+                drop(log);
+                let (log, rep) = Log::open(&d, small(FsyncMode::OnCommit)).await.unwrap();
+                assert_eq!(rep.oldest_offset, 0, "stopped at {p:?}");
+                assert!(
+                    rep.next_offset <= 300,
+                    "stopped at {p:?}: {}",
+                    rep.next_offset
+                );
+                check_all(&log, 0, rep.next_offset).await;
+                log.restart_at(1000).await.unwrap();
+                log.close().await.unwrap();
+            } else {
+                r.unwrap();
+                log.close().await.unwrap();
+            }
+            let (log, rep) = Log::open(&d, small(FsyncMode::OnCommit)).await.unwrap();
+            assert_eq!((rep.oldest_offset, rep.next_offset), (1000, 1000));
+            assert_eq!(segment_bases(&d), vec![1000]);
+            append_n_in(&log, Some(9), 1000, 5, 2).await;
+            assert_eq!(log.gen_at(999), None);
+            assert!(matches!(
+                log.read(500, 10, 1 << 20).await,
+                Err(LogError::BelowRetention { .. })
+            ));
+            log.close().await.unwrap();
+            let (log, rep) = Log::open(&d, small(FsyncMode::OnCommit)).await.unwrap();
+            assert_eq!((rep.oldest_offset, rep.next_offset), (1000, 1005));
+            check_all(&log, 1000, 1005).await;
+            check_gens(&log, 1000, 1005, |_| 9).await;
+            log.close().await.unwrap();
+        });
+    }
+}

@@ -15,6 +15,9 @@
 //!    below the cut (same header length, so they stay where they are; the rest of its blocks
 //!    zeroed), cut the file after it, and fdatasync.
 //!
+//! [`Log::restart_at`] (a follower rebuilt from its leader's base) is a cut to the oldest
+//! offset followed by step 6: the one empty segment left is replaced by one at the new base.
+//!
 //! Step 4 rewrites a block that holds records below the cut. A write is only torn by a
 //! machine crash (power loss), and a machine crash rotates the directory's storage identity
 //! (rule 9), so no replica is counted on what such a crash could damage. A process crash
@@ -74,6 +77,88 @@ impl Log {
                 Err(e)
             }
         }
+    }
+
+    /// Drop every record and go on at `base`, at or past the next offset: the next append
+    /// takes `base`, and the log holds nothing below it. This is how a follower whose
+    /// history its leader no longer holds is rebuilt from the leader's base (replication
+    /// rule 10, `docs/replication-design.md`).
+    ///
+    /// Crash-safe at every step: first a cut to the oldest offset (newest segments first, as
+    /// [`Log::truncate_from`] does), which leaves one empty segment; then that segment's file
+    /// is removed (step 6) and one at `base` created. A crash part-way leaves a prefix of the
+    /// old log, or an empty one (at the old oldest offset, or at
+    /// [`LogConfig::first_offset`] when no file is left), never records at other offsets
+    /// than they had: the replica compares with its leader anew and is rebuilt again.
+    pub async fn restart_at(&self, base: u64) -> Result<(), LogError> {
+        let (oldest, next) = {
+            let i = self.inner.borrow();
+            i.writable()?;
+            let oldest = i.segs.front().map(|s| s.base).unwrap_or(i.next_offset);
+            (oldest, i.next_offset)
+        };
+        if base < next {
+            return Err(LogError::CannotTruncate(format!(
+                "a log cannot restart at {base}, below its next offset {next}"
+            )));
+        }
+        self.truncate_from(oldest).await?;
+        self.inner.borrow_mut().truncating = true;
+        let r = self.swap_empty_segment(base).await;
+        let mut i = self.inner.borrow_mut();
+        i.truncating = false;
+        match r {
+            Ok(()) => {
+                i.next_offset = base;
+                i.written = base;
+                i.synced = base;
+                i.newest_gen = None;
+                i.truncations += 1;
+                i.truncated_to = base;
+                i.wake_all();
+                debug_assert_eq!(i.segs.len(), 1);
+                Ok(())
+            }
+            Err(e) => {
+                i.fail(format!("restarting the log at {base} failed: {e}"));
+                Err(e)
+            }
+        }
+    }
+
+    /// [`Log::restart_at`]'s second half: the one segment left, empty, is replaced by an empty
+    /// one at `base`.
+    async fn swap_empty_segment(&self, base: u64) -> Result<(), LogError> {
+        let (old, dir) = {
+            let i = self.inner.borrow();
+            let s = i.segs.back().expect("a log has a segment");
+            assert!(
+                i.segs.len() == 1 && s.end_offset == s.base,
+                "a cut to the oldest offset leaves one empty segment"
+            );
+            (s.base, i.dir.clone())
+        };
+        if old == base {
+            return Ok(());
+        }
+        self.inner.borrow().fault(FaultPoint::Truncate(6))?;
+        let seg = self.inner.borrow_mut().segs.pop_back();
+        if let Some(w) = seg
+            .and_then(|s| s.wfile)
+            .and_then(|w| Rc::try_unwrap(w).ok())
+        {
+            let _ = w.close().await;
+        }
+        std::fs::remove_file(dir.join(segment_file_name(old)))
+            .map_err(|e| io_err("remove the emptied segment", e))?;
+        match std::fs::remove_file(dir.join(index_file_name(old))) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(io_err("remove the index of the emptied segment", e))
+            }
+            _ => {}
+        }
+        sync_dir(&dir)?;
+        self.create_segment(base).await
     }
 
     async fn cut(&self, to: u64) -> Result<(), LogError> {
