@@ -130,6 +130,7 @@ counters! {
     replica_inputs_dropped: "inputs to a hosted replica (messages, assignments, report answers) or reports to the control plane dropped because their queue was full",
     replica_elections: "times a replica hosted on this core finished its fence and led its shard",
     replica_failures: "replicas hosted on this core that failed (their driver's storage); hosted again at the next catalog change",
+    replica_rebuilds: "times a follower hosted on this core dropped its log and went on at its leader's base: the leader's retention had removed records the follower still needed (replication rule 10)",
     replica_step_downs: "times a replica hosted on this core stopped leading or fencing: a newer generation fenced it, or placement refused its report",
     replica_refusals_sent: "replica messages of a superseded generation (or from a leader not in the ballot) that this core's replicas refused",
     replica_publishes_acked: "publishes on replicated shards led on this core answered with a PublishAck (at the commit mark for quorum, once written for leader)",

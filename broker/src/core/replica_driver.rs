@@ -64,6 +64,10 @@ pub(crate) enum Output {
     Elected {
         gen: u64,
     },
+    /// This follower's log was emptied and goes on at its leader's base (rule 10).
+    Rebuilt {
+        base: u64,
+    },
     SteppedDown {
         gen: u64,
     },
@@ -151,11 +155,15 @@ impl ReplicaDriver {
     ) -> Result<Vec<Output>, String> {
         let mut out = Vec::new();
         for input in inputs {
+            self.learn_trimmed();
             self.step(input, now_ms, wall_ms, &mut out).await?;
         }
         self.store.settle().await?;
-        // Rule 10: retention stops at the mark this replica has learnt.
-        self.store.hold_at(self.r.known_commit()).await?;
+        // Rule 10: retention stops at the mark this replica has learnt, and on a leader at
+        // what readers were handed (the hand-over reads the records below the mark).
+        let known = self.r.known_commit();
+        let hold = self.visible.map_or(known, |v| v.min(known));
+        self.store.hold_at(hold).await?;
         self.hand_over(&mut out).await?;
         Ok(out)
     }
@@ -216,6 +224,15 @@ impl ReplicaDriver {
         Ok(())
     }
 
+    /// Tell the machine what retention removed (it runs on the log's own task): the
+    /// records below the log's oldest offset.
+    fn learn_trimmed(&mut self) {
+        let oldest = self.store.log().oldest_offset();
+        if oldest > self.r.log().base() {
+            self.r.trimmed(oldest);
+        }
+    }
+
     /// While serving, hand over the committed records not handed over yet (bounded per
     /// input), read back from the log.
     async fn hand_over(&mut self, out: &mut Vec<Output>) -> Result<(), String> {
@@ -266,23 +283,32 @@ impl ReplicaDriver {
             Effect::Truncate { from } => {
                 self.store.truncate(from).await.map_err(|e| e.to_string())?
             }
+            Effect::Rebuild { base } => {
+                self.store.rebuild(base).await?;
+                out.push(Output::Rebuilt { base });
+            }
             Effect::Append { at, gens, source } => {
                 let recs = records_for(source, &gens, client, in_hand, wall_ms)?;
                 self.store.append(at, &gens, &recs).await?;
             }
             Effect::Send { to, msg } => {
                 let records = match &msg {
-                    Msg::Ship { start, gens, .. } => self
-                        .store
-                        .read_shipment(*start, gens)
-                        .await?
-                        .into_iter()
-                        .map(|c| ShippedRecord {
-                            ts_ms: c.ts_ms,
-                            flags: c.flags,
-                            payload: c.payload,
-                        })
-                        .collect(),
+                    Msg::Ship { start, gens, .. } => {
+                        match self.store.read_shipment(*start, gens).await? {
+                            Some(recs) => recs
+                                .into_iter()
+                                .map(|c| ShippedRecord {
+                                    ts_ms: c.ts_ms,
+                                    flags: c.flags,
+                                    payload: c.payload,
+                                })
+                                .collect(),
+                            // Retention removed them since the machine last heard: the
+                            // shipment is dropped, as the network may drop it; the next
+                            // tick ships from the new base.
+                            None => return Ok(()),
+                        }
+                    }
                     _ => Vec::new(),
                 };
                 out.push(Output::Send { to, msg, records });

@@ -286,6 +286,10 @@ impl CoreState {
                     CoreCounters::inc(&self.s.counters.replica_elections);
                     tracing::info!(stream = %ident.stream, shard = ident.shard, gen, "leading the shard's replicas");
                 }
+                Output::Rebuilt { base } => {
+                    CoreCounters::inc(&self.s.counters.replica_rebuilds);
+                    tracing::warn!(stream = %ident.stream, shard = ident.shard, base, "the leader no longer holds records this replica needs (retention): its log was dropped and goes on at the leader's base");
+                }
                 Output::SteppedDown { gen } => {
                     CoreCounters::inc(&self.s.counters.replica_step_downs);
                     tracing::info!(stream = %ident.stream, shard = ident.shard, gen, "stepped down");

@@ -7,6 +7,8 @@
 //!   the leader wrote, and waited for until the log acknowledges them, so that an answer
 //!   carried out after it never claims what is not written;
 //! - `Effect::Truncate` (rule 6): the divergent suffix cut with `Log::truncate_from`;
+//! - `Effect::Rebuild` (rule 10): the log emptied and continued at the leader's base with
+//!   `Log::restart_at`;
 //! - a shipment's records read back from the log, checked against the generations the
 //!   machine names.
 //!
@@ -201,6 +203,19 @@ impl ReplicaStore {
         self.log.truncate_from(from).await
     }
 
+    /// `Effect::Rebuild`: the log emptied and continued at `base` (`Log::restart_at`, crash-safe
+    /// at every step).
+    pub(crate) async fn rebuild(&mut self, base: u64) -> Result<(), String> {
+        self.settle().await?;
+        self.recent.clear();
+        self.recent_bytes = 0;
+        self.recent_first = base;
+        self.log
+            .restart_at(base)
+            .await
+            .map_err(|e| format!("rebuild the log from {base}: {e}"))
+    }
+
     /// Wait until the log acknowledged everything appended: run before anything that tells
     /// another party what this log holds (an answer, a report, an acknowledgement).
     pub(crate) async fn settle(&mut self) -> Result<(), String> {
@@ -314,15 +329,16 @@ impl ReplicaStore {
     }
 
     /// The records a shipment of `gens` from `start` carries, read from the log; each must be
-    /// of the generation the machine names.
+    /// of the generation the machine names. `None` when retention removed some of them (it
+    /// runs on the log's own task, rule 10): the shipment is not sent.
     pub(crate) async fn read_shipment(
         &self,
         start: u64,
         gens: &[u64],
-    ) -> Result<Vec<Carried>, String> {
+    ) -> Result<Option<Vec<Carried>>, String> {
         if let Some(recs) = self.recent_range(start, gens.len()) {
             if recs.iter().map(|r| r.gen).eq(gens.iter().copied()) {
-                return Ok(recs);
+                return Ok(Some(recs));
             }
             return Err(format!(
                 "the newest records from {start} are of generations {:?}, the machine names {gens:?}",
@@ -334,11 +350,11 @@ impl ReplicaStore {
         while out.len() < gens.len() {
             let at = start + out.len() as u64;
             let want = gens.len() - out.len();
-            let got = self
-                .log
-                .read(at, want, 1 << 20)
-                .await
-                .map_err(|e| format!("read the shipment at {at}: {e}"))?;
+            let got = match self.log.read(at, want, 1 << 20).await {
+                Ok(got) => got,
+                Err(LogError::BelowRetention { .. }) => return Ok(None),
+                Err(e) => return Err(format!("read the shipment at {at}: {e}")),
+            };
             if got.is_empty() {
                 return Err(format!("nothing to ship at {at}"));
             }
@@ -358,21 +374,15 @@ impl ReplicaStore {
                 });
             }
         }
-        Ok(out)
+        Ok(Some(out))
     }
 }
 
-/// The machine's view of a log: the generation runs of what is written. A log trimmed by
-/// retention (its oldest offset above 0) is not replicated yet (rule 10 is not built).
+/// The machine's view of a log: the generation runs of what is written, from the oldest
+/// offset retention left (rule 10).
 fn gen_view(log: &Log) -> Result<GenLog, String> {
-    if log.oldest_offset() > 0 {
-        return Err(format!(
-            "the log starts at offset {}: a log trimmed by retention cannot be replicated yet",
-            log.oldest_offset()
-        ));
-    }
     let runs = log.gen_runs().into_iter().map(|r| (r.first, r.gen));
-    GenLog::from_runs(runs, log.written())
+    GenLog::from_runs(runs, log.oldest_offset(), log.written())
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! messages from (rules 3 and 5), its answer to a fence, and log shipping's receiving end
 //! (rule 6). Every answer names this replica's storage identity (rule 9).
 
-use super::{breaks, Durable, Msg, NodeId, Replica, Shipped, Source};
+use super::{breaks, Durable, Effect, GenLog, Msg, NodeId, Replica, Shipped, Source};
 
 impl Replica {
     /// Whether a message of generation `gen` from `leader` is taken (rules 3 and 5): a lower
@@ -89,14 +89,26 @@ impl Replica {
             sid,
             shipped,
         };
-        if start > end {
-            let a = answer(Shipped::Mismatch { below: end });
-            return self.send(leader, a);
-        }
-        if let (Some(p), Some(pg)) = (start.checked_sub(1), prev_gen) {
-            if self.log.gen_at(p) != pg {
-                let a = answer(Shipped::Mismatch { below: p });
+        if prev_gen.is_none() && start > 0 && !breaks::on(&breaks::NO_REBUILD) {
+            // The leader ships from its base (rule 10): it holds nothing below `start` to
+            // match this log against.
+            if gens.is_empty() {
+                return;
+            }
+            if !self.agrees_below(start, gens[0]) {
+                self.rebuild(start);
+            }
+        } else {
+            if start > end {
+                let a = answer(Shipped::Mismatch { below: end });
                 return self.send(leader, a);
+            }
+            // Below this log's base the records were committed: they agree with the leader's.
+            if let (Some(p), Some(pg)) = (start.checked_sub(1), prev_gen) {
+                if p >= self.log.base() && self.log.gen_at(p) != pg {
+                    let a = answer(Shipped::Mismatch { below: p });
+                    return self.send(leader, a);
+                }
             }
         }
         // The first record that differs (by generation) starts what is appended.
@@ -105,6 +117,10 @@ impl Replica {
             let at = start + skip as u64;
             if at >= self.log.end() {
                 break;
+            }
+            if at < self.log.base() {
+                skip += 1; // committed, and trimmed here: the leader's record alike
+                continue;
             }
             if self.log.gen_at(at) != gens[skip] && !breaks::on(&breaks::NO_TRUNCATE) {
                 self.truncate(at);
@@ -119,5 +135,27 @@ impl Replica {
         self.known_commit = self.known_commit.max(commit.min(start + n));
         let a = answer(Shipped::Holds { end: start + n });
         self.send(leader, a);
+    }
+
+    /// Whether this log agrees with a leader's below `base`, the leader's own base, where its
+    /// record is of generation `first_gen`. It does when it holds nothing from before `base`
+    /// that could differ: its own base is at or past it (what it holds below its base was
+    /// committed). Or when it holds a record of that generation at `base`: only that
+    /// generation's leader wrote records of it, and shipped them matched (rule 6), so the
+    /// logs agree below it too.
+    fn agrees_below(&self, base: u64, first_gen: u64) -> bool {
+        self.log.base() >= base || (base < self.log.end() && self.log.gen_at(base) == first_gen)
+    }
+
+    /// Drop the whole log and go on at `base` (rule 10): the leader holds nothing below it,
+    /// and this log may differ from the leader's there. Everything below `base` is committed
+    /// (a leader trims only below the mark it knows), and this log's own records it knew
+    /// committed are below `base` too: a record it knew committed at or past `base` would be
+    /// the leader's record there, and [`Replica::agrees_below`] would have held.
+    fn rebuild(&mut self, base: u64) {
+        debug_assert!(self.known_commit <= base, "{} > {base}", self.known_commit);
+        self.log = GenLog::empty_at(base);
+        self.known_commit = base;
+        self.effects.push(Effect::Rebuild { base });
     }
 }

@@ -95,6 +95,7 @@ impl Replica {
     /// unanswered).
     pub(super) fn ship(&mut self, to: NodeId, again: bool) {
         let end = self.log.end();
+        let base = self.log.base();
         let batch_max = self.cfg.batch_max as u64;
         let Role::Leading(l) = &mut self.role else {
             return;
@@ -102,6 +103,13 @@ impl Replica {
         let Some(peer) = l.peers.get_mut(&to) else {
             return;
         };
+        // A follower that needs records from below this log's base (retention removed them,
+        // rule 10) is shipped from the base, with no generation before it to match: it
+        // agrees there, or rebuilds its log from the base (`follower.rs`).
+        if peer.next < base {
+            peer.next = base;
+            peer.sent = peer.sent.max(base);
+        }
         let start = if !again {
             let from = peer.sent.max(peer.next);
             let waiting = end.saturating_sub(from);
@@ -121,7 +129,15 @@ impl Replica {
         peer.sent = peer.sent.max(upto);
         let gen = l.gen;
         let commit = l.known(self.known_commit);
-        let prev_gen = start.checked_sub(1).map(|p| self.log.gen_at(p));
+        let from_base = start == base && base > 0;
+        if from_base && upto == start {
+            return; // nothing to match a rebuild against (a leader holds its start record)
+        }
+        let prev_gen = if from_base {
+            None
+        } else {
+            start.checked_sub(1).map(|p| self.log.gen_at(p))
+        };
         let gens = self.log.gens(start..upto);
         self.send(
             to,

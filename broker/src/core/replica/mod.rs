@@ -81,6 +81,11 @@ pub(crate) enum Effect {
     Truncate {
         from: u64,
     },
+    /// Drop the whole log and go on at `base`, past its end or not: the leader holds nothing
+    /// below `base` (rule 10), and this log may differ from it there.
+    Rebuild {
+        base: u64,
+    },
     /// Append records at the log's end, which is `at`: one per generation in `gens`, taken
     /// from `source`.
     Append {
@@ -246,10 +251,11 @@ impl Replica {
             sid,
             set,
             durable,
-            log,
             role: Role::Follower,
             lease: None,
-            known_commit: 0,
+            // What retention left was trimmed at a mark this replica had learnt (rule 10).
+            known_commit: log.base(),
+            log,
             cfg,
             effects: Vec::new(),
         }
@@ -314,6 +320,15 @@ impl Replica {
             self.log.push(g);
         }
         self.effects.push(Effect::Append { at, gens, source });
+    }
+
+    /// Retention removed the records below `to` (rule 10: only below a mark this replica had
+    /// learnt, so they are committed). The driver says so before it carries out anything
+    /// that would read them; a leader then ships from its new base.
+    pub(crate) fn trimmed(&mut self, to: u64) {
+        let to = to.min(self.log.end());
+        self.log.trim(to);
+        self.known_commit = self.known_commit.max(self.log.base());
     }
 
     fn truncate(&mut self, from: u64) {
@@ -568,6 +583,10 @@ pub(crate) mod breaks {
     pub(crate) static HAND_OVER_UNCOMMITTED: AtomicBool = AtomicBool::new(false);
     /// A deposed leader drops the publishes still waiting for the mark without an answer.
     pub(crate) static FORGET_WAITS_ON_STEP_DOWN: AtomicBool = AtomicBool::new(false);
+    /// Rule 10's rebuild dropped: a follower takes a shipment from its leader's base like any
+    /// other, keeping whatever it holds below that base (which may differ from the leader's
+    /// committed records there).
+    pub(crate) static NO_REBUILD: AtomicBool = AtomicBool::new(false);
 
     #[inline]
     pub(crate) fn on(b: &AtomicBool) -> bool {

@@ -76,6 +76,13 @@ struct Entry {
     id: u64,
 }
 
+/// What a disk holds below its base: retention removed the record (rule 10). It equals no
+/// record, so no check takes it for one.
+const GONE: Entry = Entry {
+    gen: 0,
+    id: u64::MAX,
+};
+
 /// What travels on the simulated network.
 #[derive(Clone, Debug)]
 enum Wire {
@@ -91,7 +98,9 @@ struct Node {
     r: Replica,
     sid: StorageId,
     disk: Durable,
+    /// The log by offset; below `disk_base`, [`GONE`].
     disk_log: Vec<Entry>,
+    disk_base: u64,
     /// Its monotonic clock: `offset_ms + true_ms * rate_ppm / 1e6`.
     offset_ms: u64,
     rate_ppm: u64,
@@ -116,6 +125,8 @@ struct Reached {
     /// A leader without a lease for a whole lease period resigned, and placement named
     /// another.
     resigned: bool,
+    /// A follower's log was rebuilt from its leader's base (rule 10).
+    rebuilt: bool,
 }
 
 struct World {
@@ -186,6 +197,7 @@ impl World {
                     sid: n,
                     disk: Durable::default(),
                     disk_log: Vec::new(),
+                    disk_base: 0,
                     offset_ms: rng.below(1_000_000),
                     rate_ppm: 950_000 + rng.below(100_001),
                 };
@@ -257,6 +269,23 @@ impl World {
                     }
                     node.disk_log.truncate(from as usize);
                     self.reached.truncated = true;
+                }
+                Effect::Rebuild { base } => {
+                    let seen = self.commit_seen.get(&n).copied().unwrap_or(0);
+                    if base < seen {
+                        return Err(format!(
+                            "CommittedNeverCut: node {n} rebuilds from {base}, dropping what it learnt committed below {seen}"
+                        ));
+                    }
+                    let marked = self.commit_seen.values().copied().max().unwrap_or(0);
+                    if base > marked {
+                        return Err(format!(
+                            "TrimmedCommitted: node {n} rebuilds from {base}, past every commit mark learnt ({marked})"
+                        ));
+                    }
+                    node.disk_log = vec![GONE; base as usize];
+                    node.disk_base = base;
+                    self.reached.rebuilt = true;
                 }
                 Effect::Append { at, gens, source } => {
                     if at as usize != node.disk_log.len() {
@@ -340,8 +369,7 @@ impl World {
         let seen = self.commit_seen.entry(n).or_default();
         *seen = (*seen).max(node.r.known_commit());
         // Both sides of the write: the machine's view is what the disk holds.
-        let on_disk = GenLog::from_gens(node.disk_log.iter().map(|e| e.gen));
-        if *node.r.log() != on_disk || node.r.durable() != node.disk {
+        if *node.r.log() != node.view() || node.r.durable() != node.disk {
             return Err(format!("view_is_disk: node {n} drifted from its disk"));
         }
         Ok(())
@@ -378,7 +406,7 @@ impl World {
         self.waiting.remove(&n);
         let set: Vec<NodeId> = (1..=NODES).collect();
         let node = self.nodes.get_mut(&n).unwrap();
-        let log = GenLog::from_gens(node.disk_log.iter().map(|e| e.gen));
+        let log = node.view();
         node.r = Replica::new(n, node.sid, set, node.disk, log, CFG);
         Ok(())
     }
@@ -395,8 +423,8 @@ impl World {
         }
         for off in from..below {
             let e = log[off as usize];
-            if e.id == 0 {
-                continue; // a generation-start record: no client waits on it
+            if e.id == 0 || e == GONE {
+                continue; // a generation-start record (no client waits on it), or trimmed
             }
             if let Some((old, by)) = self.acked.get(&off) {
                 if *old != e {
@@ -410,51 +438,12 @@ impl World {
         Ok(())
     }
 
-    /// Whether a machine crash of `n` stays within the fault model: every other node is vouched
-    /// for under its current identity (one node loses data at a time), and every acknowledged
-    /// or committed record is also on another node that the last landed report vouches for, at
-    /// or past it. The
-    /// identity is compared here whatever `breaks` says: this is the world's bound, not the
-    /// rule under test.
-    fn may_lose_data(&self, n: NodeId) -> bool {
-        let vouched = |m: NodeId| {
-            let sid = self.nodes[&m].sid;
-            self.placement.reported(m).is_some_and(|h| h.sid == sid)
-        };
-        // Data is lost by one node at a time: every other one counts under its identity.
-        if self.nodes.keys().any(|&m| m != n && !vouched(m)) {
-            return false;
-        }
-        let elsewhere = |off: u64, e: &Entry| {
-            self.nodes.iter().any(|(&m, x)| {
-                let h = self.placement.reported(m);
-                m != n
-                    && x.disk_log.get(off as usize) == Some(e)
-                    && h.is_some_and(|h| h.sid == x.sid && h.pos.end > off)
-            })
-        };
-        // Committed records are what the fault model keeps, acknowledged or not: those below
-        // the highest commit mark any node learnt, as that node holds them.
-        let learnt = self
-            .commit_seen
-            .iter()
-            .max_by_key(|(_, k)| **k)
-            .map(|(&m, &k)| {
-                &self.nodes[&m].disk_log[..(k as usize).min(self.nodes[&m].disk_log.len())]
-            });
-        let committed_kept = learnt.is_none_or(|log| {
-            log.iter()
-                .enumerate()
-                .all(|(off, e)| elsewhere(off as u64, e))
-        });
-        committed_kept && self.acked.iter().all(|(&off, (e, _))| elsewhere(off, e))
-    }
-
     /// A machine crash: a tail of the log is lost, the identity rotates and is registered
     /// with placement before the node answers anyone (rule 9).
     fn machine_crash(&mut self, n: NodeId) -> Result<(), String> {
         let len = self.nodes[&n].disk_log.len() as u64;
-        let keep = self.rng.below(len + 1);
+        let base = self.nodes[&n].disk_base;
+        let keep = base + self.rng.below(len - base + 1);
         let stale = self
             .placement
             .reported(n)
@@ -634,6 +623,11 @@ impl World {
                 self.trace.push(format!("propose {ids:?} at {n}: {r:?}"));
                 n
             }
+            78..=79 => {
+                let n = self.pick_node();
+                self.trim(n);
+                return self.check();
+            }
             63..=82 => {
                 let n = self.pick_node();
                 self.trace.push(format!("tick {n}"));
@@ -681,74 +675,6 @@ impl World {
             self.cut.insert((b, a));
         }
         self.trace.push(format!("cut {a}-{b}"));
-    }
-
-    /// `AtMostOneServing` and `NoAckedRecordLost` now, and `LogMatching` over every pair of
-    /// disks.
-    fn check(&mut self) -> Result<(), String> {
-        let serving: Vec<NodeId> = (1..=NODES)
-            .filter(|&n| self.nodes[&n].r.serving(self.now(n)))
-            .collect();
-        if serving.len() > 1 {
-            return Err(format!(
-                "AtMostOneServing: nodes {serving:?} serve at true time {} ms",
-                self.true_ms
-            ));
-        }
-        self.reached.served |= !serving.is_empty();
-        // NoAckedRecordLost: the leaders of placement's newest generation hold every
-        // acknowledged record at its offset.
-        let (newest, _) = self.placement.newest();
-        for (&n, x) in &self.nodes {
-            if x.r.leading() != Some(newest) {
-                continue;
-            }
-            for (&off, (e, by)) in &self.acked {
-                if x.disk_log.get(off as usize) != Some(e) {
-                    return Err(format!(
-                        "NoAckedRecordLost: node {n} leads generation {newest} without {e:?} at offset {off} (acknowledged by {by}); it holds {:?}",
-                        x.disk_log.get(off as usize)
-                    ));
-                }
-            }
-        }
-        // CommittedPrefixMatches: what a node learnt committed is, record for record, in the
-        // log of every leader of placement's newest generation.
-        for (&n, x) in &self.nodes {
-            if x.r.leading() != Some(newest) {
-                continue;
-            }
-            for (&m, y) in &self.nodes {
-                let k = self.commit_seen.get(&m).copied().unwrap_or(0) as usize;
-                let k = k.min(y.disk_log.len());
-                if x.disk_log.get(..k) != y.disk_log.get(..k) {
-                    return Err(format!(
-                        "CommittedPrefixMatches: node {m} learnt offsets below {k} committed, and node {n}, leading generation {newest}, holds other records there"
-                    ));
-                }
-            }
-        }
-        let leading = (1..=NODES).filter(|n| self.nodes[n].r.leading().is_some());
-        self.reached.two_leading |= leading.count() >= 2;
-        let logs: Vec<(NodeId, &Vec<Entry>)> =
-            self.nodes.iter().map(|(n, x)| (*n, &x.disk_log)).collect();
-        for (i, (a, la)) in logs.iter().enumerate() {
-            for (b, lb) in &logs[i + 1..] {
-                let common = la.len().min(lb.len());
-                let Some(o) = (0..common).rev().find(|&o| la[o].gen == lb[o].gen) else {
-                    continue;
-                };
-                if la[..=o] != lb[..=o] {
-                    return Err(format!(
-                        "LogMatching: nodes {a} and {b} both hold generation {} at offset {o} but differ at or below it: {:?} vs {:?}",
-                        la[o].gen,
-                        &la[..=o],
-                        &lb[..=o]
-                    ));
-                }
-            }
-        }
-        Ok(())
     }
 }
 
@@ -844,8 +770,9 @@ fn replicas_keep_one_server_one_leader_per_generation_matching_logs_and_acked_re
         "an ack, then another replica led",
         "a stale report after a machine crash",
         "a resignation",
+        "a follower rebuilt from its leader's base",
     ];
-    let mut counts = [0u64; 9];
+    let mut counts = [0u64; 10];
     // With FELIX_REPLICA_BUDGET_S (scripts/test.sh sets it), seeds go on past the ones asked
     // for until the budget is spent: as many as fit, never fewer than asked.
     let budget = std::env::var("FELIX_REPLICA_BUDGET_S")
@@ -876,6 +803,7 @@ fn replicas_keep_one_server_one_leader_per_generation_matching_logs_and_acked_re
             r.acked_then_failover,
             r.stale_report_after_crash,
             r.resigned,
+            r.rebuilt,
         ]) {
             *c += u64::from(hit);
         }
@@ -916,5 +844,6 @@ fn trace_n() -> usize {
         .unwrap_or(12)
 }
 
+mod check;
 /// The negative twins: each breaks one rule and must be caught.
 mod twins;

@@ -58,6 +58,8 @@ struct Harness {
     visible: BTreeMap<u64, Bytes>,
     /// Each serving leader's next offset to hand over.
     next_visible: BTreeMap<NodeId, u64>,
+    /// Each `Output::Rebuilt`: (node, base).
+    rebuilt: Vec<(NodeId, u64)>,
 }
 
 async fn open_node(root: &Path, n: NodeId) -> Node {
@@ -92,6 +94,7 @@ impl Harness {
             not_vouched: BTreeSet::new(),
             visible: BTreeMap::new(),
             next_visible: BTreeMap::new(),
+            rebuilt: Vec::new(),
         }
     }
 
@@ -139,6 +142,7 @@ impl Harness {
                     }
                 }
                 Output::CannotVouch { from, below } => self.not_vouched.extend(from..below),
+                Output::Rebuilt { base } => self.rebuilt.push((n, base)),
                 Output::Serving { from } => {
                     self.next_visible.insert(n, from);
                 }
@@ -228,6 +232,20 @@ impl Harness {
 
     fn log(&self, n: NodeId) -> &felix_storage::Log {
         self.nodes[&n].d.store().log()
+    }
+
+    /// Every record `n`'s log holds, from its oldest offset: (offset, generation, payload).
+    async fn held(&self, n: NodeId) -> Vec<(u64, u64, Bytes)> {
+        let log = self.log(n);
+        let mut out = Vec::new();
+        let mut at = log.oldest_offset();
+        while at < log.acked() {
+            for r in log.read(at, 100, 1 << 20).await.unwrap() {
+                at = r.offset + 1;
+                out.push((r.offset, r.gen, r.payload));
+            }
+        }
+        out
     }
 
     /// Every record of `n`'s log: (generation, flags, payload).
@@ -446,7 +464,7 @@ fn the_store_refuses_what_does_not_match_the_machine() {
         );
         assert!(records_for(Source::Client, &[4], &[], &[], 9).is_err());
         assert_eq!(
-            store.read_shipment(1, &[3, 4]).await.unwrap(),
+            store.read_shipment(1, &[3, 4]).await.unwrap().unwrap(),
             vec![rec(3, b"x"), rec(4, b"y")]
         );
         // From memory (the newest records), and after a reopen from the log.
@@ -463,7 +481,7 @@ fn the_store_refuses_what_does_not_match_the_machine() {
         assert_eq!(d2, d);
         assert_eq!(view, GenLog::from_gens([3, 3, 4]));
         assert_eq!(
-            store.read_shipment(1, &[3, 4]).await.unwrap(),
+            store.read_shipment(1, &[3, 4]).await.unwrap().unwrap(),
             vec![rec(3, b"x"), rec(4, b"y")]
         );
         let e = store.read_shipment(1, &[3, 3]).await.unwrap_err();
@@ -580,5 +598,75 @@ fn a_batch_is_written_in_one_piece_acknowledged_and_handed_to_readers() {
         for n in 1..=3 {
             assert_eq!(h.records(n).await.len(), 5, "node {n} holds the batch");
         }
+    });
+}
+
+/// Rule 10 over real logs: while a follower is down, retention removes segments on the
+/// leader and the other follower, never at or above the mark they learnt; the follower comes
+/// back needing records the leader no longer holds, and is rebuilt from the leader's base: its
+/// log then holds exactly the leader's records from there, and it counts again.
+#[test]
+fn a_follower_behind_the_leaders_retention_is_rebuilt_from_its_base() {
+    let root = tempfile::tempdir().unwrap();
+    let path = root.path().to_path_buf();
+    run(move || async move {
+        let mut h = Harness::new(&path).await;
+        // Node 3 has a record, then goes down.
+        h.assign(1).await;
+        h.run_for(1_500).await;
+        h.propose(1, "early").await;
+        h.run_for(300).await;
+        assert_eq!(h.held(3).await.len(), 2, "the start record and one more");
+        h.cut = Some(3);
+        h.lossy = true;
+        // 2 KiB records: 64 KiB segments hold about thirty.
+        let big = "r".repeat(2 << 10);
+        for _ in 0..20 {
+            h.propose_batch(1, &[&big, &big, &big, &big, &big]).await;
+            h.run_for(100).await;
+        }
+        h.run_for(500).await;
+        assert_eq!(h.acked.len(), 101, "a majority without node 3");
+        let mark = h.replica(1).known_commit();
+        assert_eq!(mark, h.replica(1).log().end());
+        for n in [1, 2] {
+            let gone = h.log(n).delete_below(u64::MAX).await;
+            assert!(gone > 0, "node {n}: retention removed segments");
+            assert!(h.log(n).oldest_offset() <= mark, "never past the mark");
+        }
+        let base = h.log(1).oldest_offset();
+        assert!(base > 2, "the leader no longer holds what node 3 needs");
+        h.run_for(300).await;
+        assert_eq!(h.replica(1).log().base(), base, "the machine learnt it");
+        // A restart reads the base back from the files.
+        h.restart(1).await;
+        assert_eq!(h.replica(1).log().base(), base);
+        assert!(h.replica(1).known_commit() >= base);
+        h.assign(1).await;
+        h.run_for(2_000).await;
+        h.restart(3).await;
+        h.heal();
+        h.run_for(2_000).await;
+        assert_eq!(
+            h.rebuilt,
+            vec![(3, base)],
+            "node 3 rebuilt from the leader's base"
+        );
+        let want = h.held(1).await;
+        assert_eq!(want.first().map(|r| r.0), Some(base));
+        assert_eq!(
+            h.held(3).await,
+            want,
+            "node 3 holds the leader's log from its base"
+        );
+        assert_eq!(h.replica(3).log().base(), base);
+        // It counts again: with node 2 cut off, a record is still acknowledged.
+        h.cut = Some(2);
+        let at = h.propose(1, "after").await;
+        h.run_for(500).await;
+        assert!(h.acked.contains_key(&at), "nodes 1 and 3 are a majority");
+        // Restarted, node 3 opens at its base, where its log now starts.
+        h.restart(3).await;
+        assert_eq!(h.log(3).oldest_offset(), base);
     });
 }

@@ -141,3 +141,15 @@ fn negative_twin_promote_behind_commit_is_caught() {
 // placement believes a replica holds, which can only take candidates away. They keep
 // placement's view current (for promotion's choice and the lag it shows), and
 // `control/src/replication.rs`'s unit tests hold them.
+
+#[test]
+fn negative_twin_no_rebuild_is_caught() {
+    // A follower shipped from its leader's base keeps what it held below it: a prefix that
+    // differs from the committed records there, next to the leader's records from the base.
+    negative_twin(
+        &breaks::NO_REBUILD,
+        Mix::of_seed(0),
+        "LogMatching|CommittedPrefixMatches|NoAckedRecordLost|append_at_end",
+        2_000,
+    );
+}
