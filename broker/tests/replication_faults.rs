@@ -17,7 +17,11 @@
 //!   operator's way out (`felixctl shard abandon`) recovers it, saying what may be lost;
 //! - the leader stopped with SIGTERM: it tells the control plane it leaves, another replica
 //!   leads without waiting for it to be counted dead, and a publish sent to the new leader
-//!   while it still fences and waits out the old lease is held and acknowledged, not refused.
+//!   while it still fences and waits out the old lease is held and acknowledged, not refused;
+//! - retention on a replicated stream (rule 10): it never removes records at or above the
+//!   commit mark, also while the mark stands still (the control plane frozen) and after a
+//!   restart; a follower that was down while the leader's retention removed what it needs is
+//!   rebuilt from the leader's base when it comes back.
 
 use bytes::Bytes;
 use std::collections::BTreeMap;
@@ -25,7 +29,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 use common::replicated::{
-    check_acked_on_leader, publish_one, udp_ports_of, Cut, Trio, PUBLISH_WAIT,
+    check_acked_on_leader, check_acked_retained, publish_one, udp_ports_of, Cut, Trio, PUBLISH_WAIT,
 };
 
 /// The control plane counts a broker dead after this long without a heartbeat.
@@ -505,4 +509,121 @@ async fn a_leader_stopped_with_sigterm_is_replaced_without_being_counted_dead_fi
     t.restart(old);
     t.wait_full("q", RECOVERY_MAX).await;
     check_acked_on_leader(&t, "q", &acked, RECOVERY_MAX).await;
+}
+
+/// Publish `n` records of `bytes` each to node `id`, each acknowledged; into `acked`.
+async fn publish_big(
+    t: &Trio,
+    id: u64,
+    name: &str,
+    tag: &str,
+    n: usize,
+    bytes: usize,
+    acked: &mut BTreeMap<u64, Bytes>,
+) {
+    let c = t.client(id).await.expect("the leader answers");
+    for i in 0..n {
+        let mut p = format!("{tag}-{i}-");
+        p.extend(std::iter::repeat_n('x', bytes.saturating_sub(p.len())));
+        let o = publish_one(&c, name, &p, PUBLISH_WAIT)
+            .await
+            .unwrap_or_else(|e| panic!("{tag}-{i} to node {id}: {e}"));
+        acked.insert(o, Bytes::from(p));
+    }
+}
+
+/// Wait (`max` at most) until node `id`'s oldest segment on disk starts past offset 0; that
+/// offset and its retention hold.
+async fn trimmed_on(t: &Trio, id: u64, max: Duration) -> (u64, u64) {
+    let start = Instant::now();
+    loop {
+        let (oldest, hold) = t.oldest_on_disk(id);
+        if oldest > 0 {
+            return (oldest, hold);
+        }
+        assert!(start.elapsed() < max, "retention never ran on node {id}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_stops_at_the_commit_mark_and_a_follower_behind_it_is_rebuilt() {
+    // 1 MiB segments (the smallest) and a 2 MiB retention bound; records of 60 KB.
+    const RECORD_BYTES: usize = 60_000;
+    let mut t = Trio::start(DEAD_AFTER_MS, &["--durable-segment-bytes", "1048576"]).await;
+    t.create_stream_with("r", "leader", &["--retention-bytes", "2097152"]);
+    let mut acked = BTreeMap::new();
+    t.publish_until_acked("r", "first", RECOVERY_MAX).await;
+    t.wait_full("r", RECOVERY_MAX).await;
+    let leader = t.leader("r").await.unwrap();
+    let f = followers(&t, "r", leader).await;
+
+    // A follower down while the leader writes three times the bound: retention on the leader
+    // and on the other follower removes what the one down still needs, never past the mark.
+    t.kill(f[0]);
+    publish_big(&t, leader, "r", "down", 100, RECORD_BYTES, &mut acked).await;
+    let (base, hold) = trimmed_on(&t, leader, RECOVERY_MAX).await;
+    let commit = t.shard("r").await["commit"].as_u64().unwrap();
+    eprintln!("leader {leader}: oldest {base}, hold {hold}, commit {commit}");
+    assert!(
+        base <= commit,
+        "retention removed records at or above the mark"
+    );
+
+    // Back, it is rebuilt from the leader's base and holds the shard again.
+    t.restart(f[0]);
+    let s = t.wait_full("r", RECOVERY_MAX).await;
+    eprintln!("after the follower came back: {s}");
+    let rebuilt = t.nodes[&f[0]].total("replica_rebuilds");
+    assert_eq!(rebuilt, 1, "node {} rebuilt from the leader's base", f[0]);
+    let (its_base, _) = t.oldest_on_disk(f[0]);
+    assert!(
+        its_base > 0,
+        "its log starts at the leader's base, not at 0"
+    );
+
+    // The control plane frozen: the mark stands still while a `leader` stream goes on taking
+    // records. Retention keeps everything from the mark on, however far past the bound.
+    let mark = t.shard("r").await["commit"].as_u64().unwrap();
+    t.signal_control_plane(libc::SIGSTOP);
+    publish_big(&t, leader, "r", "frozen", 60, RECORD_BYTES, &mut acked).await;
+    tokio::time::sleep(Duration::from_millis(2_500)).await; // retention runs every second
+    for id in 1..=3 {
+        let (oldest, hold) = t.oldest_on_disk(id);
+        eprintln!("frozen: node {id} oldest {oldest}, hold {hold}, mark {mark}");
+        assert!(
+            oldest <= mark,
+            "node {id} trimmed past the standing mark {mark}"
+        );
+        assert!(
+            hold <= mark,
+            "node {id} holds at {hold}, past the mark {mark}"
+        );
+    }
+    t.signal_control_plane(libc::SIGCONT);
+    let o = t.publish_until_acked("r", "thawed", RECOVERY_MAX).await;
+    acked.insert(o, Bytes::from("thawed"));
+
+    // Restarted on its files, each broker holds from where its hold says, and the leader still
+    // serves every acknowledged record it retains; then the new leader after a kill does too.
+    for id in 1..=3 {
+        t.kill(id);
+    }
+    for id in 1..=3 {
+        t.restart(id);
+    }
+    t.wait_full("r", RECOVERY_MAX).await;
+    let got = check_acked_retained(&t, "r", &acked, RECOVERY_MAX).await;
+    let oldest = *got.keys().next().unwrap();
+    eprintln!("after the restart the leader serves from {oldest}");
+    let commit = t.shard("r").await["commit"].as_u64().unwrap();
+    assert!(oldest <= commit);
+    let leader = t.leader("r").await.unwrap();
+    t.kill(leader);
+    let o = t.publish_until_acked("r", "failover", RECOVERY_MAX).await;
+    acked.insert(o, Bytes::from("failover"));
+    check_acked_retained(&t, "r", &acked, RECOVERY_MAX).await;
+    for b in t.nodes.values() {
+        assert_eq!(b.total("replica_failures"), 0, "no replica failed");
+    }
 }

@@ -196,9 +196,9 @@ pub struct Config {
     pub metrics_public: bool,
     /// Accept streams of more than one copy and `consistency: quorum`, and place them:
     /// replica sets, leaders, promotion, leaders' reports. Brokers replicate their shards and
-    /// serve publishes and subscriptions on the leader; replacing a dead follower, rebuilding
-    /// one and consumer groups are not built yet, so it is a preview, off by default. Give
-    /// every Raft member the same value.
+    /// serve publishes and subscriptions on the leader; replacing a dead follower and
+    /// consumer groups on replicated streams are not built yet, so it is a preview, off by
+    /// default. Give every Raft member the same value.
     #[arg(long, env = "FELIX_REPLICATION_PREVIEW", default_value_t = false)]
     pub replication_preview: bool,
 

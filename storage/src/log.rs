@@ -895,6 +895,12 @@ impl Log {
         Ok(first..i.next_offset)
     }
 
+    /// The most record bytes (encoded, [`RecordIn::encoded_len`]) one append takes: it is
+    /// one commit. A writer with more splits them.
+    pub fn append_bytes_max(&self) -> usize {
+        self.inner.borrow().cfg.commit_bytes_max - COMMIT_HEADER_BYTES
+    }
+
     /// Offsets below this are acknowledged (written; and synced under `on_commit`).
     pub fn acked(&self) -> u64 {
         self.inner.borrow().acked()

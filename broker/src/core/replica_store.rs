@@ -308,24 +308,56 @@ impl ReplicaStore {
         assert!(records.iter().map(|r| r.gen).eq(gens.iter().copied()));
         let mut end = at;
         for run in records.chunk_by(|a, b| a.gen == b.gen) {
-            let ins: Vec<RecordIn> = run
-                .iter()
-                .map(|r| RecordIn {
-                    key: &[],
-                    payload: &r.payload,
-                    flags: r.flags,
-                })
-                .collect();
-            let r = self
-                .log
-                .append_stamped(run[0].gen, &ins, |k| run[k].ts_ms)
-                .map_err(|e| e.to_string())?;
-            assert_eq!(r.start, end, "appends are contiguous");
-            end = r.end;
+            // One append is one commit: a shipment of large records takes several.
+            let mut k = 0;
+            while k < run.len() {
+                let n = self.fitting(&run[k..]);
+                let chunk = &run[k..k + n];
+                let r = self.append_one(chunk, end).await?;
+                assert_eq!(r.start, end, "appends are contiguous");
+                end = r.end;
+                k += n;
+            }
         }
         self.remember(at, records);
         self.unsettled = self.unsettled.max(end);
         Ok(())
+    }
+
+    /// How many of `run`'s first records fit in one append (at least one: a record too
+    /// large for any commit is refused by the log).
+    fn fitting(&self, run: &[Carried]) -> usize {
+        let max = self.log.append_bytes_max();
+        let mut bytes = 0;
+        let n = run
+            .iter()
+            .take_while(|r| {
+                bytes += record_in(r).encoded_len();
+                bytes <= max
+            })
+            .count();
+        n.max(1)
+    }
+
+    /// Append `chunk` (one generation, fitting one commit) at the log's end, `end`. The log's
+    /// queue of unwritten bytes is bounded: when full, wait until what is queued is written,
+    /// then try once more.
+    async fn append_one(
+        &mut self,
+        chunk: &[Carried],
+        end: u64,
+    ) -> Result<std::ops::Range<u64>, String> {
+        let ins: Vec<RecordIn> = chunk.iter().map(record_in).collect();
+        let gen = chunk[0].gen;
+        let ts = |k: usize| chunk[k].ts_ms;
+        match self.log.append_stamped(gen, &ins, ts) {
+            Err(LogError::Backpressure { .. }) => {
+                self.log.wait_acked(end).await.map_err(|e| e.to_string())?;
+                self.log.append_stamped(gen, &ins, ts)
+            }
+            r => r,
+        }
+        .map_err(|e| e.to_string())
     }
 
     /// The records a shipment of `gens` from `start` carries, read from the log; each must be
@@ -387,3 +419,11 @@ fn gen_view(log: &Log) -> Result<GenLog, String> {
 
 #[cfg(test)]
 mod tests;
+
+fn record_in(r: &Carried) -> RecordIn<'_> {
+    RecordIn {
+        key: &[],
+        payload: &r.payload,
+        flags: r.flags,
+    }
+}

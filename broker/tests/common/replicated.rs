@@ -80,7 +80,12 @@ impl Trio {
 
     /// Create stream `name` in acme/prod: durable, one shard, three copies, `consistency`.
     pub fn create_stream(&self, name: &str, consistency: &str) {
-        self.ctl(&[
+        self.create_stream_with(name, consistency, &[]);
+    }
+
+    /// [`Trio::create_stream`] with more `stream create` flags.
+    pub fn create_stream_with(&self, name: &str, consistency: &str, extra: &[&str]) {
+        let mut args = vec![
             "--tenant",
             "acme",
             "--namespace",
@@ -93,7 +98,24 @@ impl Trio {
             "3",
             "--consistency",
             consistency,
-        ]);
+        ];
+        args.extend_from_slice(extra);
+        self.ctl(&args);
+    }
+
+    /// The oldest offset on node `id`'s disk of the one replicated shard its durable
+    /// directory holds (the base of its oldest segment), and the retention hold its
+    /// `replica-state.json` says.
+    pub fn oldest_on_disk(&self, id: u64) -> (u64, u64) {
+        let root = self.tmp.path().join(format!("durable-{id}"));
+        let state = find_file(&root, "replica-state.json").expect("a replica's state file");
+        let dir = state.parent().unwrap();
+        let (bases, _) = felix_storage::log::list_log_dir(dir).unwrap();
+        let hold = serde_json::from_slice::<serde_json::Value>(&std::fs::read(&state).unwrap())
+            .unwrap()["hold"]
+            .as_u64()
+            .unwrap_or(0);
+        (bases.first().copied().unwrap_or(0), hold)
     }
 
     /// SIGKILL node `id`; its files are kept for [`Trio::restart`].
@@ -266,9 +288,9 @@ pub async fn publish_one(
     }
 }
 
-/// Read shard 0 of acme/prod/`name` on `b` from the start through offset `last`: offset →
-/// payload, or None when the broker does not serve it now (not the leader yet, not serving,
-/// or cut off). Offsets from the start must be contiguous.
+/// Read shard 0 of acme/prod/`name` on `b` from the start (its oldest retained record)
+/// through offset `last`: offset → payload, or None when the broker does not serve it now
+/// (not the leader yet, not serving, or cut off). Offsets from the start must be contiguous.
 pub async fn read_from_start(b: &Broker, name: &str, last: u64) -> Option<BTreeMap<u64, Bytes>> {
     let c = tokio::time::timeout(PUBLISH_WAIT, b.client()).await.ok()?;
     let stream = StreamName::new("acme", "prod", name);
@@ -278,13 +300,15 @@ pub async fn read_from_start(b: &Broker, name: &str, last: u64) -> Option<BTreeM
     };
     let mut sub = c.subscribe(&stream, 0, opts).await.ok()?;
     let mut got = BTreeMap::new();
-    let mut next = 0u64;
-    while next <= last {
+    let mut next: Option<u64> = None;
+    while next.is_none_or(|n| n <= last) {
         match sub.next_timeout(Duration::from_secs(5)).await {
             Ok(Some(ev @ Event::Records { .. })) => {
                 for (o, p) in ev.records() {
-                    assert_eq!(o, next, "offsets from the start are contiguous");
-                    next = o + 1;
+                    if let Some(n) = next {
+                        assert_eq!(o, n, "offsets from the start are contiguous");
+                    }
+                    next = Some(o + 1);
                     got.insert(o, p);
                 }
             }
@@ -294,9 +318,22 @@ pub async fn read_from_start(b: &Broker, name: &str, last: u64) -> Option<BTreeM
     Some(got)
 }
 
-/// Wait (`max` at most) until the leader of `name` serves the shard from its start through
-/// `last`, and check that every record of `acked` is there at its offset.
+/// Wait (`max` at most) until the leader of `name` serves the shard from its start (offset
+/// 0) through `last`, and check that every record of `acked` is there at its offset.
 pub async fn check_acked_on_leader(
+    t: &Trio,
+    name: &str,
+    acked: &BTreeMap<u64, Bytes>,
+    max: Duration,
+) -> BTreeMap<u64, Bytes> {
+    let got = check_acked_retained(t, name, acked, max).await;
+    assert_eq!(got.keys().next(), Some(&0), "{name} is read from offset 0");
+    got
+}
+
+/// [`check_acked_on_leader`] on a stream with retention: the leader's log starts at its
+/// oldest retained record, and every record of `acked` from there is at its offset.
+pub async fn check_acked_retained(
     t: &Trio,
     name: &str,
     acked: &BTreeMap<u64, Bytes>,
@@ -318,7 +355,8 @@ pub async fn check_acked_on_leader(
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
-    for (o, p) in acked {
+    let oldest = *got.keys().next().expect("read through `last`");
+    for (o, p) in acked.range(oldest..) {
         assert_eq!(got.get(o), Some(p), "acknowledged record at {o} of {name}");
     }
     got
@@ -406,4 +444,19 @@ fn nft(args: &[&str], stdin: Option<&str>) {
         "nft {args:?} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// The first file named `name` under `dir` (depth first, bounded by the tree).
+fn find_file(dir: &std::path::Path, name: &str) -> Option<std::path::PathBuf> {
+    for e in std::fs::read_dir(dir).ok()?.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            if let Some(f) = find_file(&p, name) {
+                return Some(f);
+            }
+        } else if e.file_name() == name {
+            return Some(p);
+        }
+    }
+    None
 }

@@ -1,5 +1,5 @@
 //! The replica of one durable shard as a pure state machine, after
-//! `docs/replication-design.md`. So far it implements rules 1 to 9:
+//! `docs/replication-design.md`. It implements rules 1 to 10:
 //! - generations (rule 1);
 //! - the leader's lease on its monotonic clock (rule 2, `lease.rs`);
 //! - fencing with a durable promise (rule 3, `follower.rs`);
@@ -12,7 +12,9 @@
 //! - promotion of the furthest-ahead vouched replica (rule 8, placement's side, in
 //!   `felix_control::replication`);
 //! - storage identities: answers and reports name them, placement counts only current ones,
-//!   and a broker refuses an assignment made for an identity it no longer has (rule 9).
+//!   and a broker refuses an assignment made for an identity it no longer has (rule 9);
+//! - logs trimmed by retention below the learnt mark, and followers rebuilt from a leader's
+//!   base (rule 10).
 //!
 //! It reads no clock and touches no socket or file: the time of each input is an argument
 //! (milliseconds of the driver's monotonic clock). Its inputs are placement's assignment
@@ -23,12 +25,13 @@
 //! [`Effect::Persist`] must be durable (fsynced) before any later effect of the same batch is
 //! carried out, because a promise or ballot is never answered before it is kept (rule 3).
 //!
-//! Not here yet (later slices of issue 23): retention held at the mark (10), the followers'
-//! knowledge of the mark. The machine keeps generations, not records ([`GenLog`]): the driver
+//! Retention (rule 10): a log may start at a base ([`GenLog`]); a leader ships a follower
+//! that needs records below its base from the base, and the follower rebuilds its log there
+//! unless it agrees (`follower.rs`). The machine keeps generations, not records ([`GenLog`]): the driver
 //! holds the records, reads a shipment's from its log and writes what an `Effect::Append`
-//! names (`core/replica_store.rs` does both on real files, with the durable promise). The
-//! shard host and the control plane do not run these machines yet; the simulator (`sim.rs`)
-//! and `replica_store`'s tests, three machines over real logs, do.
+//! names (`core/replica_store.rs` does both on real files, with the durable promise).
+//! Brokers run one per hosted replica (`core/replica_host.rs`); so do the simulator
+//! (`sim.rs`) and `replica_store`'s tests, three machines over real logs.
 #![cfg_attr(not(test), allow(dead_code))]
 
 use std::collections::BTreeMap;
@@ -227,8 +230,8 @@ pub(crate) struct Replica {
     /// mark while it led, from its leaders' shipments for what it holds in agreement with
     /// them. It never passes the log's end, and only grows, since no leader ever cuts a
     /// committed record (the simulator checks that on every cut, with the seed). Not
-    /// persisted yet (0 after a restart is a true lower bound): retention at the mark (rule
-    /// 10) is to use it.
+    /// persisted: after a restart it starts at the log's base (what retention left was
+    /// trimmed below a learnt mark), a true lower bound. Retention holds at it (rule 10).
     known_commit: u64,
     cfg: ReplicaCfg,
     effects: Vec<Effect>,

@@ -6,6 +6,8 @@
 //! between two effects of one batch, restarts the node from exactly what it had written.
 //! A machine crash also loses a random tail of the log (the fsync window of a relaxed fsync
 //! mode) and rotates the node's storage identity, registered with placement as it comes back.
+//! Retention trims any node's log below the mark it learnt (rule 10, `sim/check.rs`), so
+//! followers that fall behind a leader's base are rebuilt from it.
 //!
 //! The fault model's bound "at most a minority loses data at once" is kept as the oracle
 //! sees it: a machine crash may hit a node only while every other node is vouched for under
@@ -37,6 +39,10 @@
 //!   across process crashes, lowered only by what a machine crash loses), and
 //!   `CommittedPrefixMatches`: what any node learnt committed is, record for record, in the
 //!   log of every leader of placement's newest generation (twin `COMMIT_BEFORE_MATCH`).
+//! - `TrimmedCommitted`: a follower is rebuilt only at a base some node learnt committed (and
+//!   never drops a record it learnt committed at or past it).
+//!
+//! Where a log was trimmed, every check compares from the higher base.
 //!
 //! Seeds: `FELIX_REPLICA_SEEDS` (default 2000) or `FELIX_REPLICA_SEED=N` to replay one:
 //! `FELIX_REPLICA_SEED=N cargo nextest run -p felix-broker replica::sim`. With

@@ -670,3 +670,33 @@ fn a_follower_behind_the_leaders_retention_is_rebuilt_from_its_base() {
         assert_eq!(h.log(3).oldest_offset(), base);
     });
 }
+
+/// A shipment larger than one commit (large records, a full batch) is appended in several,
+/// in order, and reads back whole: it once failed the replica ("append of 1980924 bytes
+/// exceeds the limit").
+#[test]
+fn a_shipment_larger_than_a_commit_is_appended_in_several() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("n");
+    run(move || async move {
+        let (mut store, _, _) = ReplicaStore::open(&dir, log_cfg()).await.unwrap();
+        let max = store.log().append_bytes_max();
+        let recs: Vec<Carried> = (0..12u8)
+            .map(|k| Carried {
+                gen: 1 + u64::from(k / 8),
+                ts_ms: 5,
+                flags: 0,
+                payload: Bytes::from(vec![k; 5_000]),
+            })
+            .collect();
+        assert!(recs.iter().map(|r| r.payload.len()).sum::<usize>() > 3 * max);
+        let gens: Vec<u64> = recs.iter().map(|r| r.gen).collect();
+        store.append(0, &gens, &recs).await.unwrap();
+        store.settle().await.unwrap();
+        assert_eq!(store.log().acked(), 12);
+        store.log().close().await.unwrap();
+        let (store, _, view) = ReplicaStore::open(&dir, log_cfg()).await.unwrap();
+        assert_eq!(view, GenLog::from_gens(gens.iter().copied()));
+        assert_eq!(store.read_shipment(0, &gens).await.unwrap().unwrap(), recs);
+    });
+}
