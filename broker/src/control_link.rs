@@ -604,8 +604,10 @@ async fn post_report(
         .holders
         .iter()
         .map(|h| {
+            let behind = job.report.behind_bytes.get(&h.node);
             serde_json::json!({"node": h.node, "last_generation": h.pos.last_gen,
-                "end": h.pos.end, "storage_id": format!("{:016x}", h.sid)})
+                "end": h.pos.end, "storage_id": format!("{:016x}", h.sid),
+                "behind_bytes": behind})
         })
         .collect();
     let body = serde_json::json!({"generation": job.report.gen, "leader": job.report.leader,

@@ -563,8 +563,20 @@ async fn retention_stops_at_the_commit_mark_and_a_follower_behind_it_is_rebuilt(
     t.kill(f[0]);
     publish_big(&t, leader, "r", "down", 100, RECORD_BYTES, &mut acked).await;
     let (base, hold) = trimmed_on(&t, leader, RECOVERY_MAX).await;
-    let commit = t.shard("r").await["commit"].as_u64().unwrap();
+    let s = t.shard("r").await;
+    let commit = s["commit"].as_u64().unwrap();
     eprintln!("leader {leader}: oldest {base}, hold {hold}, commit {commit}");
+    // Lag in bytes: the one down is behind by all the leader holds (more than a segment).
+    let lag_bytes = |s: &serde_json::Value, n: u64| {
+        let r = s["replicas"].as_array().unwrap();
+        r.iter().find(|x| x["node"] == n).unwrap()["lag_bytes"].as_u64()
+    };
+    let behind = lag_bytes(&s, f[0]).unwrap_or(0);
+    assert!(
+        behind > 1 << 20,
+        "node {} behind by {behind} bytes: {s}",
+        f[0]
+    );
     assert!(
         base <= commit,
         "retention removed records at or above the mark"
@@ -574,6 +586,13 @@ async fn retention_stops_at_the_commit_mark_and_a_follower_behind_it_is_rebuilt(
     t.restart(f[0]);
     let s = t.wait_full("r", RECOVERY_MAX).await;
     eprintln!("after the follower came back: {s}");
+    for n in [f[0], f[1]] {
+        assert_eq!(
+            lag_bytes(&s, n),
+            Some(0),
+            "node {n} level with the leader: {s}"
+        );
+    }
     let rebuilt = t.nodes[&f[0]].total("replica_rebuilds");
     assert_eq!(rebuilt, 1, "node {} rebuilt from the leader's base", f[0]);
     let (its_base, _) = t.oldest_on_disk(f[0]);

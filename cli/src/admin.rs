@@ -705,12 +705,20 @@ pub async fn run(cmd: &AdminCmd, g: &Globals) -> Result<(), Fail> {
                                 r.followers.iter().map(u64::to_string).collect()
                             })),
                             opt(&r.and_then(|r| r.commit)),
-                            // Each follower's lag behind the leader's reported end, in records.
+                            // Each follower's lag behind the leader: records, and bytes as
+                            // the leader's last report said (`-` before one named it).
                             list(r.map_or(Vec::new(), |r| {
                                 r.replicas
                                     .iter()
                                     .filter(|x| Some(x.node) != r.leader)
-                                    .map(|x| format!("{}:{}", x.node, x.lag_records))
+                                    .map(|x| {
+                                        format!(
+                                            "{}:{}:{}",
+                                            x.node,
+                                            x.lag_records,
+                                            opt(&x.lag_bytes)
+                                        )
+                                    })
                                     .collect()
                             })),
                         ]

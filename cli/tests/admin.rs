@@ -346,7 +346,7 @@ fn replicated_shards_show_leader_followers_commit_and_lag() {
     assert_eq!(row["owner"].as_u64(), Some(leader), "{row}");
     let holder = |n: u64, end: u64| {
         serde_json::json!({"node": n, "last_generation": 1, "end": end,
-            "storage_id": format!("{:016x}", n * 0x11)})
+            "storage_id": format!("{:016x}", n * 0x11), "behind_bytes": (12 - end) * 1000})
     };
     let report = |from: u64, seq: u64| {
         serde_json::json!({"generation": 1, "leader": from, "seq": seq, "holders": [
@@ -373,8 +373,13 @@ fn replicated_shards_show_leader_followers_commit_and_lag() {
     assert_eq!(cols[6], "9", "the mark a majority holds: {out}");
     assert_eq!(
         cols[7],
-        format!("{}:3,{}:8", followers[0], followers[1]),
+        format!("{}:3:3000,{}:8:8000", followers[0], followers[1]),
         "{out}"
+    );
+    assert_eq!(
+        metric(u, "felix_controlplane_replica_lag_bytes_max"),
+        8000,
+        "the leader's report's bytes"
     );
     // A malformed report is refused, typed, and changes nothing.
     let (st, b) = post(

@@ -179,6 +179,10 @@ pub struct ReplicaLag {
     pub last_generation: u64,
     /// Records behind the leader's reported end.
     pub lag_records: u64,
+    /// Bytes of the leader's log past its end, as the leader's last landed report said (the
+    /// segment bytes: records, commit headers, padding; counted from the nearest index entry
+    /// at or before its end). Null before a report named it.
+    pub lag_bytes: Option<u64>,
     /// Whether its report entry counts: made under the storage identity the broker has
     /// registered now (rule 9). Only these move the commit mark and may be promoted.
     pub vouched: bool,

@@ -48,6 +48,11 @@ pub struct Report {
     /// [`Placement::resign`]); else the leader stays named.
     #[serde(default)]
     pub resign: bool,
+    /// For each holder, the bytes of the leader's log past its end (what it still has to
+    /// receive; the leader's own entry 0). What operators see as lag in bytes: placement
+    /// keeps the last landed report's and decides nothing on it.
+    #[serde(default)]
+    pub behind_bytes: BTreeMap<NodeId, u64>,
 }
 
 /// Placement's answer to a [`Report`].
@@ -140,6 +145,9 @@ pub struct Placement {
     /// (see [`Placement::commit`]); it never moves back.
     #[serde(default)]
     commit: Pos,
+    /// The last landed report's [`Report::behind_bytes`], for the replicas of the set.
+    #[serde(default)]
+    behind_bytes: BTreeMap<NodeId, u64>,
 }
 
 impl Placement {
@@ -162,6 +170,7 @@ impl Placement {
             rep,
             rep_seq: 0,
             commit: Pos::default(),
+            behind_bytes: BTreeMap::new(),
         }
     }
 
@@ -182,6 +191,12 @@ impl Placement {
     /// records of it). Offset 0 before any such report.
     pub fn commit(&self) -> Pos {
         self.commit
+    }
+
+    /// The bytes of the leader's log past replica `n`'s end, as the last landed report said
+    /// (None before one named it).
+    pub fn behind_bytes(&self, n: NodeId) -> Option<u64> {
+        self.behind_bytes.get(&n).copied()
     }
 
     /// Name the leader of the next generation among the replicas `live` says are up: the
@@ -391,6 +406,12 @@ impl Placement {
             .copied()
             .collect();
         self.note_commit(&counted);
+        self.behind_bytes = r
+            .behind_bytes
+            .iter()
+            .filter(|(n, _)| self.set.contains(n))
+            .map(|(&n, &b)| (n, b))
+            .collect();
         ReportAnswer::Landed {
             gen: r.gen,
             counted,
@@ -434,6 +455,7 @@ mod tests {
             seq,
             holders,
             resign: false,
+            behind_bytes: BTreeMap::new(),
         }
     }
 
@@ -530,6 +552,7 @@ mod tests {
             seq: 1,
             holders: vec![at(2, 1, 4, 20), at(3, 1, 4, 30)],
             resign: false,
+            behind_bytes: BTreeMap::new(),
         };
         let a = p.on_report(&r);
         let json = serde_json::to_string(&a).unwrap();

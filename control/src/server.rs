@@ -468,6 +468,11 @@ async fn metrics(State(st): State<Arc<AppState>>) -> impl IntoResponse {
         "largest lag of a replica behind its leader's reported end, records",
         h.lag_records_max,
     );
+    gauge(
+        "felix_controlplane_replica_lag_bytes_max",
+        "largest lag of a replica behind its leader's log, bytes (the leaders' last landed reports)",
+        h.lag_bytes_max,
+    );
     for (answer, c) in [
         ("landed", &replication::REPORTS_LANDED),
         ("refused", &replication::REPORTS_REFUSED),

@@ -895,6 +895,27 @@ impl Log {
         Ok(first..i.next_offset)
     }
 
+    /// The bytes the written records at `offset` and after take in the segment files
+    /// (commit headers and padding included): how far a reader or a follower at `offset`
+    /// is behind the end, in bytes. Exact at a segment's start; inside a segment it counts from
+    /// the index entry at or before `offset`, so it may count up to one index interval
+    /// ([`LogConfig::index_interval_bytes`]) more. Below the oldest offset: the whole log.
+    pub fn bytes_from(&self, offset: u64) -> u64 {
+        let i = self.inner.borrow();
+        i.segs
+            .iter()
+            .filter(|s| s.end_offset > offset)
+            .map(|s| {
+                let floor = s.index.partition_point(|e| e.offset <= offset);
+                let from = match floor.checked_sub(1) {
+                    Some(k) if offset > s.base => s.index[k].pos,
+                    _ => BLOCK as u64,
+                };
+                s.end_pos.saturating_sub(from)
+            })
+            .sum()
+    }
+
     /// The most record bytes (encoded, [`RecordIn::encoded_len`]) one append takes: it is
     /// one commit. A writer with more splits them.
     pub fn append_bytes_max(&self) -> usize {

@@ -346,3 +346,48 @@ fn retention_deletes_whole_old_segments() {
         log.close().await.unwrap();
     });
 }
+
+/// `Log::bytes_from`: how far an offset is behind the end, in bytes. Zero at the end, never
+/// less than the records' own encoded bytes from there, never more than those plus the
+/// commits' headers and padding and one index interval, non-increasing, and the whole log
+/// below the oldest offset.
+#[test]
+fn bytes_from_an_offset_count_what_follows_it() {
+    let (_t, d) = dir();
+    run(move || async move {
+        let cfg = small(FsyncMode::OnCommit);
+        let interval = u64::from(cfg.index_interval_bytes);
+        let (log, _) = Log::open(&d, cfg).await.unwrap();
+        let n = 300;
+        append_n(&log, 0, n, 5).await;
+        assert!(log.segment_count() > 2);
+        let enc = |o: u64| RecordIn::new(&payload(o)).encoded_len() as u64 + 20;
+        let commits = n.div_ceil(5);
+        let mut prev = u64::MAX;
+        for o in 0..=n {
+            let b = log.bytes_from(o);
+            let records: u64 = (o..n)
+                .map(|r| RecordIn::new(&payload(r)).encoded_len() as u64)
+                .sum();
+            assert!(b >= records, "offset {o}: {b} < {records} record bytes");
+            let slack =
+                interval + commits * (BLOCK as u64) + (o..n).map(enc).sum::<u64>() - records;
+            assert!(
+                b <= records + slack,
+                "offset {o}: {b} > {records} + {slack}"
+            );
+            assert!(b <= prev, "non-increasing at {o}");
+            prev = b;
+        }
+        assert_eq!(log.bytes_from(n), 0);
+        assert_eq!(log.bytes_from(u64::MAX), 0);
+        assert!(log.delete_below(150).await > 0);
+        let oldest = log.oldest_offset();
+        assert_eq!(
+            log.bytes_from(0),
+            log.bytes_from(oldest),
+            "below the oldest: all of it"
+        );
+        log.close().await.unwrap();
+    });
+}

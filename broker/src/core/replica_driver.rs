@@ -313,7 +313,15 @@ impl ReplicaDriver {
                 };
                 out.push(Output::Send { to, msg, records });
             }
-            Effect::Report(r) => out.push(Output::Report(r)),
+            Effect::Report(mut r) => {
+                let log = self.store.log();
+                r.behind_bytes = r
+                    .holders
+                    .iter()
+                    .map(|h| (h.node, log.bytes_from(h.pos.end)))
+                    .collect();
+                out.push(Output::Report(r));
+            }
             Effect::Ack { from, below } => out.push(Output::Ack { from, below }),
             Effect::CannotVouch { from, below } => out.push(Output::CannotVouch { from, below }),
             Effect::Elected { gen } => out.push(Output::Elected { gen }),

@@ -165,6 +165,9 @@ pub struct ReplicationHealth {
     pub unavailable: u64,
     /// The largest lag behind its leader's reported end, in records, of any replica.
     pub lag_records_max: u64,
+    /// The largest lag behind its leader's log, in bytes, of any replica (as the leaders'
+    /// last landed reports said).
+    pub lag_bytes_max: u64,
 }
 
 impl Catalog {
@@ -190,6 +193,7 @@ impl Catalog {
             for &n in p.set() {
                 let end = p.reported(n).map_or(0, |x| x.pos.end);
                 h.lag_records_max = h.lag_records_max.max(lead_end.saturating_sub(end));
+                h.lag_bytes_max = h.lag_bytes_max.max(p.behind_bytes(n).unwrap_or(0));
             }
         }
         h
@@ -403,6 +407,7 @@ impl Catalog {
                     end,
                     last_generation: h.map_or(0, |h| h.pos.last_gen),
                     lag_records: lead_end.saturating_sub(end),
+                    lag_bytes: p.behind_bytes(n),
                     vouched: p.vouched(n),
                     live: live(n),
                 }
@@ -531,6 +536,7 @@ mod tests {
             seq,
             holders,
             resign,
+            behind_bytes: Default::default(),
         };
         match c
             .apply(&Command::ReplicaReport {

@@ -54,6 +54,10 @@ pub struct HolderEntry {
     pub end: u64,
     /// The storage identity it answered under (16 lowercase hex digits).
     pub storage_id: String,
+    /// In a report: the bytes of the leader's log past `end` (lag in bytes, shown by the
+    /// replication view; placement decides nothing on it). Absent in answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub behind_bytes: Option<u64>,
 }
 
 /// Placement's answer: `landed` (stored; `counted` are the holders it vouches for),
@@ -109,12 +113,18 @@ impl ReportRequest {
                 })
             })
             .collect::<Result<Vec<_>, ApiError>>()?;
+        let behind_bytes = self
+            .holders
+            .iter()
+            .filter_map(|h| Some((h.node, h.behind_bytes?)))
+            .collect();
         Ok(Report {
             gen: self.generation,
             leader: self.leader,
             seq: self.seq,
             holders,
             resign: self.resign,
+            behind_bytes,
         })
     }
 }
@@ -125,6 +135,7 @@ fn holder_entry(h: &crate::replication::Holding) -> HolderEntry {
         last_generation: h.pos.last_gen,
         end: h.pos.end,
         storage_id: format!("{:016x}", h.sid),
+        behind_bytes: None,
     }
 }
 

@@ -238,6 +238,8 @@ impl Replica {
             seq,
             holders,
             resign: l.resigned_ms.is_some(),
+            // The machine knows records, not bytes: the driver fills these in from its log.
+            behind_bytes: Default::default(),
         };
         if let Role::Leading(l) = &mut self.role {
             // A tick sends again what may have been lost: the reports counted out before it
