@@ -7,7 +7,8 @@
 //!   and then all three brokers killed and restarted at once: the shard has its three replicas
 //!   again, and lost nothing;
 //! - the control plane frozen (SIGSTOP): `quorum` acknowledgements stop (the leader cannot
-//!   vouch), `leader` acknowledgements go on, and after SIGCONT both go on;
+//!   vouch), `leader` acknowledgements go on, and after SIGCONT both go on; frozen again with
+//!   the leader killed, no broker takes over on its own, and after SIGCONT another does;
 //! - a stream deleted and created again under load: the new one is empty on every broker, and
 //!   no replica fails;
 //! - the leader cut off from its peers by nftables while it still reaches the control plane:
@@ -144,7 +145,7 @@ async fn a_quorum_needs_a_live_majority_and_every_replica_comes_back() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_control_plane_stops_quorum_acknowledgements_and_loses_nothing() {
-    let t = Trio::start(DEAD_AFTER_MS, &["--replica-quorum-wait-ms", QUORUM_WAIT_MS]).await;
+    let mut t = Trio::start(DEAD_AFTER_MS, &["--replica-quorum-wait-ms", QUORUM_WAIT_MS]).await;
     t.create_stream("q", "quorum");
     t.create_stream("l", "leader");
     let mut acked_q = BTreeMap::new();
@@ -205,6 +206,26 @@ async fn a_frozen_control_plane_stops_quorum_acknowledgements_and_loses_nothing(
     );
     check_acked_on_leader(&t, "q", &acked_q, RECOVERY_MAX).await;
     check_acked_on_leader(&t, "l", &acked_l, RECOVERY_MAX).await;
+
+    // Frozen again, and the `quorum` leader killed: only placement names a leader, so no
+    // broker takes over on its own and nothing is acknowledged, however long it lasts (past
+    // the lease and dead-after). Thawed, placement names another replica, which has every
+    // acknowledged record.
+    let lq = t.leader("q").await.unwrap();
+    t.signal_control_plane(libc::SIGSTOP);
+    t.kill(lq);
+    tokio::time::sleep(Duration::from_millis(DEAD_AFTER_MS + 2_500)).await;
+    for n in (1..=3).filter(|&n| n != lq) {
+        let c = t.client(n).await.expect("a live broker answers");
+        let r = publish_one(&c, "q", "headless", PUBLISH_WAIT).await;
+        eprintln!("headless publish at node {n}: {r:?}");
+        assert!(r.is_err(), "node {n} acknowledged with no leader named: {r:?}");
+    }
+    t.signal_control_plane(libc::SIGCONT);
+    let o = t.publish_until_acked("q", "replaced", RECOVERY_MAX).await;
+    acked_q.insert(o, Bytes::from("replaced"));
+    assert_ne!(t.leader("q").await, Some(lq), "a live replica leads");
+    check_acked_on_leader(&t, "q", &acked_q, RECOVERY_MAX).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
