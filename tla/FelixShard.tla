@@ -3,12 +3,14 @@
 (* One durable Felix shard replicated by leader lease + log shipping.      *)
 (* The prose version, with the reason for every rule, is                   *)
 (* docs/replication-design.md; the section names in the comments below     *)
-(* refer to it.  This is a design model: the Rust replication code does    *)
-(* not exist yet.                                                          *)
+(* refer to it.  The Rust code that implements it is                      *)
+(* broker/src/core/replica/ (docs/replication-design.md, "In the code").   *)
 (*                                                                         *)
 (* Actors: the control plane (placement: generations, leaders, replica     *)
-(* reports, storage identities) and the replicas in Nodes.  Every replica  *)
-(* is in the replica set (RF = |Nodes|).  Clocks are abstract: a lease is  *)
+(* reports, storage identities, replica sets) and the brokers in Nodes.    *)
+(* The shard starts on the replica set InitSet; with Reconfigure,          *)
+(* placement may replace one replica by a broker outside the set in a new  *)
+(* generation (rule J, "Replacing a replica").  Clocks are abstract: a lease is  *)
 (* a boolean that a majority exchange sets and that may lapse at any time, *)
 (* "held" meaning "its holder may still act on it" (the suspension margin  *)
 (* included); the new leader's wait is the precondition of BeginServe.     *)
@@ -34,12 +36,20 @@ CONSTANTS
     PromoteAtCommit, \* rule P: placement promotes only a replica at or past its commit mark
     WaitOutLease,   \* rule W: a new leader waits out every lease held when its fence completed
     RacingPlacement, \* environment: placement may name a second leader at an issued generation
-    CrashNamedLeader \* environment: a lossy crash may hit the replica placement names as leader
+    CrashNamedLeader, \* environment: a lossy crash may hit the replica placement names as leader
+    InitSet,        \* the replica set the shard is created on (a subset of Nodes)
+    Reconfigure,    \* environment: placement may replace a replica of the set, in a new generation
+    JointFence,     \* rule J: a fence completes only with a majority of the new set and of the
+                    \*         settled one (the set of the newest generation whose report landed)
+    SettleBeforeChange \* rule J: placement changes the set only while the newest generation
+                       \*         is settled (its leader's report landed)
 
 ASSUME /\ MaxGen \in Nat /\ MaxLen \in Nat /\ MaxCrashes \in Nat
        /\ None \notin Nodes
+       /\ InitSet \subseteq Nodes /\ InitSet # {}
        /\ \A b \in {UseFence, UseBallot, AckAfterReport, CheckStorageIdentity,
-                    PromoteAtCommit, WaitOutLease, RacingPlacement, CrashNamedLeader}
+                    PromoteAtCommit, WaitOutLease, RacingPlacement, CrashNamedLeader,
+                    Reconfigure, JointFence, SettleBeforeChange}
               : b \in BOOLEAN
 
 VARIABLES
@@ -50,6 +60,8 @@ VARIABLES
     cpCommit,   \* the commit mark the landed reports showed: [lg, off], never moved back
     rep,        \* rep[n]: the last landed report about n: [lg, off, sid]
                 \*   (position = generation of the last record held, offset held)
+    cpSet,      \* the replica set of generation cpGen
+    cpSettled,  \* the replica set of the newest generation whose leader's report landed
     \* replicas: durable state
     log,        \* log[n]: sequence of records [g |-> generation, w |-> writing leader,
                 \*   c |-> TRUE for a client record, FALSE for a generation start]
@@ -60,6 +72,8 @@ VARIABLES
     \* replicas: volatile state
     role,       \* "follower" | "fencing" | "waiting" | "serving"
     fenced,     \* fenced[l]: replicas that answered l's fence at lgen[l] (l included)
+    lset,       \* lset[l]: the replica set l leads at lgen[l] (from its assignment)
+    lprev,      \* lprev[l]: the settled set when l took the lead (its fence covers it too)
     match,      \* match[l][f]: [ok, off, sid]: what f last answered l
     lease,      \* lease[n]: n holds a lease it may still act on
     waitfor,    \* waitfor[n]: leases n's post-fence wait must outlast
@@ -69,12 +83,14 @@ VARIABLES
     crashes     \* lossy machine crashes so far
 
 vars == <<cpGen, cpLeader, cpSid, cpCommit, rep, log, sid, promised, ballot, lgen, role, fenced,
-          match, lease, waitfor, acked, elected, crashes>>
+          match, lease, waitfor, acked, elected, crashes, cpSet, cpSettled, lset, lprev>>
+\* what the actions below that do not change the replica sets leave alone
+sets == <<cpSet, cpSettled, lset, lprev>>
 
 Leading == {"fencing", "waiting", "serving"}
 Elected == {"waiting", "serving"}          \* fence complete
-Maj == Cardinality(Nodes) \div 2 + 1
-Quorum(S) == Cardinality(S) >= Maj
+\* X holds a majority of the replica set S
+QuorumOf(S, X) == 2 * Cardinality(X \cap S) > Cardinality(S)
 Min(a, b) == IF a < b THEN a ELSE b
 Max(S) == CHOOSE x \in S : \A y \in S : y <= x
 
@@ -114,6 +130,10 @@ Init ==
     /\ cpSid = 0
     /\ cpCommit = [lg |-> 0, off |-> 0]
     /\ rep = [n \in Nodes |-> [lg |-> 0, off |-> 0, sid |-> 0]]
+    /\ cpSet = InitSet
+    /\ cpSettled = InitSet
+    /\ lset = [n \in Nodes |-> {}]
+    /\ lprev = [n \in Nodes |-> {}]
     /\ log = [n \in Nodes |-> << >>]
     /\ sid = [n \in Nodes |-> 0]
     /\ promised = [n \in Nodes |-> 0]
@@ -141,16 +161,31 @@ Eligible(c) ==
     /\ Vouched(c)
     /\ PromoteAtCommit => PosLeq(cpCommit, rep[c])
 
+(* With Reconfigure, the new generation may also replace one replica of the *)
+(* set by a broker outside it (a follower dead too long, rule J); only while *)
+(* the newest generation is settled, so at most two sets are ever in play:   *)
+(* the settled one and the current one.  A replaced replica keeps its files  *)
+(* and may still be up: failure detection is not trusted for safety.        *)
+NextSets ==
+    {cpSet} \cup
+    (IF Reconfigure /\ (SettleBeforeChange => cpSettled = cpSet)
+       THEN {(cpSet \ {d}) \cup {a} : d \in cpSet, a \in Nodes \ cpSet}
+       ELSE {})
+
 Promote(c) ==
     /\ Eligible(c)
-    /\ \E g \in {cpGen + 1} \cup (IF RacingPlacement /\ cpGen > 0 /\ c # cpLeader
-                                    THEN {cpGen} ELSE {}) :
-          /\ g <= MaxGen
-          /\ cpGen' = g
-          /\ cpLeader' = c
+    /\ \E s \in NextSets :
+          /\ c \in s
+          /\ \E g \in {cpGen + 1} \cup (IF RacingPlacement /\ cpGen > 0 /\ c # cpLeader
+                                           /\ s = cpSet
+                                          THEN {cpGen} ELSE {}) :
+                /\ g <= MaxGen
+                /\ cpGen' = g
+                /\ cpLeader' = c
+                /\ cpSet' = s
     /\ cpSid' = rep[c].sid
     /\ UNCHANGED <<cpCommit, rep, log, sid, promised, ballot, lgen, role, fenced, match,
-                   lease, waitfor, acked, elected, crashes>>
+                   lease, waitfor, acked, elected, crashes, cpSettled, lset, lprev>>
 
 (* The named replica takes the generation, if the assignment names its      *)
 (* current storage identity (rule S): it writes its own ballot (a broker     *)
@@ -170,13 +205,17 @@ TakeLead(c) ==
     /\ match' = [match EXCEPT ![c] = [f \in Nodes |-> NoMatch]]
     /\ lease' = [lease EXCEPT ![c] = FALSE]
     /\ waitfor' = [m \in Nodes |-> IF m = c THEN {} ELSE waitfor[m] \ {c}]
-    /\ UNCHANGED <<cpGen, cpLeader, cpSid, cpCommit, rep, log, sid, acked, elected, crashes>>
+    /\ lset' = [lset EXCEPT ![c] = cpSet]
+    /\ lprev' = [lprev EXCEPT ![c] = cpSettled]
+    /\ UNCHANGED <<cpGen, cpLeader, cpSid, cpCommit, rep, log, sid, acked, elected, crashes,
+                   cpSet, cpSettled>>
 
 (* Fencing (doc: "Fencing a new generation").  f promises generation g to l  *)
 (* and records l in its ballot, fsynced before the answer.  A replica that   *)
 (* was leading a lower generation steps down and stops acting on its lease.  *)
 Fence(l, f) ==
     /\ role[l] = "fencing"
+    /\ f \in lset[l] \cup lprev[l]
     /\ f \notin fenced[l]
     /\ ~Foreign(f, lgen[l])
     /\ Accepts(f, l, lgen[l])
@@ -189,21 +228,25 @@ Fence(l, f) ==
     /\ match' = [match EXCEPT ![f] = [n \in Nodes |-> NoMatch]]
     /\ fenced' = [fenced EXCEPT ![l] = @ \cup {f}, ![f] = {}]
     /\ waitfor' = [n \in Nodes |-> IF n = f THEN {} ELSE waitfor[n] \ {f}]
-    /\ UNCHANGED <<cpGen, cpLeader, cpSid, cpCommit, rep, log, sid, lgen, acked, elected, crashes>>
+    /\ UNCHANGED <<cpGen, cpLeader, cpSid, cpCommit, rep, log, sid, lgen, acked, elected, crashes,
+                   sets>>
 
-(* The fence is complete once a majority (the leader included) answered.    *)
-(* From here the old generation cannot renew a lease or commit.  The leader  *)
-(* appends its generation-start record and waits out every lease that may    *)
-(* still be held: L + margin on its own monotonic clock.                     *)
+(* The fence is complete once a majority of its set (the leader included)   *)
+(* answered, and (rule J) a majority of the settled set: any generation      *)
+(* that may still serve leads one of the two.  From here the old generation  *)
+(* cannot renew a lease or commit.  The leader appends its generation-start  *)
+(* record and waits out every lease that may still be held: L + margin on   *)
+(* its own monotonic clock.                                                  *)
 FenceComplete(n) ==
     /\ role[n] = "fencing"
-    /\ Quorum(fenced[n])
+    /\ QuorumOf(lset[n], fenced[n])
+    /\ JointFence => QuorumOf(lprev[n], fenced[n])
     /\ role' = [role EXCEPT ![n] = "waiting"]
     /\ waitfor' = [waitfor EXCEPT ![n] = {m \in Nodes \ {n} : lease[m]}]
     /\ elected' = elected \cup {[g |-> lgen[n], n |-> n]}
     /\ log' = [log EXCEPT ![n] = Append(@, [g |-> lgen[n], w |-> n, c |-> FALSE])]
     /\ UNCHANGED <<cpGen, cpLeader, cpSid, cpCommit, rep, sid, promised, ballot, lgen, fenced,
-                   match, lease, acked, crashes>>
+                   match, lease, acked, crashes, sets>>
 
 (* Bounded suspension, as the model states it: the wait is over only once    *)
 (* every lease that was held when the fence completed has lapsed.  A leader  *)
@@ -214,7 +257,7 @@ BeginServe(n) ==
     /\ WaitOutLease => waitfor[n] = {}
     /\ role' = [role EXCEPT ![n] = "serving"]
     /\ UNCHANGED <<cpGen, cpLeader, cpSid, cpCommit, rep, log, sid, promised, ballot, lgen, fenced,
-                   match, lease, waitfor, acked, elected, crashes>>
+                   match, lease, waitfor, acked, elected, crashes, sets>>
 
 (* Leases (doc: "Generations and leases").  A leader's lease is granted by   *)
 (* an exchange that a majority (itself included) answers at its generation,  *)
@@ -222,17 +265,18 @@ BeginServe(n) ==
 Renew(l) ==
     /\ role[l] \in Leading
     /\ ~lease[l]
-    /\ Quorum({l} \cup {f \in fenced[l] \ {l} : ~Foreign(f, lgen[l]) /\ Accepts(f, l, lgen[l])})
+    /\ QuorumOf(lset[l], {l} \cup {f \in fenced[l] \ {l} : ~Foreign(f, lgen[l])
+                                                            /\ Accepts(f, l, lgen[l])})
     /\ lease' = [lease EXCEPT ![l] = TRUE]
     /\ UNCHANGED <<cpGen, cpLeader, cpSid, cpCommit, rep, log, sid, promised, ballot, lgen, role,
-                   fenced, match, waitfor, acked, elected, crashes>>
+                   fenced, match, waitfor, acked, elected, crashes, sets>>
 
 LeaseLapse(n) ==
     /\ lease[n]
     /\ lease' = [lease EXCEPT ![n] = FALSE]
     /\ waitfor' = [m \in Nodes |-> waitfor[m] \ {n}]
     /\ UNCHANGED <<cpGen, cpLeader, cpSid, cpCommit, rep, log, sid, promised, ballot, lgen, role,
-                   fenced, match, acked, elected, crashes>>
+                   fenced, match, acked, elected, crashes, sets>>
 
 (* A serving leader, inside its lease, appends a client record.              *)
 Publish(l) ==
@@ -240,7 +284,7 @@ Publish(l) ==
     /\ Len(log[l]) < MaxLen
     /\ log' = [log EXCEPT ![l] = Append(@, [g |-> lgen[l], w |-> l, c |-> TRUE])]
     /\ UNCHANGED <<cpGen, cpLeader, cpSid, cpCommit, rep, sid, promised, ballot, lgen, role, fenced,
-                   match, lease, waitfor, acked, elected, crashes>>
+                   match, lease, waitfor, acked, elected, crashes, sets>>
 
 (* Shipping (doc: "Log shipping").  One exchange: the leader finds where f's *)
 (* log agrees with its own (by generation at each offset), f drops its       *)
@@ -249,7 +293,7 @@ Publish(l) ==
 (* identity.  Only an elected leader ships.                                  *)
 Ship(l, f) ==
     /\ role[l] \in Elected
-    /\ f \in fenced[l] \ {l}
+    /\ f \in (fenced[l] \cap lset[l]) \ {l}
     /\ ~Foreign(f, lgen[l])
     /\ Accepts(f, l, lgen[l])
     /\ LET k == CommonPrefix(log[l], log[f])
@@ -257,12 +301,12 @@ Ship(l, f) ==
              /\ log' = [log EXCEPT ![f] = SubSeq(@, 1, k) \o SubSeq(log[l], k + 1, j)]
              /\ match' = [match EXCEPT ![l][f] = [ok |-> TRUE, off |-> j, sid |-> sid[f]]]
     /\ UNCHANGED <<cpGen, cpLeader, cpSid, cpCommit, rep, sid, promised, ballot, lgen, role, fenced,
-                   lease, waitfor, acked, elected, crashes>>
+                   lease, waitfor, acked, elected, crashes, sets>>
 
 (* The commit mark (doc: "The commit mark").  The highest offset of the     *)
 (* leader's own generation that a majority holds, by the given holders.     *)
 CommitMark(l, Holders(_)) ==
-    LET ks == {k \in 1..Len(log[l]) : log[l][k].g = lgen[l] /\ Quorum(Holders(k))}
+    LET ks == {k \in 1..Len(log[l]) : log[l][k].g = lgen[l] /\ QuorumOf(lset[l], Holders(k))}
     IN IF ks = {} THEN 0 ELSE Max(ks)
 
 \* the client records at or below the mark are acknowledged
@@ -271,9 +315,10 @@ Ack(l, k) == acked \cup {[off |-> j, e |-> log[l][j]] : j \in {i \in 1..k : log[
 (* Replica report (doc: "Replica reports").  The leader tells placement who  *)
 (* holds what: itself and every follower that has answered it, each with    *)
 (* the storage identity its answer came under.  Placement takes a report    *)
-(* only from the leader it names at its newest generation.  With rule R the *)
-(* leader moves its commit mark, releasing acknowledgements, when the       *)
-(* report has landed and only on what the report says.                      *)
+(* only from the leader it names at its newest generation; that generation  *)
+(* is then settled (rule J).  With rule R the leader moves its commit mark, *)
+(* releasing acknowledgements, when the report has landed and only on what  *)
+(* the report says.                                                         *)
 Report(l) ==
     /\ role[l] \in Elected
     /\ cpLeader = l
@@ -281,12 +326,12 @@ Report(l) ==
     /\ LET new == [n \in Nodes |->
                     IF n = l THEN [lg |-> GenAt(log[l], Len(log[l])), off |-> Len(log[l]),
                                    sid |-> sid[l]]
-                    ELSE IF match[l][n].ok
+                    ELSE IF n \in lset[l] /\ match[l][n].ok
                       THEN [lg |-> GenAt(log[l], match[l][n].off), off |-> match[l][n].off,
                             sid |-> match[l][n].sid]
                       ELSE rep[n]]
            \* placement vouches for n on l's log at offset k
-           H(k) == {n \in Nodes : (CheckStorageIdentity => new[n].sid = sid[n])
+           H(k) == {n \in lset[l] : (CheckStorageIdentity => new[n].sid = sid[n])
                                   /\ new[n].off >= k /\ new[n].off <= Len(log[l])
                                   /\ GenAt(log[l], new[n].off) = new[n].lg}
            \* placement computes the mark from the same report as the leader
@@ -295,8 +340,9 @@ Report(l) ==
           /\ cpCommit' = IF mark.off > 0 /\ PosLeq(cpCommit, mark) THEN mark ELSE cpCommit
           /\ acked' = IF AckAfterReport /\ role[l] = "serving"
                         THEN Ack(l, CommitMark(l, H)) ELSE acked
+          /\ cpSettled' = lset[l]
     /\ UNCHANGED <<cpGen, cpLeader, cpSid, log, sid, promised, ballot, lgen, role, fenced,
-                   match, lease, waitfor, elected, crashes>>
+                   match, lease, waitfor, elected, crashes, cpSet, lset, lprev>>
 
 (* Negative twin only (AckAfterReport = FALSE): the leader moves its commit *)
 (* mark on its followers' answers, whether or not placement has the report. *)
@@ -307,7 +353,7 @@ AckOnAnswers(l) ==
        IN acked' = Ack(l, CommitMark(l, H))
     /\ acked' # acked
     /\ UNCHANGED <<cpGen, cpLeader, cpSid, cpCommit, rep, log, sid, promised, ballot, lgen, role,
-                   fenced, match, lease, waitfor, elected, crashes>>
+                   fenced, match, lease, waitfor, elected, crashes, sets>>
 
 (* Storage identity (doc: "Follower crash and storage identity").  A machine *)
 (* crash under a relaxed fsync mode loses an unknown suffix of the log, so  *)
@@ -325,7 +371,8 @@ Crash(n) ==
     /\ match' = [match EXCEPT ![n] = [f \in Nodes |-> NoMatch]]
     /\ lease' = [lease EXCEPT ![n] = FALSE]
     /\ waitfor' = [m \in Nodes |-> IF m = n THEN {} ELSE waitfor[m] \ {n}]
-    /\ UNCHANGED <<cpGen, cpLeader, cpSid, cpCommit, rep, promised, ballot, lgen, acked, elected>>
+    /\ UNCHANGED <<cpGen, cpLeader, cpSid, cpCommit, rep, promised, ballot, lgen, acked, elected,
+                   sets>>
 
 Next ==
     \/ \E n \in Nodes :
@@ -356,6 +403,9 @@ TypeOK ==
           /\ lease[n] \in BOOLEAN
           /\ waitfor[n] \subseteq Nodes
           /\ rep[n].lg \in 0..MaxGen /\ rep[n].off \in Nat /\ rep[n].sid \in 0..MaxCrashes
+          /\ lset[n] \subseteq Nodes /\ lprev[n] \subseteq Nodes
+    /\ cpSet \subseteq Nodes /\ cpSettled \subseteq Nodes
+    /\ Cardinality(cpSet) = Cardinality(InitSet)
     /\ crashes \in 0..MaxCrashes
 
 (* An acknowledged Quorum record survives any promotion: every leader of    *)
@@ -401,9 +451,14 @@ ProbeStaleReportAfterCrash ==
 ProbeDivergentLogs ==
     ~\E m, n \in Nodes : \E k \in 1..Min(Len(log[m]), Len(log[n])) : log[m][k].g # log[n][k].g
 
+\* a broker outside the initial set serves (a replica was replaced)
+ProbeReplaced ==
+    ~\E n \in Nodes \ InitSet : role[n] = "serving"
+
 \* two replicas lead (fence) the same generation at once (racing placement)
 ProbeRacingLeaders ==
     ~\E m, n \in Nodes : m # n /\ role[m] \in Leading /\ role[n] \in Leading /\ lgen[m] = lgen[n]
 
-Perms == Permutations(Nodes)
+\* symmetric in the initial replicas (a broker outside InitSet is not like them)
+Perms == Permutations(InitSet)
 =============================================================================
