@@ -219,7 +219,10 @@ async fn a_frozen_control_plane_stops_quorum_acknowledgements_and_loses_nothing(
         let c = t.client(n).await.expect("a live broker answers");
         let r = publish_one(&c, "q", "headless", PUBLISH_WAIT).await;
         eprintln!("headless publish at node {n}: {r:?}");
-        assert!(r.is_err(), "node {n} acknowledged with no leader named: {r:?}");
+        assert!(
+            r.is_err(),
+            "node {n} acknowledged with no leader named: {r:?}"
+        );
     }
     t.signal_control_plane(libc::SIGCONT);
     let o = t.publish_until_acked("q", "replaced", RECOVERY_MAX).await;

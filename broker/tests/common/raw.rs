@@ -34,14 +34,15 @@ enum Cmd {
 
 struct H {
     inbox: mpsc::UnboundedSender<In>,
-    established: Option<tokio::sync::oneshot::Sender<()>>,
+    /// Told once: established, or why the connection closed before it was.
+    established: Option<tokio::sync::oneshot::Sender<Result<(), String>>>,
 }
 
 impl Handler for H {
     type Cmd = Cmd;
     fn on_established(&mut self, _c: &mut FelixConn) {
         if let Some(t) = self.established.take() {
-            let _ = t.send(());
+            let _ = t.send(Ok(()));
         }
     }
     fn on_event(&mut self, _c: &mut FelixConn, ev: ConnEvent) {
@@ -70,6 +71,9 @@ impl Handler for H {
     }
     fn before_flush(&mut self, _c: &mut FelixConn, _e: &mut Vec<ConnEvent>) {}
     fn on_closed(&mut self, r: String) {
+        if let Some(t) = self.established.take() {
+            let _ = t.send(Err(r.clone()));
+        }
         let _ = self.inbox.send(In::Closed(r));
     }
 }
@@ -145,7 +149,8 @@ impl Raw {
             .await
             .unwrap();
         match tokio::time::timeout(Duration::from_secs(3), erx).await {
-            Ok(Ok(())) => {}
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(why))) => return Err(format!("the handshake failed: {why}")),
             Ok(Err(_)) => return Err("the handshake failed (connection closed)".into()),
             Err(_) => return Err("no QUIC handshake within 3 s".into()),
         }
