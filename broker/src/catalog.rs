@@ -147,12 +147,14 @@ pub enum Place {
     /// `--replication-preview`): its replicas (`core/replica_host.rs`) keep it, and the one
     /// placement names leader serves it once its machine leads. `leader` is that replica (0:
     /// none qualifies), `mine` whether it is this broker, `replicas` the replica set (the
-    /// leader first).
+    /// leader first), `settled` the settled set while a change of set has not settled (rule
+    /// 11; empty once it has: the set).
     Replicated {
         leader: u64,
         mine: bool,
         generation: u64,
         replicas: Vec<u64>,
+        settled: Vec<u64>,
     },
 }
 
@@ -675,11 +677,13 @@ fn places<D: Def>(v: &ViewStream<D>, view: &ControlView, node_id: u64) -> Vec<Pl
                 leader,
                 generation,
                 replicas,
+                settled,
             }) => Place::Replicated {
                 leader: *leader,
                 mine: *leader == node_id,
                 generation: *generation,
                 replicas: replicas.clone(),
+                settled: settled.clone(),
             },
             Some(ViewPlace::Unassigned) | None => Place::Unassigned,
         })
@@ -727,6 +731,7 @@ pub enum ViewPlace {
         leader: u64,
         generation: u64,
         replicas: Vec<u64>,
+        settled: Vec<u64>,
     },
 }
 

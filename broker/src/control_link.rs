@@ -184,6 +184,7 @@ fn view_places(placement: &[api::ShardPlacement], replicated: bool) -> Vec<ViewP
                 leader: p.leader.unwrap_or(0),
                 generation: p.generation,
                 replicas: p.replicas.clone(),
+                settled: p.settled.clone(),
             },
             (ShardState::Assigned, Some(owner)) => ViewPlace::Assigned {
                 owner,

@@ -670,3 +670,94 @@ async fn retention_stops_at_the_commit_mark_and_a_follower_behind_it_is_rebuilt(
         assert_eq!(b.total("replica_failures"), 0, "no replica failed");
     }
 }
+
+/// The set of shard 0 of `name` as placement shows it (the leader first).
+async fn replica_set(t: &Trio, name: &str) -> Vec<u64> {
+    let s = t.shard(name).await;
+    s["replicas"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|x| x["node"].as_u64()).collect())
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_dead_past_the_replace_time_is_replaced_by_a_spare_that_catches_up() {
+    // Rule 11: counted dead (1.5 s) and then dead for 2 s more, a follower is swapped for the
+    // fourth broker in a new generation; the spare catches up, counts, and may lead.
+    std::env::set_var("FELIX_CONTROLPLANE_REPLICA_REPLACE_AFTER_MS", "2000");
+    let mut t = Trio::start_n(
+        4,
+        DEAD_AFTER_MS,
+        &["--replica-quorum-wait-ms", QUORUM_WAIT_MS],
+    )
+    .await;
+    t.create_stream("q", "quorum");
+    let mut acked = BTreeMap::new();
+    let o = t.publish_until_acked("q", "first", RECOVERY_MAX).await;
+    acked.insert(o, Bytes::from("first"));
+    let leader = t.leader("q").await.unwrap();
+    let set = replica_set(&t, "q").await;
+    assert!(
+        !set.contains(&4),
+        "a new shard's set is the three lowest: {set:?}"
+    );
+    let f = followers(&t, "q", leader).await;
+    publish_acked(&t, leader, "q", "all", 20, &mut acked).await;
+    let gen = t.shard("q").await["generation"].as_u64().unwrap();
+
+    t.kill(f[0]);
+    let killed = Instant::now();
+    // One follower down: acknowledgements go on while placement waits out the replace time.
+    publish_acked(&t, leader, "q", "one-down", 10, &mut acked).await;
+    let s = loop {
+        let set = replica_set(&t, "q").await;
+        if set.contains(&4) {
+            break t.shard("q").await;
+        }
+        assert!(
+            killed.elapsed() < RECOVERY_MAX,
+            "node {} never replaced: {}",
+            f[0],
+            t.shard("q").await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let took = killed.elapsed();
+    eprintln!("replaced after {took:?}: {s}");
+    assert!(
+        took >= Duration::from_millis(DEAD_AFTER_MS + 2_000),
+        "replaced before it was dead for the replace time: {took:?}"
+    );
+    assert_eq!(s["leader"].as_u64(), Some(leader), "the live leader stays");
+    assert!(
+        s["generation"].as_u64().unwrap() > gen,
+        "in a new generation: {s}"
+    );
+    let set = replica_set(&t, "q").await;
+    assert!(!set.contains(&f[0]) && set.len() == 3, "{set:?}");
+    // The spare catches up from the leader and counts once the leader reports it.
+    let o = t.publish_until_acked("q", "replaced", RECOVERY_MAX).await;
+    acked.insert(o, Bytes::from("replaced"));
+    let s = t.wait_full("q", RECOVERY_MAX).await;
+    eprintln!("the spare is level: {s}");
+
+    // The old follower comes back: it is no replica any more and changes nothing.
+    t.restart(f[0]);
+    publish_acked(&t, leader, "q", "old-back", 5, &mut acked).await;
+    let set = replica_set(&t, "q").await;
+    assert!(!set.contains(&f[0]), "{set:?}");
+
+    // The leader dies: the other old follower or the spare leads, with every acknowledged
+    // record (the spare holds them all).
+    t.kill(leader);
+    let o = t
+        .publish_until_acked("q", "after-failover", RECOVERY_MAX)
+        .await;
+    acked.insert(o, Bytes::from("after-failover"));
+    let new = t.leader("q").await.unwrap();
+    assert!(new == f[1] || new == 4, "led by {new}");
+    check_acked_on_leader(&t, "q", &acked, RECOVERY_MAX).await;
+    for b in t.nodes.values() {
+        assert_eq!(b.total("replica_failures"), 0, "no replica failed");
+    }
+}

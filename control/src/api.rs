@@ -166,6 +166,11 @@ pub struct ShardPlacement {
     /// The replica that serves the shard in this `generation`.
     #[serde(default)]
     pub leader: Option<u64>,
+    /// While a change of replica set has not settled (docs/replication-design.md rule 11):
+    /// the set of the newest generation whose leader's report landed. A new leader's fence
+    /// needs a majority of it as well as of `replicas`. Absent once the set settled.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub settled: Vec<u64>,
 }
 
 /// One replica of a shard, as the last landed report of its leader named it.

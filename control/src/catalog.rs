@@ -161,6 +161,12 @@ pub enum Command {
         node_id: u64,
         live: bool,
     },
+    /// Broker `node_id` has been dead longer than `--replica-replace-after-ms` (the leader's
+    /// driver judges): replace it in every replicated shard whose set may change now
+    /// (docs/replication-design.md rule 11). Nothing changes if it came back meanwhile.
+    ReplaceReplicas {
+        node_id: u64,
+    },
     /// Signing keys, the bootstrap admin, issued tokens (see [`auth_state`]).
     Auth {
         cmd: AuthCommand,
@@ -181,6 +187,10 @@ pub enum Reply {
     Report(crate::replication::ReportAnswer),
     /// What an operator's abandon did.
     Abandoned(crate::replication::Abandoned),
+    /// How many shards [`Command::ReplaceReplicas`] changed.
+    Replaced {
+        shards: u64,
+    },
 }
 
 pub type Outcome = Result<Reply, ApiError>;
@@ -680,6 +690,9 @@ impl Catalog {
                 shard,
                 to,
             } => self.abandon_shard(tenant, namespace, stream, *shard, *to),
+            Command::ReplaceReplicas { node_id } => Ok(Reply::Replaced {
+                shards: self.replace_replicas(*node_id),
+            }),
             Command::SetBrokerLive { node_id, live } => {
                 let b = self.broker(*node_id)?.clone();
                 if b.live == *live {

@@ -86,6 +86,16 @@ pub struct Config {
     /// A broker silent this long is counted dead.
     #[arg(long, env = "FELIX_CONTROLPLANE_DEAD_AFTER_MS", default_value_t = 5000)]
     pub dead_after_ms: u64,
+    /// A broker counted dead this long is replaced in the replica sets of replicated shards
+    /// (one replica at a time per shard, by a live broker outside the set; the new replica
+    /// catches up from the leader). 0: never. Counted from when the control plane's leader
+    /// saw it dead; a new leader counts again.
+    #[arg(
+        long,
+        env = "FELIX_CONTROLPLANE_REPLICA_REPLACE_AFTER_MS",
+        default_value_t = 300_000
+    )]
+    pub replica_replace_after_ms: u64,
     /// A deleted stream/cache is removed once every live broker reported a catalog revision
     /// past the delete, or after this long at the latest.
     #[arg(
@@ -195,10 +205,11 @@ pub struct Config {
     #[arg(long, env = "FELIX_METRICS_PUBLIC", default_value_t = false)]
     pub metrics_public: bool,
     /// Accept streams of more than one copy and `consistency: quorum`, and place them:
-    /// replica sets, leaders, promotion, leaders' reports. Brokers replicate their shards and
-    /// serve publishes and subscriptions on the leader; replacing a dead follower and
-    /// consumer groups on replicated streams are not built yet, so it is a preview, off by
-    /// default. Give every Raft member the same value.
+    /// replica sets, leaders, promotion, leaders' reports, replacing a replica whose broker
+    /// stays dead. Brokers replicate their shards and serve publishes and subscriptions on the
+    /// leader; consumer groups on replicated streams are not built yet, and the quorum ingest
+    /// rate is below its target, so it is a preview, off by default. Give every Raft member
+    /// the same value.
     #[arg(long, env = "FELIX_REPLICATION_PREVIEW", default_value_t = false)]
     pub replication_preview: bool,
 
@@ -288,6 +299,7 @@ file_layer! {
         raft_rpc_timeout_ms: u64,
         heartbeat_interval_ms: u64,
         dead_after_ms: u64,
+        replica_replace_after_ms: u64,
         delete_grace_ms: u64,
         placement_settle_ms: u64,
         sweep_interval_ms: u64,

@@ -26,6 +26,7 @@ pub fn unplaced(shards: u32) -> Vec<ShardPlacement> {
             state: ShardState::Unassigned,
             replicas: Vec::new(),
             leader: None,
+            settled: Vec::new(),
         })
         .collect()
 }

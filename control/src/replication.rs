@@ -71,11 +71,19 @@ pub enum ReportAnswer {
 
 /// Placement names `leader` for `gen`, decided on the storage identity `sid` it was reported
 /// under (rule 9: a broker whose identity has rotated since refuses it).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Assignment {
     pub gen: u64,
     pub leader: NodeId,
     pub sid: StorageId,
+    /// The replica set of `gen`, the leader included: the one its leases, shipments, reports
+    /// and commit mark count (rule 11: it may differ from the set of the generation before).
+    pub set: Vec<NodeId>,
+    /// The settled set when `gen` was issued: the set of the newest generation whose leader's
+    /// report landed. The fence needs a majority of it as well as of `set` (rule 11, the
+    /// joint fence); it equals `set` unless the set changed and has not settled since.
+    #[serde(default)]
+    pub settled: Vec<NodeId>,
 }
 
 /// Test-build switches that break one rule each, so the replica simulator's negative twins
@@ -94,6 +102,9 @@ pub mod breaks {
     pub static STALE_IDENTITY_OVER_CURRENT: AtomicBool = AtomicBool::new(false);
     /// Rule 8 dropped: placement promotes any vouched replica, behind the commit mark too.
     pub static PROMOTE_BEHIND_COMMIT: AtomicBool = AtomicBool::new(false);
+    /// Rule 11's "settle before change" dropped: placement changes the replica set whether or
+    /// not the newest generation's set has settled.
+    pub static CHANGE_UNSETTLED: AtomicBool = AtomicBool::new(false);
 
     #[inline]
     pub fn on(b: &AtomicBool) -> bool {
@@ -108,7 +119,7 @@ pub mod breaks {
 }
 
 /// What an operator's `abandon` did (see [`Placement::abandon`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Abandoned {
     pub assignment: Assignment,
     /// What the new leader was reported to hold, vouched for (the empty position if its
@@ -125,6 +136,18 @@ pub enum PromoteError {
     /// The candidate is not vouched for, or is reported behind the commit mark (rule 8).
     NotEligible { node: NodeId },
     /// No replica qualifies: the shard stays unavailable rather than served short.
+    NoneQualifies,
+}
+
+/// Why placement did not replace a replica (rule 11).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReplaceError {
+    /// The newest generation's set has not settled (no report of its leader landed): the set
+    /// changes one step at a time.
+    NotSettled,
+    /// `out` is not in the set, or `into` already is.
+    NotApplicable,
+    /// No live replica other than `out` qualifies to lead the new generation (rule 8).
     NoneQualifies,
 }
 
@@ -148,6 +171,11 @@ pub struct Placement {
     /// The last landed report's [`Report::behind_bytes`], for the replicas of the set.
     #[serde(default)]
     behind_bytes: BTreeMap<NodeId, u64>,
+    /// The set of the newest generation whose leader's report landed (rule 11): every fence
+    /// covers a majority of it too. Empty in a state written before rule 11 was built, where
+    /// the set never changed: the set.
+    #[serde(default)]
+    settled: Vec<NodeId>,
 }
 
 impl Placement {
@@ -163,7 +191,7 @@ impl Placement {
             })
             .collect();
         Placement {
-            set,
+            set: set.clone(),
             gen: 0,
             leader: None,
             registered: sids,
@@ -171,12 +199,31 @@ impl Placement {
             rep_seq: 0,
             commit: Pos::default(),
             behind_bytes: BTreeMap::new(),
+            settled: set,
         }
     }
 
     /// The replicas, in the order they were placed.
     pub fn set(&self) -> &[NodeId] {
         &self.set
+    }
+
+    /// The set of the newest generation whose leader's report landed (rule 11).
+    pub fn settled(&self) -> &[NodeId] {
+        if self.settled.is_empty() {
+            &self.set
+        } else {
+            &self.settled
+        }
+    }
+
+    /// Whether the newest generation's set is the settled one: the set may change (rule 11).
+    pub fn is_settled(&self) -> bool {
+        let mut a = self.set.clone();
+        let mut b = self.settled().to_vec();
+        a.sort_unstable();
+        b.sort_unstable();
+        a == b
     }
 
     /// The storage identity `n` registered last.
@@ -317,11 +364,70 @@ impl Placement {
         self.rep_seq = 0;
         self.leader = Some(c);
         let sid = self.rep[&c].sid;
-        Ok(Assignment {
+        Ok(self.assignment(c, sid))
+    }
+
+    fn assignment(&self, leader: NodeId, sid: StorageId) -> Assignment {
+        Assignment {
             gen: self.gen,
-            leader: c,
+            leader,
             sid,
-        })
+            set: self.set.clone(),
+            settled: self.settled().to_vec(),
+        }
+    }
+
+    /// Rule 11: replace replica `out` (dead too long, as the caller judges: failure detection
+    /// is never trusted for safety) by broker `into`, registered under `sid`, in a new
+    /// generation. Only while the set is settled (settle before change), so at most two sets
+    /// are in play and the assignment's settled set is the only older one its fence must
+    /// cover. The leader stays the named one if `live` says it is up and it qualifies (rule
+    /// 8), else it is the live replica that qualifies furthest ahead, as
+    /// [`Placement::promote_among`] names one; `out` never leads it. `into` holds nothing
+    /// yet: it counts (and may be promoted) once a landed report names it under `sid`, at or
+    /// past the mark like any replica; until then the shard is under-replicated.
+    pub fn replace(
+        &mut self,
+        out: NodeId,
+        into: NodeId,
+        sid: StorageId,
+        live: impl Fn(NodeId) -> bool,
+    ) -> Result<Assignment, ReplaceError> {
+        if !self.set.contains(&out) || self.set.contains(&into) {
+            return Err(ReplaceError::NotApplicable);
+        }
+        if !self.is_settled() && !breaks::on(&breaks::CHANGE_UNSETTLED) {
+            return Err(ReplaceError::NotSettled);
+        }
+        let candidates: Vec<NodeId> = self
+            .eligible()
+            .into_iter()
+            .filter(|&n| n != out && live(n))
+            .collect();
+        let keep = self.leader.filter(|l| candidates.contains(l));
+        let best = keep.or_else(|| {
+            candidates
+                .iter()
+                .copied()
+                .max_by_key(|&n| (self.rep[&n].pos, std::cmp::Reverse(n)))
+        });
+        let Some(c) = best else {
+            return Err(ReplaceError::NoneQualifies);
+        };
+        let old = self.settled().to_vec();
+        for n in self.set.iter_mut().filter(|n| **n == out) {
+            *n = into;
+        }
+        self.settled = old;
+        self.registered.remove(&out);
+        self.rep.remove(&out);
+        self.behind_bytes.remove(&out);
+        self.registered.insert(into, sid);
+        let a = self
+            .promote(c, false)
+            .expect("a replica of the new set that qualified before the change");
+        debug_assert!(a.set.contains(&into) && !a.set.contains(&out));
+        Ok(a)
     }
 
     /// The operator's way out of a shard no replica qualifies for (rule 8 leaves it
@@ -353,11 +459,7 @@ impl Placement {
             },
         );
         self.commit = self.commit.min(kept);
-        let assignment = Assignment {
-            gen: self.gen,
-            leader: c,
-            sid,
-        };
+        let assignment = self.assignment(c, sid);
         Ok(Abandoned {
             assignment,
             kept,
@@ -384,6 +486,8 @@ impl Placement {
             };
         }
         self.rep_seq = r.seq;
+        // The newest generation's leader reported: its set is the settled one (rule 11).
+        self.settled = self.set.clone();
         for h in &r.holders {
             if !self.set.contains(&h.node) {
                 continue;
@@ -462,6 +566,84 @@ mod tests {
     fn at(node: NodeId, last_gen: u64, end: u64, sid: StorageId) -> Holding {
         let pos = Pos { last_gen, end };
         Holding { node, pos, sid }
+    }
+
+    /// Rule 11 at placement: a replica is replaced in a new generation whose assignment names
+    /// the settled set; the set changes again only once a report of that generation landed;
+    /// the new replica counts (and may lead) only once a report names it at or past the mark.
+    #[test]
+    fn a_replacement_carries_the_settled_set_and_waits_for_it_to_settle() {
+        let mut p = Placement::new(BTreeMap::from([(1, 10), (2, 20), (3, 30)]));
+        p.promote(1, false).unwrap();
+        let holders = vec![at(1, 1, 5, 10), at(2, 1, 5, 20), at(3, 1, 5, 30)];
+        assert!(matches!(
+            p.on_report(&from_1(1, 1, holders)),
+            ReportAnswer::Landed { .. }
+        ));
+        assert_eq!(
+            p.replace(9, 4, 40, |_| true),
+            Err(ReplaceError::NotApplicable)
+        );
+        assert_eq!(
+            p.replace(2, 3, 40, |_| true),
+            Err(ReplaceError::NotApplicable)
+        );
+        let a = p.replace(2, 4, 40, |n| n != 2).unwrap();
+        assert_eq!((a.gen, a.leader), (2, 1), "the leader stays");
+        assert_eq!(
+            (a.set.clone(), a.settled.clone()),
+            (vec![1, 4, 3], vec![1, 2, 3])
+        );
+        assert!(!p.is_settled());
+        assert!(!p.vouched(4), "not counted before a report names it");
+        assert_eq!(p.eligible(), vec![1, 3]);
+        // Settle before change.
+        assert_eq!(p.replace(3, 2, 20, |_| true), Err(ReplaceError::NotSettled));
+        breaks::CHANGE_UNSETTLED.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut twin = p.clone();
+        let t = twin.replace(3, 2, 20, |_| true);
+        breaks::CHANGE_UNSETTLED.store(false, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(
+            t.map(|a| a.settled),
+            Ok(vec![1, 2, 3]),
+            "the twin changes anyway"
+        );
+        // Generation 2's report lands: settled, and node 4 counts, level with the mark.
+        let r = Report {
+            gen: 2,
+            leader: 1,
+            seq: 1,
+            holders: vec![at(1, 2, 6, 10), at(4, 2, 6, 40)],
+            resign: false,
+            behind_bytes: BTreeMap::new(),
+        };
+        assert!(matches!(p.on_report(&r), ReportAnswer::Landed { .. }));
+        assert!(p.is_settled() && p.vouched(4));
+        assert_eq!(
+            p.commit(),
+            Pos {
+                last_gen: 2,
+                end: 6
+            }
+        );
+        assert_eq!(p.eligible(), vec![1, 4], "node 3 is behind the mark now");
+        // With the leader down, a replacement names the qualifying live replica instead.
+        let a = p.replace(3, 2, 20, |n| n != 1).unwrap();
+        assert_eq!((a.gen, a.leader, a.settled), (3, 4, vec![1, 4, 3]));
+        // None qualifies: nothing changes.
+        let mut q = p.clone();
+        q.on_report(&Report {
+            gen: 3,
+            leader: 4,
+            seq: 1,
+            holders: vec![at(4, 3, 7, 40)],
+            resign: false,
+            behind_bytes: BTreeMap::new(),
+        });
+        assert_eq!(
+            q.replace(4, 3, 30, |n| n == 4),
+            Err(ReplaceError::NoneQualifies)
+        );
     }
 
     #[test]

@@ -178,6 +178,8 @@ struct Soft {
     first_broker: Option<Instant>,
     /// When the last sweep ran (see `sweep::forgive_stall`).
     swept_at: Option<Instant>,
+    /// node id -> when this leader first saw it counted dead (rule 11's replacement clock).
+    dead_since: HashMap<u64, Instant>,
 }
 
 impl AppState {

@@ -32,6 +32,7 @@ fn stream(name: &str, created: u64, owners: &[Option<u64>], state: ResourceState
                 },
                 replicas: o.iter().copied().collect(),
                 leader: *o,
+                settled: Vec::new(),
             })
             .collect(),
     }
@@ -281,6 +282,7 @@ fn a_replicated_shard_is_served_by_its_leader_only() {
             mine: true,
             generation: 2,
             replicas: vec![1, 2, 3],
+            settled: vec![],
         }
     );
     assert!(

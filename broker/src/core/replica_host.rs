@@ -11,8 +11,11 @@
 //! A publish is answered when its batch is written on the leader (`leader` consistency) or
 //! when the commit mark passes it (`quorum`); a batch the leader cannot vouch for (its quorum
 //! wait ran out, the leader was deposed, the replica failed) is answered `outcome_unknown`.
-//! A replica the catalog no longer names ends, and a deleted stream's files go. Not built
-//! yet: rebuilding a follower, replacing a dead one, consumer groups.
+//! A replica the catalog no longer names ends (its files stay: the broker was replaced in the
+//! set, rule 11, and may be swapped in again), and a deleted stream's files go. A broker the
+//! catalog swaps into a set hosts the replica from an empty log (or what it kept). An
+//! assignment carries the generation's set and the settled set its fence must cover. Not
+//! built yet: consumer groups.
 
 use super::replica::{NotLeader, ReplicaCfg};
 use super::replica_driver::{Input, Output, ReplicaDriver};
@@ -116,6 +119,7 @@ impl CoreState {
                     leader,
                     generation,
                     replicas,
+                    settled,
                     ..
                 } = place
                 else {
@@ -123,7 +127,12 @@ impl CoreState {
                 };
                 if replicas.contains(&node) && self.owner_core(idx, shard as u32) == self.id {
                     let lead = (*leader == node).then_some(*generation);
-                    wanted.push(((idx, shard as u32), replicas.clone(), lead));
+                    let settled = if settled.is_empty() {
+                        replicas.clone()
+                    } else {
+                        settled.clone()
+                    };
+                    wanted.push(((idx, shard as u32), replicas.clone(), lead, settled));
                 }
             }
         }
@@ -134,7 +143,7 @@ impl CoreState {
             .shards
             .keys()
             .copied()
-            .filter(|k| !wanted.iter().any(|(w, _, _)| w == k))
+            .filter(|k| !wanted.iter().any(|(w, ..)| w == k))
             .collect();
         for key in gone {
             let mut h = self.replicas.shards.remove(&key).expect("listed above");
@@ -156,19 +165,22 @@ impl CoreState {
                 .detach();
             }
         }
-        for (key, set, lead) in wanted {
+        for (key, set, lead, settled) in wanted {
             if !self.replicas.shards.contains_key(&key) {
-                self.host_replica(&root, key, sid, set);
+                self.host_replica(&root, key, sid, set.clone());
             }
             let Some(h) = self.replicas.shards.get_mut(&key) else {
                 continue;
             };
             if let Some(gen) = lead.filter(|&g| g > h.assigned) {
                 h.assigned = gen;
+                // Rule 11: the generation's set and the settled set, which its fence covers.
                 let a = Assignment {
                     gen,
                     leader: node,
                     sid,
+                    set,
+                    settled,
                 };
                 if h.tx.try_send(Input::Assign(a)).is_err() {
                     CoreCounters::inc(&self.s.counters.replica_inputs_dropped);

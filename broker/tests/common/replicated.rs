@@ -35,12 +35,19 @@ impl Trio {
     /// Start the control plane (a broker silent for `dead_after_ms` is counted dead) and three
     /// brokers with `extra` flags, and wait until all three registered a storage identity.
     pub async fn start(dead_after_ms: u64, extra: &[&str]) -> Trio {
+        Trio::start_n(3, dead_after_ms, extra).await
+    }
+
+    /// [`Trio::start`] with `brokers` brokers (1..=brokers); streams still get three copies,
+    /// so the brokers past three start outside every replica set (a spare for rule 11).
+    pub async fn start_n(brokers: u64, dead_after_ms: u64, extra: &[&str]) -> Trio {
         // Inherited by the control plane (and harmlessly by the brokers).
         std::env::set_var("FELIX_REPLICATION_PREVIEW", "true");
         let cp = start_control_plane(dead_after_ms);
         let tmp = tempfile::tempdir().unwrap();
         let certs = tmp.path().join("certs");
-        generate_cluster_certs(&certs, &[1, 2, 3]).unwrap();
+        let ids: Vec<u64> = (1..=brokers).collect();
+        generate_cluster_certs(&certs, &ids).unwrap();
         let mut t = Trio {
             cp,
             tmp,
@@ -49,13 +56,13 @@ impl Trio {
             down: BTreeMap::new(),
             extra: extra.iter().map(|s| s.to_string()).collect(),
         };
-        for id in 1..=3 {
+        for id in 1..=brokers {
             let a = t.args(id);
             let a: Vec<&str> = a.iter().map(String::as_str).collect();
             let b = start_node(&t.cp, &t.certs, id, &a);
             t.nodes.insert(id, b);
         }
-        wait_for_storage_ids(&t.cp, 3).await;
+        wait_for_storage_ids(&t.cp, brokers as usize).await;
         t.ctl(&["tenant", "create", "acme"]);
         t.ctl(&["--tenant", "acme", "namespace", "create", "prod"]);
         t

@@ -47,7 +47,7 @@ pub(super) fn from_images(v: Vec<ReplicaImage>) -> BTreeMap<ShardKey, Placement>
 
 /// A registered storage identity as placement counts it (16 lowercase hex digits, checked at
 /// registration).
-fn sid_of(b: &Broker) -> Option<StorageId> {
+pub(super) fn sid_of(b: &Broker) -> Option<StorageId> {
     b.storage_id
         .as_deref()
         .and_then(|s| u64::from_str_radix(s, 16).ok())
@@ -140,6 +140,11 @@ fn mirror(sp: &mut ShardPlacement, p: &Placement, state: ShardState) -> bool {
     let (gen, leader) = p.newest();
     let mut replicas: Vec<u64> = leader.into_iter().collect();
     replicas.extend(p.set().iter().copied().filter(|&n| Some(n) != leader));
+    let settled = if p.is_settled() {
+        Vec::new()
+    } else {
+        p.settled().to_vec()
+    };
     let next = ShardPlacement {
         shard: sp.shard,
         owner: leader,
@@ -147,6 +152,7 @@ fn mirror(sp: &mut ShardPlacement, p: &Placement, state: ShardState) -> bool {
         state,
         replicas,
         leader,
+        settled,
     };
     let changed = *sp != next;
     *sp = next;
@@ -248,13 +254,15 @@ impl Catalog {
                 format!("stream {tenant}/{namespace}/{stream} has no replicated shard {shard}"),
             ));
         };
+        let unsettled = !p.is_settled();
         let answer = p.on_report(report);
         // A resigning leader's landed report: another qualifying live replica leads a new
-        // generation, and brokers see the move.
-        if report.resign
+        // generation, and brokers see the move. A landed report that settled a change of set
+        // (rule 11) is a change too: the routing entry stops naming the old set.
+        let resigned = report.resign
             && matches!(answer, ReportAnswer::Landed { .. })
-            && p.resign(report.leader, |n| live.contains(&n)).is_some()
-        {
+            && p.resign(report.leader, |n| live.contains(&n)).is_some();
+        if resigned || (unsettled && p.is_settled()) {
             let p = p.clone();
             self.publish_placement(&k, shard, &p);
         }
@@ -430,12 +438,14 @@ impl Catalog {
     }
 }
 
+mod replace;
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::replication::{Holding, Pos, ReportAnswer};
 
-    fn preview() -> Catalog {
+    pub(super) fn preview() -> Catalog {
         let mut c = Catalog::new(Limits {
             replication_preview: true,
             ..Limits::default()
@@ -465,7 +475,7 @@ mod tests {
     }
 
     /// Broker `id` registers under storage identity `sid` (None: it sends none).
-    fn register(c: &mut Catalog, id: u64, sid: Option<u64>) {
+    pub(super) fn register(c: &mut Catalog, id: u64, sid: Option<u64>) {
         c.apply(&Command::RegisterBroker {
             req: RegisterBroker {
                 node_id: id,
@@ -479,12 +489,12 @@ mod tests {
         .unwrap();
     }
 
-    fn live(c: &mut Catalog, id: u64, live: bool) {
+    pub(super) fn live(c: &mut Catalog, id: u64, live: bool) {
         c.apply(&Command::SetBrokerLive { node_id: id, live })
             .unwrap();
     }
 
-    fn create(c: &mut Catalog, name: &str, shards: u32, rf: u32) -> Outcome {
+    pub(super) fn create(c: &mut Catalog, name: &str, shards: u32, rf: u32) -> Outcome {
         c.apply(&Command::CreateStream {
             tenant: "t".into(),
             namespace: "n".into(),
@@ -497,11 +507,11 @@ mod tests {
         })
     }
 
-    fn shard(c: &Catalog, name: &str, i: usize) -> ShardPlacement {
+    pub(super) fn shard(c: &Catalog, name: &str, i: usize) -> ShardPlacement {
         c.stream("t", "n", name).unwrap().placement[i].clone()
     }
 
-    fn report(
+    pub(super) fn report(
         c: &mut Catalog,
         name: &str,
         i: u32,
@@ -586,7 +596,7 @@ mod tests {
     }
 
     /// Broker `n`'s storage identity in these tests.
-    fn sid(n: u64) -> u64 {
+    pub(super) fn sid(n: u64) -> u64 {
         n * 0x11
     }
 

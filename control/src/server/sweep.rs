@@ -37,8 +37,32 @@ fn forgive_stall(soft: &mut Soft, now: Instant, period: Duration) {
             for seen in soft.last_seen.values_mut() {
                 seen.1 = (seen.1 + stall).min(now);
             }
+            for since in soft.dead_since.values_mut() {
+                *since = (*since + stall).min(now);
+            }
         }
     }
+}
+
+/// Rule 11: a broker counted dead for `--replica-replace-after-ms` (as this leader saw it;
+/// a new leader starts the count again) is replaced in the replicated shards whose set may
+/// change now. Asked only while the catalog has such a shard, so a shard waiting for its set
+/// to settle costs no Raft write per sweep.
+fn replacements(st: &AppState, soft: &mut Soft, brokers: &[Broker], now: Instant) -> Vec<Command> {
+    soft.dead_since
+        .retain(|id, _| brokers.iter().any(|b| b.node_id == *id && !b.live));
+    let after_ms = st.cfg.replica_replace_after_ms;
+    let mut cmds = Vec::new();
+    for b in brokers.iter().filter(|b| !b.live) {
+        let since = *soft.dead_since.entry(b.node_id).or_insert(now);
+        if after_ms == 0 || now.duration_since(since) < Duration::from_millis(after_ms) {
+            continue;
+        }
+        if st.read(|c| !c.replacements(b.node_id).is_empty()) {
+            cmds.push(Command::ReplaceReplicas { node_id: b.node_id });
+        }
+    }
+    cmds
 }
 
 /// One pass: which commands the clock calls for now.
@@ -122,6 +146,7 @@ fn sweep_once(st: &AppState) -> Vec<Command> {
             });
         }
     }
+    cmds.extend(replacements(st, &mut soft, &brokers, now));
     let live: Vec<u64> = brokers
         .iter()
         .filter(|b| b.live)

@@ -32,20 +32,22 @@ impl Replica {
         }
     }
 
-    /// A majority promised: lead. The generation-start record goes first (rule 6), then
+    /// A majority promised (of the set and of the settled set, rule 11): lead. The generation-start record goes first (rule 6), then
     /// every follower that answered is shipped to from the end it reported.
     pub(super) fn maybe_elected(&mut self, now_ms: u64) {
         let Role::Fencing { gen, answered } = &self.role else {
             return;
         };
-        if answered.len() < self.majority() {
+        if !self.fence_complete(answered.keys()) {
             return;
         }
         let (gen, answered) = (*gen, answered.clone());
         let end = self.log.end();
+        // Shipped to: the answering replicas of this generation's set (one of the settled set
+        // only answered the fence, rule 11, and is no longer a replica).
         let peers = answered
             .into_iter()
-            .filter(|(n, _)| *n != self.me)
+            .filter(|(n, _)| *n != self.me && self.set.contains(n))
             .map(|(n, e)| {
                 let peer = Peer {
                     next: e.min(end),

@@ -1,5 +1,5 @@
 //! The replica of one durable shard as a pure state machine, after
-//! `docs/replication-design.md`. It implements rules 1 to 10:
+//! `docs/replication-design.md`. It implements rules 1 to 11:
 //! - generations (rule 1);
 //! - the leader's lease on its monotonic clock (rule 2, `lease.rs`);
 //! - fencing with a durable promise (rule 3, `follower.rs`);
@@ -14,7 +14,9 @@
 //! - storage identities: answers and reports name them, placement counts only current ones,
 //!   and a broker refuses an assignment made for an identity it no longer has (rule 9);
 //! - logs trimmed by retention below the learnt mark, and followers rebuilt from a leader's
-//!   base (rule 10).
+//!   base (rule 10);
+//! - a replica set that changes one replica at a time: an assignment names its generation's
+//!   set and the settled set, and the fence needs a majority of both (rule 11).
 //!
 //! It reads no clock and touches no socket or file: the time of each input is an argument
 //! (milliseconds of the driver's monotonic clock). Its inputs are placement's assignment
@@ -218,8 +220,13 @@ pub(crate) struct Replica {
     me: NodeId,
     /// This broker's storage identity (rule 9), named in every answer and report.
     sid: StorageId,
-    /// The replica set, this broker included.
+    /// The replica set: of the generation this replica leads or fences (from its assignment),
+    /// else the one it was created with (a follower counts nothing on it). This broker
+    /// included.
     set: Vec<NodeId>,
+    /// While fencing or leading: the settled set its assignment named (rule 11). The fence
+    /// completes only with a majority of it as well as of `set`.
+    settled: Vec<NodeId>,
     durable: Durable,
     /// The generations of the log's records (what the log holds, mirrored).
     log: GenLog,
@@ -252,6 +259,7 @@ impl Replica {
         Replica {
             me,
             sid,
+            settled: set.clone(),
             set,
             durable,
             role: Role::Follower,
@@ -301,6 +309,13 @@ impl Replica {
 
     fn majority(&self) -> usize {
         self.set.len() / 2 + 1
+    }
+
+    /// Whether `answered` holds a majority of the set and (rule 11, the joint fence) of the
+    /// settled set.
+    fn fence_complete<'a>(&self, answered: impl Iterator<Item = &'a NodeId> + Clone) -> bool {
+        let of = |s: &[NodeId]| 2 * answered.clone().filter(|n| s.contains(n)).count() > s.len();
+        of(&self.set) && (of(&self.settled) || breaks::on(&breaks::NO_JOINT_FENCE))
     }
 
     fn persist(&mut self, d: Durable) {
@@ -372,9 +387,22 @@ impl Replica {
     /// a generation it led before, one at which it accepted another leader (rules 1, 5), and
     /// an assignment decided on a storage identity it no longer has (rule 9: its log may have
     /// lost what placement counted it for).
+    ///
+    /// Rule 11: the assignment names the generation's replica set and the settled set; the
+    /// fence goes to both, and completes only with a majority of each (`maybe_elected`).
     pub(crate) fn assign(&mut self, a: Assignment, now_ms: u64) {
-        let Assignment { gen, leader, sid } = a;
+        let Assignment {
+            gen,
+            leader,
+            sid,
+            set,
+            settled,
+        } = a;
         if leader != self.me || gen <= self.durable.led || !self.accepts(gen, self.me) {
+            return;
+        }
+        if !set.is_empty() && !set.contains(&self.me) {
+            debug_assert!(false, "placement named {leader} outside its set {set:?}");
             return;
         }
         if sid != self.sid && !felix_control::replication::breaks::on(&breaks::NO_STORAGE_IDENTITY)
@@ -382,6 +410,14 @@ impl Replica {
             return;
         }
         self.step_down();
+        if !set.is_empty() {
+            self.set = set;
+        }
+        self.settled = if settled.is_empty() {
+            self.set.clone()
+        } else {
+            settled
+        };
         self.persist(Durable {
             promised: gen,
             ballot: Some(self.me),
@@ -392,7 +428,7 @@ impl Replica {
             gen,
             answered: BTreeMap::from([(self.me, end)]),
         };
-        for to in self.others() {
+        for to in self.fenced_ones() {
             self.send(
                 to,
                 Msg::Fence {
@@ -402,6 +438,15 @@ impl Replica {
             );
         }
         self.maybe_elected(now_ms);
+    }
+
+    /// Whom a fence goes to: the set and the settled set (rule 11), this broker excepted.
+    fn fenced_ones(&self) -> Vec<NodeId> {
+        let mut v: Vec<NodeId> = self.others();
+        v.extend(self.settled.iter().filter(|&&n| n != self.me));
+        v.sort_unstable();
+        v.dedup();
+        v
     }
 
     /// Whether this replica leads `gen` and `n`, of its set, has not answered its fence.
@@ -458,7 +503,7 @@ impl Replica {
         match &self.role {
             Role::Fencing { gen, answered } => {
                 let (gen, answered) = (*gen, answered.clone());
-                for to in self.others() {
+                for to in self.fenced_ones() {
                     if !answered.contains_key(&to) {
                         self.send(
                             to,
@@ -493,8 +538,9 @@ impl Replica {
                         self.maybe_elected(now_ms);
                     }
                 } else if let Role::Leading(l) = &mut self.role {
-                    // A late promise: that follower is shipped to from now on.
-                    if l.gen == gen && !l.peers.contains_key(&from) {
+                    // A late promise: that follower is shipped to from now on (a replica of
+                    // the settled set only is not: rule 11).
+                    if l.gen == gen && !l.peers.contains_key(&from) && self.set.contains(&from) {
                         let peer = Peer {
                             next: end,
                             sent: end,
@@ -590,6 +636,9 @@ pub(crate) mod breaks {
     /// other, keeping whatever it holds below that base (which may differ from the leader's
     /// committed records there).
     pub(crate) static NO_REBUILD: AtomicBool = AtomicBool::new(false);
+    /// Rule 11's joint fence dropped: a fence completes with a majority of the new set alone,
+    /// whatever the settled set answered.
+    pub(crate) static NO_JOINT_FENCE: AtomicBool = AtomicBool::new(false);
 
     #[inline]
     pub(crate) fn on(b: &AtomicBool) -> bool {
@@ -604,165 +653,4 @@ pub(crate) mod breaks {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Deliver every message until none is left; what each node's effects were, in order.
-    fn settle(rs: &mut BTreeMap<NodeId, Replica>) {
-        let mut net: Vec<(NodeId, Msg)> = Vec::new();
-        for _ in 0..1000 {
-            for r in rs.values_mut() {
-                for e in r.drain_effects() {
-                    if let Effect::Send { to, msg } = e {
-                        net.push((to, msg));
-                    }
-                }
-            }
-            if net.is_empty() {
-                return;
-            }
-            for (to, msg) in std::mem::take(&mut net) {
-                rs.get_mut(&to).unwrap().on_msg(msg, 0);
-            }
-        }
-        panic!("the replicas never went quiet");
-    }
-
-    fn three(logs: [GenLog; 3]) -> BTreeMap<NodeId, Replica> {
-        let set = vec![1, 2, 3];
-        (1..=3)
-            .zip(logs)
-            .map(|(n, l)| {
-                let cfg = ReplicaCfg::default();
-                let d = Durable::default();
-                (n, Replica::new(n, 100 + n, set.clone(), d, l, cfg))
-            })
-            .collect()
-    }
-
-    #[test]
-    fn a_new_leader_fences_writes_its_start_record_and_cuts_a_divergent_suffix() {
-        // Node 3 holds a record of generation 1 that the others never got.
-        let base = GenLog::from_gens([1, 1]);
-        let mut rs = three([base.clone(), base.clone(), GenLog::from_gens([1, 1, 1])]);
-        for r in rs.values_mut() {
-            r.durable = Durable {
-                promised: 1,
-                ballot: Some(3),
-                led: 0,
-            };
-        }
-        let to_1 = Assignment {
-            gen: 2,
-            leader: 1,
-            sid: 101,
-        };
-        // An assignment decided on an identity node 1 no longer has is refused (rule 9).
-        let stale = Assignment { sid: 99, ..to_1 };
-        rs.get_mut(&1).unwrap().assign(stale, 0);
-        assert!(rs.get_mut(&1).unwrap().drain_effects().is_empty());
-        rs.get_mut(&1).unwrap().assign(to_1, 0);
-        let fx = rs.get_mut(&1).unwrap().drain_effects();
-        assert_eq!(
-            fx[0],
-            Effect::Persist(Durable {
-                promised: 2,
-                ballot: Some(1),
-                led: 2
-            }),
-            "the promise is kept before the fence goes out"
-        );
-        for e in fx {
-            if let Effect::Send { to, msg } = e {
-                rs.get_mut(&to).unwrap().on_msg(msg, 0);
-            }
-        }
-        settle(&mut rs);
-        assert_eq!(rs[&1].leading(), Some(2));
-        // It serves once the wait after its fence is over and a renewal was answered.
-        let later = 3_000;
-        assert_eq!(
-            rs.get_mut(&1).unwrap().propose(1, 0),
-            Err(NotLeader::NoLease),
-            "no lease yet: refused"
-        );
-        rs.get_mut(&1).unwrap().tick(later);
-        settle(&mut rs);
-        rs.get_mut(&1).unwrap().propose(1, later).unwrap();
-        settle(&mut rs);
-        // Node 3's third record (generation 1) was cut for generation 2's start record.
-        let want = GenLog::from_gens([1, 1, 2, 2]);
-        for r in rs.values() {
-            assert_eq!(r.log(), &want, "node {}", r.me);
-        }
-        // Node 3 refuses generation 2's fence from another leader (its ballot is node 1),
-        // and a lower generation's fence; node 1 will not lead generation 2 twice.
-        rs.get_mut(&3)
-            .unwrap()
-            .on_msg(Msg::Fence { gen: 2, leader: 2 }, 0);
-        rs.get_mut(&3)
-            .unwrap()
-            .on_msg(Msg::Fence { gen: 1, leader: 2 }, 0);
-        let refusals = rs.get_mut(&3).unwrap().drain_effects();
-        assert!(refusals.iter().all(|e| matches!(
-            e,
-            Effect::Send {
-                msg: Msg::Refuse { promised: 2, .. },
-                ..
-            }
-        )));
-        assert_eq!(refusals.len(), 2);
-        rs.get_mut(&1).unwrap().assign(to_1, 0);
-        assert!(rs.get_mut(&1).unwrap().drain_effects().is_empty());
-        assert_eq!(
-            rs.get_mut(&2).unwrap().propose(1, later),
-            Err(NotLeader::Follower)
-        );
-    }
-
-    /// The `resign` flag of each report among `r`'s effects.
-    fn resigns(r: &mut Replica) -> Vec<bool> {
-        r.drain_effects()
-            .into_iter()
-            .filter_map(|e| match e {
-                Effect::Report(rep) => Some(rep.resign),
-                _ => None,
-            })
-            .collect()
-    }
-
-    #[test]
-    fn a_leader_without_a_lease_for_a_lease_period_resigns_until_it_holds_one_again() {
-        let mut rs = three(Default::default());
-        let a = Assignment {
-            gen: 1,
-            leader: 1,
-            sid: 101,
-        };
-        rs.get_mut(&1).unwrap().assign(a, 0);
-        settle(&mut rs);
-        rs.get_mut(&1).unwrap().tick(3_000);
-        settle(&mut rs);
-        assert!(rs[&1].serving(3_000), "the lease runs to 5,000");
-        // The followers go silent (nothing is delivered from here on). The lease runs out at
-        // 5,000; no resignation before a whole lease period (2,000) past that.
-        let l = rs.get_mut(&1).unwrap();
-        for t in (3_500..7_000).step_by(500) {
-            l.tick(t);
-            assert!(!resigns(l).contains(&true), "resigned at {t}");
-        }
-        l.tick(7_000);
-        assert!(resigns(l).contains(&true), "no resignation at 7,000");
-        l.tick(7_050);
-        assert_eq!(resigns(l), vec![true], "the report in flight says it again");
-        // The followers answer again: a renewal gives it a lease, and its next report
-        // withdraws the resignation.
-        l.tick(7_500);
-        settle(&mut rs);
-        assert!(rs[&1].serving(7_600));
-        let l = rs.get_mut(&1).unwrap();
-        l.tick(7_600);
-        let r = resigns(l);
-        assert!(!r.is_empty() && !r.contains(&true), "{r:?}");
-    }
-}
+mod tests;

@@ -1,7 +1,8 @@
-//! The replica machine's simulator: three replicas of one shard, placement (`felix_control::replication`, an
-//! actor on the network like the replicas), and a network that drops, duplicates, delays,
-//! reorders and partitions (any link, placement's included, one way or both), driven from a
-//! seed. Reports, their answers and assignments travel over it too. Each node's disk is the
+//! The replica machine's simulator: three replicas of one shard (and, in half the seeds, a
+//! fourth broker that placement swaps in for one of them, rule 11), placement
+//! (`felix_control::replication`, an actor on the network like the replicas), and a network
+//! that drops, duplicates, delays, reorders and partitions (any link, placement's included,
+//! one way or both, or the brokers and placement split in two sides), driven from a seed. Reports, their answers and assignments travel over it too. Each node's disk is the
 //! twin of what its effects wrote (a promise, a ballot, the log), so a process crash, even
 //! between two effects of one batch, restarts the node from exactly what it had written.
 //! A machine crash also loses a random tail of the log (the fsync window of a relaxed fsync
@@ -56,7 +57,9 @@ use felix_control::replication::Placement;
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-const NODES: u64 = 3;
+/// The replica set's size; with [`Mix::replace`] one more broker stands outside it, which
+/// placement may swap in for a replica (rule 11).
+const RF: u64 = 3;
 /// Placement's address on the simulated network.
 const PLACEMENT: NodeId = 0;
 const STEPS: usize = 900;
@@ -98,6 +101,10 @@ enum Wire {
     Report(Report),
     Answer(ReportAnswer),
     Assign(Assignment),
+    /// The catalog changed the replica set (rule 11): the broker hosts a replica if
+    /// placement's set names it when this arrives, and ends the one it hosts if not (a real
+    /// broker follows the catalog late, or not at all while it is cut off).
+    Catalog,
 }
 
 struct Node {
@@ -110,6 +117,10 @@ struct Node {
     /// Its monotonic clock: `offset_ms + true_ms * rate_ppm / 1e6`.
     offset_ms: u64,
     rate_ppm: u64,
+    /// Whether the broker hosts the shard's replica (it is in the set as it last learnt
+    /// it): one that does not drops every message for it, as a real broker counts them
+    /// `unhosted`, and its machine is gone.
+    hosted: bool,
 }
 
 /// What the seeds reached, so a passing run shows it exercised the rules.
@@ -133,6 +144,8 @@ struct Reached {
     resigned: bool,
     /// A follower's log was rebuilt from its leader's base (rule 10).
     rebuilt: bool,
+    /// Placement replaced a replica, and a landed report then counted the new one (rule 11).
+    replaced: bool,
 }
 
 struct World {
@@ -165,6 +178,12 @@ struct World {
     /// Placement suspects its leader at every chance, not only when it went silent (churn:
     /// generations overtaking each other before they serve).
     eager: bool,
+    /// A fourth broker, and placement swaps it in for a replica now and then (rule 11).
+    replace: bool,
+    /// Brokers: the set's and, with `replace`, one more.
+    span: u64,
+    /// The broker placement swapped in last, until a landed report counts it.
+    swapped_in: Option<NodeId>,
     next_id: u64,
     /// The identities of the client records just proposed (their `Source::Client` append).
     proposed: Vec<u64>,
@@ -189,15 +208,17 @@ impl World {
             idle,
             crashy,
             eager,
+            replace,
         }: Mix,
     ) -> World {
         let mut rng = Rng::new(seed);
-        let set: Vec<NodeId> = (1..=NODES).collect();
-        let nodes: BTreeMap<NodeId, Node> = set
-            .iter()
-            .map(|&n| {
+        let set: Vec<NodeId> = (1..=RF).collect();
+        let span = if replace { RF + 1 } else { RF };
+        let nodes: BTreeMap<NodeId, Node> = (1..=span)
+            .map(|n| {
                 let d = Durable::default();
-                let r = Replica::new(n, n, set.clone(), d, GenLog::default(), CFG);
+                let own = if n <= RF { set.clone() } else { vec![n] };
+                let r = Replica::new(n, n, own, d, GenLog::default(), CFG);
                 let node = Node {
                     r,
                     sid: n,
@@ -206,11 +227,12 @@ impl World {
                     disk_base: 0,
                     offset_ms: rng.below(1_000_000),
                     rate_ppm: 950_000 + rng.below(100_001),
+                    hosted: n <= RF,
                 };
                 (n, node)
             })
             .collect();
-        let placement = Placement::new(nodes.iter().map(|(&n, x)| (n, x.sid)).collect());
+        let placement = Placement::new(set.iter().map(|&n| (n, nodes[&n].sid)).collect());
         World {
             rng,
             nodes,
@@ -219,13 +241,16 @@ impl World {
             heard_ms: 0,
             acked: BTreeMap::new(),
             waiting: BTreeMap::new(),
-            next_sid: NODES + 1,
+            next_sid: span + 1,
             cut: BTreeSet::new(),
             racing,
             partitions,
             idle,
             crashy,
             eager,
+            replace,
+            span,
+            swapped_in: None,
             next_id: 1,
             proposed: Vec::new(),
             in_hand: Vec::new(),
@@ -238,7 +263,7 @@ impl World {
     }
 
     fn pick_node(&mut self) -> NodeId {
-        1 + self.rng.below(NODES)
+        1 + self.rng.below(self.span)
     }
 
     /// What node `n`'s monotonic clock reads now.
@@ -332,7 +357,7 @@ impl World {
                         }
                         _ => Vec::new(),
                     };
-                    wire_round_trip(&msg, &ids)?;
+                    check::wire_round_trip(&msg, &ids)?;
                     self.net.push((n, to, Wire::Peer(msg, ids)))
                 }
                 Effect::Report(r) => self.net.push((n, PLACEMENT, Wire::Report(r))),
@@ -391,7 +416,10 @@ impl World {
     /// proposal of a node that did not crash since is left without an answer.
     fn settle_answers(&mut self) -> Result<(), String> {
         self.true_ms += CFG.quorum_wait_ms * 11 / 10 + 1;
-        for n in 1..=NODES {
+        for n in 1..=self.span {
+            if !self.nodes[&n].hosted {
+                continue;
+            }
             let now = self.now(n);
             self.nodes.get_mut(&n).unwrap().r.tick(now);
             self.carry_out(n, None)?;
@@ -410,7 +438,12 @@ impl World {
     /// A process crash: the node comes back as a follower with what it made durable.
     fn restart(&mut self, n: NodeId) -> Result<(), String> {
         self.waiting.remove(&n);
-        let set: Vec<NodeId> = (1..=NODES).collect();
+        // A broker hosts a replica with the set the catalog names (a follower counts nothing
+        // on it; an assignment brings the one a leader counts).
+        let mut set = self.placement.set().to_vec();
+        if !set.contains(&n) {
+            set = vec![n];
+        }
         let node = self.nodes.get_mut(&n).unwrap();
         let log = node.view();
         node.r = Replica::new(n, node.sid, set, node.disk, log, CFG);
@@ -465,7 +498,9 @@ impl World {
         if let Some(seen) = self.commit_seen.get_mut(&n) {
             *seen = (*seen).min(keep);
         }
-        self.placement.register(n, sid);
+        if self.placement.set().contains(&n) {
+            self.placement.register(n, sid);
+        }
         self.trace.push(format!(
             "machine crash {n}: kept {keep} of {len}, identity {sid}"
         ));
@@ -486,6 +521,12 @@ impl World {
                 if landed {
                     self.heard_ms = self.true_ms;
                 }
+                if let ReportAnswer::Landed { counted, .. } = &a {
+                    if counted.iter().any(|h| Some(h.node) == self.swapped_in) {
+                        self.reached.replaced = true;
+                        self.swapped_in = None;
+                    }
+                }
                 self.net.push((PLACEMENT, from, Wire::Answer(a)));
                 // A resigning leader: another qualifying replica leads (placement here
                 // takes every replica for up; promotion is safe whoever it names).
@@ -498,6 +539,13 @@ impl World {
                     }
                 }
             }
+            return None;
+        }
+        if matches!(w, Wire::Catalog) {
+            return self.follow_catalog(to);
+        }
+        if !self.nodes[&to].hosted {
+            self.trace.push(format!("unhosted at {to}"));
             return None;
         }
         let now = self.now(to);
@@ -515,6 +563,7 @@ impl World {
             Wire::Answer(a) => r.on_report_answer(a, now),
             Wire::Assign(a) => r.assign(a, now),
             Wire::Report(_) => unreachable!("reports go to placement"),
+            Wire::Catalog => unreachable!("taken above"),
         }
         Some(to)
     }
@@ -524,6 +573,9 @@ impl World {
     /// replica that qualifies is preferred, and the current one is named again only now and
     /// then (a shard whose only qualifying replica is its leader waits for it).
     fn promote(&mut self) {
+        if self.replace && self.rng.chance(40) {
+            return self.replace();
+        }
         let (gen, leader) = self.placement.newest();
         // Suspect a leader not heard from for a while; now and then suspect a live one too
         // (failure detection is never trusted for safety, so promotion may come any time).
@@ -620,6 +672,11 @@ impl World {
                 let k = 1 + self.rng.below(3);
                 let ids: Vec<u64> = (self.next_id..self.next_id + k).collect();
                 self.next_id += k;
+                if !self.nodes[&n].hosted {
+                    self.trace
+                        .push(format!("propose {ids:?} at {n}: not hosted"));
+                    return Ok(());
+                }
                 let now = self.now(n);
                 let r = self.nodes.get_mut(&n).unwrap().r.propose(k as usize, now);
                 if let Ok(at) = r {
@@ -636,6 +693,13 @@ impl World {
             }
             63..=82 => {
                 let n = self.pick_node();
+                if self.replace && self.rng.chance(5) && !self.cut.contains(&(PLACEMENT, n)) {
+                    // The catalog reaches a broker in the end, even if every push was lost.
+                    self.follow_catalog(n);
+                }
+                if !self.nodes[&n].hosted {
+                    return self.check();
+                }
                 self.trace.push(format!("tick {n}"));
                 let now = self.now(n);
                 self.nodes.get_mut(&n).unwrap().r.tick(now);
@@ -673,9 +737,12 @@ impl World {
             self.trace.push("heal".into());
             return;
         }
+        if self.replace && self.rng.chance(40) {
+            return self.split();
+        }
         let a = self.pick_node();
         // Another replica, or placement (0).
-        let b = (a + 1 + self.rng.below(NODES)) % (NODES + 1);
+        let b = (a + 1 + self.rng.below(self.span)) % (self.span + 1);
         self.cut.insert((a, b));
         if self.rng.chance(70) {
             self.cut.insert((b, a));
@@ -693,6 +760,7 @@ struct Mix {
     idle: bool,
     crashy: bool,
     eager: bool,
+    replace: bool,
 }
 
 impl Mix {
@@ -705,33 +773,8 @@ impl Mix {
             idle: seed & 12 == 12,
             crashy: seed & 16 == 16,
             eager: seed & 32 == 32,
+            replace: seed & 64 == 64,
         }
-    }
-}
-
-/// Every message the machines send goes through the `Replicate` frame's codec and must come
-/// back the same (the records a shipment carries stand in as record identities).
-fn wire_round_trip(msg: &Msg, ids: &[u64]) -> Result<(), String> {
-    use felix_quic::wire::{decode_frame, replica, Frame, StreamName};
-    let frame = Frame::Replicate {
-        shard: replica::ShardRef {
-            stream: StreamName::new("t", "n", "s"),
-            incarnation: 1,
-            shard: 0,
-        },
-        msg: msg.clone(),
-        records: ids
-            .iter()
-            .map(|&id| replica::ShippedRecord {
-                ts_ms: id,
-                flags: 0,
-                payload: bytes::Bytes::new(),
-            })
-            .collect(),
-    };
-    match decode_frame(&frame.encode(), 16 << 20) {
-        Ok(back) if back == frame => Ok(()),
-        other => Err(format!("wire_round_trip: {msg:?} came back as {other:?}")),
     }
 }
 
@@ -777,8 +820,9 @@ fn replicas_keep_one_server_one_leader_per_generation_matching_logs_and_acked_re
         "a stale report after a machine crash",
         "a resignation",
         "a follower rebuilt from its leader's base",
+        "a replica replaced and the new one counted",
     ];
-    let mut counts = [0u64; 10];
+    let mut counts = [0u64; 11];
     // With FELIX_REPLICA_BUDGET_S (scripts/test.sh sets it), seeds go on past the ones asked
     // for until the budget is spent: as many as fit, never fewer than asked.
     let budget = std::env::var("FELIX_REPLICA_BUDGET_S")
@@ -810,6 +854,7 @@ fn replicas_keep_one_server_one_leader_per_generation_matching_logs_and_acked_re
             r.stale_report_after_crash,
             r.resigned,
             r.rebuilt,
+            r.replaced,
         ]) {
             *c += u64::from(hit);
         }
@@ -851,5 +896,7 @@ fn trace_n() -> usize {
 }
 
 mod check;
+/// Rule 11 in the simulated world: the catalog reaching brokers, replacements, splits.
+mod replace;
 /// The negative twins: each breaks one rule and must be caught.
 mod twins;

@@ -28,6 +28,9 @@ impl World {
     /// machine learnt (the real hold lags that mark, so it may trim less, never more).
     pub(super) fn trim(&mut self, n: NodeId) {
         let x = self.nodes.get_mut(&n).unwrap();
+        if !x.hosted {
+            return; // a broker runs retention on the logs it hosts
+        }
         let hold = x.r.known_commit();
         if hold <= x.disk_base {
             return;
@@ -58,8 +61,8 @@ impl World {
             let sid = self.nodes[&m].sid;
             self.placement.reported(m).is_some_and(|h| h.sid == sid)
         };
-        // Data is lost by one node at a time: every other one counts under its identity.
-        if self.nodes.keys().any(|&m| m != n && !vouched(m)) {
+        // Data is lost by one node at a time: every other replica counts under its identity.
+        if self.placement.set().iter().any(|&m| m != n && !vouched(m)) {
             return false;
         }
         let kept = |off: u64, e: &Entry| {
@@ -88,8 +91,9 @@ impl World {
     /// `AtMostOneServing`, `NoAckedRecordLost` and `CommittedPrefixMatches` now, and
     /// `LogMatching` over every pair of disks.
     pub(super) fn check(&mut self) -> Result<(), String> {
-        let serving: Vec<NodeId> = (1..=NODES)
-            .filter(|&n| self.nodes[&n].r.serving(self.now(n)))
+        // A broker that ended its replica (out of the set, rule 11) serves nothing.
+        let serving: Vec<NodeId> = (1..=self.span)
+            .filter(|&n| self.nodes[&n].hosted && self.nodes[&n].r.serving(self.now(n)))
             .collect();
         if serving.len() > 1 {
             return Err(format!(
@@ -131,7 +135,8 @@ impl World {
                 }
             }
         }
-        let leading = (1..=NODES).filter(|n| self.nodes[n].r.leading().is_some());
+        let leading =
+            (1..=self.span).filter(|n| self.nodes[n].hosted && self.nodes[n].r.leading().is_some());
         self.reached.two_leading |= leading.count() >= 2;
         let logs: Vec<(NodeId, &Node)> = self.nodes.iter().map(|(n, x)| (*n, x)).collect();
         for (i, (a, xa)) in logs.iter().enumerate() {
@@ -153,5 +158,31 @@ impl World {
             }
         }
         Ok(())
+    }
+}
+
+/// Every message the machines send goes through the `Replicate` frame's codec and must come
+/// back the same (the records a shipment carries stand in as record identities).
+pub(super) fn wire_round_trip(msg: &Msg, ids: &[u64]) -> Result<(), String> {
+    use felix_quic::wire::{decode_frame, replica, Frame, StreamName};
+    let frame = Frame::Replicate {
+        shard: replica::ShardRef {
+            stream: StreamName::new("t", "n", "s"),
+            incarnation: 1,
+            shard: 0,
+        },
+        msg: msg.clone(),
+        records: ids
+            .iter()
+            .map(|&id| replica::ShippedRecord {
+                ts_ms: id,
+                flags: 0,
+                payload: bytes::Bytes::new(),
+            })
+            .collect(),
+    };
+    match decode_frame(&frame.encode(), 16 << 20) {
+        Ok(back) if back == frame => Ok(()),
+        other => Err(format!("wire_round_trip: {msg:?} came back as {other:?}")),
     }
 }

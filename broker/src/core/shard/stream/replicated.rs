@@ -209,6 +209,7 @@ mod tests {
                     leader,
                     generation,
                     replicas: vec![1, 2, 3],
+                    settled: vec![],
                 }],
             }],
             ..ControlView::default()
