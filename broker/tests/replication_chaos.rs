@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::replicated::{check_acked_on_leader, leader_at, Trio, PUBLISH_WAIT};
+use common::replicated::{check_acked_on_leader, leader_at, CpView, Trio, PUBLISH_WAIT};
 
 /// The control plane counts a broker dead after this long without a heartbeat.
 const DEAD_AFTER_MS: u64 = 1_500;
@@ -52,7 +52,7 @@ struct Seen {
 
 /// Publish one record after another to the leader the control plane names until `stop`.
 async fn publisher(
-    cp_url: String,
+    cp: CpView,
     clients: Arc<Mutex<HashMap<u64, ClientConfig>>>,
     seen: Arc<Mutex<Seen>>,
     stop: Arc<AtomicBool>,
@@ -61,7 +61,7 @@ async fn publisher(
     let mut conns: HashMap<u64, Client> = HashMap::new();
     let mut i = 0u64;
     while !stop.load(Ordering::Relaxed) {
-        let Some(node) = leader_at(&cp_url, "c3").await else {
+        let Some(node) = leader_at(&cp, "c3").await else {
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };
@@ -138,7 +138,7 @@ async fn acknowledged_records_survive_kills_and_freezes_of_any_broker() {
     let seen = Arc::new(Mutex::new(Seen::default()));
     let stop = Arc::new(AtomicBool::new(false));
     let pub_task = tokio::spawn(publisher(
-        t.cp.url.clone(),
+        t.view.clone(),
         clients.clone(),
         seen.clone(),
         stop.clone(),

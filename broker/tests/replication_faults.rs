@@ -22,7 +22,13 @@
 //! - retention on a replicated stream (rule 10): it never removes records at or above the
 //!   commit mark, also while the mark stands still (the control plane frozen) and after a
 //!   restart; a follower that was down while the leader's retention removed what it needs is
-//!   rebuilt from the leader's base when it comes back.
+//!   rebuilt from the leader's base when it comes back;
+//! - a follower dead past `--replica-replace-after-ms` (rule 11): a fourth broker takes its
+//!   place in a new generation, catches up and counts; the old one, back, is no replica; the
+//!   leader then killed, a replica of the new set leads with every acknowledged record.
+//!
+//! Auth is on throughout (`common/replicated.rs`): the control plane checks tokens over
+//! HTTPS, the brokers run on enrolled node credentials, and clients use the admin token.
 
 use bytes::Bytes;
 use std::collections::BTreeMap;
@@ -268,6 +274,7 @@ async fn a_stream_deleted_and_created_again_under_load_is_empty_on_every_broker(
             &t.cp,
             t.tmp.path(),
             &[
+                &["--token", &t.admin][..],
                 &ns[..],
                 &[
                     "stream",
@@ -505,12 +512,7 @@ async fn a_leader_stopped_with_sigterm_is_replaced_without_being_counted_dead_fi
         "SIGTERM of node {old}: node {new} named after {:?}",
         since.elapsed()
     );
-    let brokers: serde_json::Value = reqwest::get(format!("{}/v1/brokers", t.cp.url))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let brokers = t.view.get("/v1/brokers").await;
     let b = brokers
         .as_array()
         .unwrap()
@@ -696,6 +698,15 @@ async fn a_follower_dead_past_the_replace_time_is_replaced_by_a_spare_that_catch
     let o = t.publish_until_acked("q", "first", RECOVERY_MAX).await;
     acked.insert(o, Bytes::from("first"));
     let leader = t.leader("q").await.unwrap();
+    // Auth is on (common/replicated.rs): a client without a token is refused.
+    let mut anon = t.nodes[&leader].client_config();
+    anon.token = None;
+    if let Ok(Ok(c)) = tokio::time::timeout(PUBLISH_WAIT, felix_client::Client::connect(anon)).await
+    {
+        let r = publish_one(&c, "q", "anonymous", PUBLISH_WAIT).await;
+        eprintln!("an anonymous publish: {r:?}");
+        assert!(r.is_err(), "an anonymous publish was acknowledged: {r:?}");
+    }
     let set = replica_set(&t, "q").await;
     assert!(
         !set.contains(&4),

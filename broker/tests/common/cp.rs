@@ -40,6 +40,14 @@ pub fn start_control_plane_auth(admin_token_file: &Path) -> ControlPlane {
     spawn_control_plane(5_000, 0, Some(admin_token_file))
 }
 
+/// [`start_control_plane_auth`] counting a silent broker dead after `dead_after_ms`.
+pub fn start_control_plane_auth_dead_after(
+    admin_token_file: &Path,
+    dead_after_ms: u64,
+) -> ControlPlane {
+    spawn_control_plane(dead_after_ms, 0, Some(admin_token_file))
+}
+
 /// Wait (bounded) for the admin token the control plane writes.
 pub fn read_admin_token(path: &Path) -> String {
     let t = Instant::now();

@@ -25,6 +25,8 @@ pub struct Broker {
     /// The bearer `/metrics` is read with (auth on); unset, a standalone broker's own admin
     /// token from its data dir.
     pub metrics_token: std::sync::Mutex<Option<String>>,
+    /// The bearer token [`Broker::client_config`] gives clients (a broker with auth on).
+    pub client_token: std::sync::Mutex<Option<String>>,
 }
 
 impl Drop for Broker {
@@ -198,6 +200,7 @@ impl Broker {
             child,
             dir,
             metrics_token: std::sync::Mutex::new(None),
+            client_token: std::sync::Mutex::new(None),
         })
     }
 
@@ -239,7 +242,9 @@ impl Broker {
     }
 
     pub fn client_config(&self) -> ClientConfig {
-        ClientConfig::new(self.quic, Some(self.ca()))
+        let mut cfg = ClientConfig::new(self.quic, Some(self.ca()));
+        cfg.token = self.client_token.lock().unwrap().clone();
+        cfg
     }
 
     pub async fn client(&self) -> Client {

@@ -2,10 +2,15 @@
 //! replicated streams with real processes (`replication_chaos.rs`, `replication_faults.rs`):
 //! start, kill and restart brokers on their files, read placement's view of a shard, publish
 //! one record and say how it was answered, and read a shard back from its start.
+//!
+//! Auth is on, as in production: the control plane serves HTTPS and checks bearer tokens,
+//! each broker runs on the node credential `felixctl node enroll` issued it (its reports to
+//! placement, its heartbeats and its catalog feed carry it), brokers check clients' tokens
+//! (`--auth auto`), and the tests act with the admin token.
 
-use super::cluster::{restart_node, start_node, wait_for_storage_ids};
-use super::cp::{felixctl, start_control_plane, ControlPlane};
-use super::{ok, Broker};
+use super::cluster::{restart_node, start_node};
+use super::cp::{ctl_ok, read_admin_token, start_control_plane_auth_dead_after, ControlPlane};
+use super::Broker;
 use bytes::Bytes;
 use felix_client::{Client, Event, SubscribeOptions};
 use felix_quic::tls::generate_cluster_certs;
@@ -18,9 +23,50 @@ use std::time::{Duration, Instant};
 /// leader does not answer).
 pub const PUBLISH_WAIT: Duration = Duration::from_secs(3);
 
+/// How the tests reach the control plane's REST API: its address, the CA its HTTPS
+/// certificate is signed by, and the admin token. Cheap to clone into a task.
+#[derive(Clone)]
+pub struct CpView {
+    pub url: String,
+    http: reqwest::Client,
+}
+
+impl CpView {
+    fn new(cp: &ControlPlane, token: &str) -> CpView {
+        let mut h = reqwest::header::HeaderMap::new();
+        h.insert(
+            reqwest::header::AUTHORIZATION,
+            format!("Bearer {token}").parse().unwrap(),
+        );
+        let mut b = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .default_headers(h);
+        if let Some(ca) = &cp.ca {
+            let pem = std::fs::read(ca).expect("the control plane's CA");
+            b = b.add_root_certificate(reqwest::Certificate::from_pem(&pem).unwrap());
+        }
+        CpView {
+            url: cp.url.clone(),
+            http: b.build().unwrap(),
+        }
+    }
+
+    /// GET `path` as JSON (Null while the control plane does not answer).
+    pub async fn get(&self, path: &str) -> serde_json::Value {
+        match self.http.get(format!("{}{path}", self.url)).send().await {
+            Ok(r) => r.json::<serde_json::Value>().await.unwrap_or_default(),
+            Err(_) => serde_json::Value::Null,
+        }
+    }
+}
+
 /// A control plane and brokers 1..=3, tenant `acme` and namespace `prod` made.
 pub struct Trio {
     pub cp: ControlPlane,
+    /// The control plane's REST API, as the admin.
+    pub view: CpView,
+    /// The admin token (clients and felixctl use it).
+    pub admin: String,
     pub tmp: tempfile::TempDir,
     pub certs: PathBuf,
     /// The running brokers, by node id.
@@ -43,13 +89,18 @@ impl Trio {
     pub async fn start_n(brokers: u64, dead_after_ms: u64, extra: &[&str]) -> Trio {
         // Inherited by the control plane (and harmlessly by the brokers).
         std::env::set_var("FELIX_REPLICATION_PREVIEW", "true");
-        let cp = start_control_plane(dead_after_ms);
         let tmp = tempfile::tempdir().unwrap();
+        let cp =
+            start_control_plane_auth_dead_after(&tmp.path().join("admin.token"), dead_after_ms);
+        let admin = read_admin_token(&tmp.path().join("admin.token"));
+        let view = CpView::new(&cp, &admin);
         let certs = tmp.path().join("certs");
         let ids: Vec<u64> = (1..=brokers).collect();
         generate_cluster_certs(&certs, &ids).unwrap();
         let mut t = Trio {
             cp,
+            view,
+            admin,
             tmp,
             certs,
             nodes: BTreeMap::new(),
@@ -57,32 +108,74 @@ impl Trio {
             extra: extra.iter().map(|s| s.to_string()).collect(),
         };
         for id in 1..=brokers {
+            // The node credential the broker runs on (reports, heartbeats, the feed).
+            let token = t.ctl(&["node", "enroll", &id.to_string()]);
+            std::fs::write(t.node_token(id), token).unwrap();
             let a = t.args(id);
             let a: Vec<&str> = a.iter().map(String::as_str).collect();
             let b = start_node(&t.cp, &t.certs, id, &a);
-            t.nodes.insert(id, b);
+            t.insert(id, b);
         }
-        wait_for_storage_ids(&t.cp, brokers as usize).await;
+        t.wait_for_storage_ids(brokers as usize).await;
         t.ctl(&["tenant", "create", "acme"]);
         t.ctl(&["--tenant", "acme", "namespace", "create", "prod"]);
         t
     }
 
     /// Node `id`'s flags: its durable directory (outside the data directory a kill hands
-    /// back, so that it survives every restart) and the extra flags.
+    /// back, so that it survives every restart), its node credential, the control plane's
+    /// CA, auth from the control plane, and the extra flags.
     fn args(&self, id: u64) -> Vec<String> {
         let dir = self.tmp.path().join(format!("durable-{id}"));
-        let mut a = vec![
-            "--durable-storage-dir".to_string(),
-            dir.display().to_string(),
-        ];
+        let ca = self.cp.ca.as_ref().expect("the control plane serves HTTPS");
+        let mut a: Vec<String> = [
+            "--durable-storage-dir",
+            &dir.display().to_string(),
+            "--controlplane-token-file",
+            &self.node_token(id).display().to_string(),
+            "--controlplane-ca",
+            &ca.display().to_string(),
+            "--auth",
+            "auto",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
         a.extend(self.extra.iter().cloned());
         a
     }
 
-    /// felixctl against the control plane; its stdout, and it must succeed.
+    fn node_token(&self, id: u64) -> PathBuf {
+        self.tmp.path().join(format!("node-{id}.token"))
+    }
+
+    /// A started broker: its clients and metrics use the admin token.
+    fn insert(&mut self, id: u64, b: Broker) {
+        *b.client_token.lock().unwrap() = Some(self.admin.clone());
+        *b.metrics_token.lock().unwrap() = Some(self.admin.clone());
+        self.nodes.insert(id, b);
+    }
+
+    /// Wait (20 s at most) until `n` brokers registered with a storage identity: a stream of
+    /// three copies is refused before that.
+    async fn wait_for_storage_ids(&self, n: usize) {
+        let t = Instant::now();
+        loop {
+            let v = self.view.get("/v1/brokers").await;
+            let with_id = v.as_array().map_or(0, |a| {
+                a.iter().filter(|b| b["storage_id"].is_string()).count()
+            });
+            if with_id >= n {
+                return;
+            }
+            assert!(t.elapsed() < Duration::from_secs(20), "brokers: {v}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// felixctl against the control plane as the admin; its stdout, and it must succeed.
     pub fn ctl(&self, args: &[&str]) -> String {
-        ok(felixctl(&self.cp, self.tmp.path(), args))
+        ctl_ok(&self.cp, self.tmp.path(), &self.admin, args)
     }
 
     /// Create stream `name` in acme/prod: durable, one shard, three copies, `consistency`.
@@ -147,7 +240,7 @@ impl Trio {
         let a = self.args(id);
         let a: Vec<&str> = a.iter().map(String::as_str).collect();
         let b = restart_node(&self.cp, &self.certs, id, dir, &a);
-        self.nodes.insert(id, b);
+        self.insert(id, b);
     }
 
     /// Delete killed node `id`'s durable directory (its logs, promises and storage identity):
@@ -165,13 +258,13 @@ impl Trio {
 
     /// Placement's view of shard 0 of `name` (`GET .../replication`).
     pub async fn shard(&self, name: &str) -> serde_json::Value {
-        shard_at(&self.cp.url, name).await
+        shard_at(&self.view, name).await
     }
 
     /// The node placement names leader of shard 0 of `name`, once its generation's start
     /// record is committed.
     pub async fn leader(&self, name: &str) -> Option<u64> {
-        leader_at(&self.cp.url, name).await
+        leader_at(&self.view, name).await
     }
 
     /// Wait (`max` at most) until placement shows shard 0 of `name` with all three replicas
@@ -255,19 +348,16 @@ impl Trio {
     }
 }
 
-/// Placement's view of shard 0 of acme/prod/`name` at the control plane `cp_url` (Null while
+/// Placement's view of shard 0 of acme/prod/`name` at the control plane `cp` (Null while
 /// it does not answer).
-pub async fn shard_at(cp_url: &str, name: &str) -> serde_json::Value {
-    let url = format!("{cp_url}/v1/tenants/acme/namespaces/prod/streams/{name}/replication");
-    match reqwest::get(url).await {
-        Ok(r) => r.json::<serde_json::Value>().await.unwrap_or_default()["shards"][0].clone(),
-        Err(_) => serde_json::Value::Null,
-    }
+pub async fn shard_at(cp: &CpView, name: &str) -> serde_json::Value {
+    let path = format!("/v1/tenants/acme/namespaces/prod/streams/{name}/replication");
+    cp.get(&path).await["shards"][0].clone()
 }
 
 /// The leader [`shard_at`] names, once its generation's start record is committed.
-pub async fn leader_at(cp_url: &str, name: &str) -> Option<u64> {
-    let s = shard_at(cp_url, name).await;
+pub async fn leader_at(cp: &CpView, name: &str) -> Option<u64> {
+    let s = shard_at(cp, name).await;
     (s["commit"].as_u64()? >= 1)
         .then(|| s["leader"].as_u64())
         .flatten()

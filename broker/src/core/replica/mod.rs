@@ -579,6 +579,14 @@ impl Replica {
                 if let Some(l) = self.lease.as_mut().filter(|l| l.gen == gen) {
                     l.granted(round, from, majority, &self.cfg);
                 }
+                if self.missing_from_lead(gen, from) {
+                    // It promised this generation (it grants), but its answer to the fence
+                    // was lost: without one it is never shipped to and stays behind until the
+                    // next generation (found with real brokers all restarted at once). Fence
+                    // it again so it answers with its log end; the same fence, late.
+                    let leader = self.me;
+                    self.send(from, Msg::Fence { gen, leader });
+                }
             }
             Msg::Refuse {
                 gen,

@@ -254,3 +254,54 @@ fn a_leader_without_a_lease_for_a_lease_period_resigns_until_it_holds_one_again(
     let r = resigns(l);
     assert!(!r.is_empty() && !r.contains(&true), "{r:?}");
 }
+
+/// A follower that promised the generation but whose answer to the fence was lost grants the
+/// leader's lease renewals; the leader fences it again and ships to it, so it catches up
+/// instead of staying behind until the next generation.
+#[test]
+fn a_follower_whose_fence_answer_was_lost_is_fenced_again_and_caught_up() {
+    let mut rs = three([
+        GenLog::from_gens([1, 1]),
+        GenLog::default(),
+        GenLog::default(),
+    ]);
+    let a = Assignment {
+        gen: 2,
+        leader: 1,
+        sid: 101,
+        set: vec![1, 2, 3],
+        settled: vec![1, 2, 3],
+    };
+    rs.get_mut(&1).unwrap().assign(a, 0);
+    // Deliver every message but node 2's answers to the fence at first.
+    let mut dropped = false;
+    let mut net: Vec<(NodeId, Msg)> = Vec::new();
+    for round in 0..200u64 {
+        let now = round * 100;
+        for r in rs.values_mut() {
+            if r.me == 1 {
+                r.tick(now);
+            }
+            for e in r.drain_effects() {
+                if let Effect::Send { to, msg } = e {
+                    net.push((to, msg));
+                }
+            }
+        }
+        for (to, msg) in std::mem::take(&mut net) {
+            // Lost for the first half second (every fence the leader sent meanwhile).
+            if round < 5 && matches!(msg, Msg::FenceAnswer { from: 2, .. }) {
+                dropped = true;
+                continue;
+            }
+            rs.get_mut(&to).unwrap().on_msg(msg, now);
+        }
+    }
+    assert!(dropped);
+    assert_eq!(rs[&1].leading(), Some(2));
+    assert_eq!(
+        rs[&2].log(),
+        rs[&1].log(),
+        "node 2 caught up with its leader"
+    );
+}
