@@ -305,3 +305,75 @@ fn a_follower_whose_fence_answer_was_lost_is_fenced_again_and_caught_up() {
         "node 2 caught up with its leader"
     );
 }
+
+/// Rule 11's "settle before change", on the real machines and placement, along TLC's
+/// counterexample (`FelixShardChangeUnsettled`, docs/replication-design.md): placement swaps 3
+/// for 4 ({1,2,4}, generation 2, led by 1, settled {1,2,3}) and, with the twin, swaps the
+/// leader 1 for 3 ({2,3,4}, generation 3, led by 2) before generation 2 settled. Node 1's joint
+/// fence completes with 3 and 4; node 2's with 3 alone (a majority of {2,3,4} and of the
+/// settled {1,2,3}); 1 renews its lease with 4, which generation 3 never fenced, and 2 with 3:
+/// both serve. Without the twin placement refuses the second change (`NotSettled`).
+#[test]
+fn a_change_before_the_last_one_settled_lets_two_leaders_serve() {
+    use felix_control::replication::{breaks as pb, Placement, ReplaceError};
+    use std::sync::atomic::Ordering::Relaxed;
+    let sids: BTreeMap<NodeId, StorageId> = (1..=3).map(|n| (n, 100 + n)).collect();
+    let mut p = Placement::new(sids);
+    let g1 = p.promote(1, false).unwrap();
+    let g2 = p.replace(3, 4, 104, |_| true).unwrap();
+    assert_eq!((g2.gen, g2.leader), (2, 1));
+    assert_eq!(
+        p.replace(1, 3, 103, |n| n != 1),
+        Err(ReplaceError::NotSettled)
+    );
+    pb::CHANGE_UNSETTLED.store(true, Relaxed);
+    let g3 = p.replace(1, 3, 103, |n| n != 1);
+    pb::CHANGE_UNSETTLED.store(false, Relaxed);
+    let g3 = g3.unwrap();
+    assert_eq!((g3.gen, g3.leader, &g3.settled), (3, 2, &vec![1, 2, 3]));
+
+    let mut rs: BTreeMap<NodeId, Replica> = (1..=4)
+        .map(|n| {
+            let (d, l, cfg) = (Durable::default(), GenLog::default(), ReplicaCfg::default());
+            (n, Replica::new(n, 100 + n, vec![n], d, l, cfg))
+        })
+        .collect();
+    // Which links carry messages: 1 with 3 and 4, 2 with 3; nothing else.
+    let open = |a: NodeId, b: NodeId| {
+        let (x, y) = (a.min(b), a.max(b));
+        matches!((x, y), (1, 3) | (1, 4) | (2, 3))
+    };
+    let mut net: Vec<(NodeId, NodeId, Msg)> = Vec::new();
+    let mut run = |rs: &mut BTreeMap<NodeId, Replica>, from_ms: u64, to_ms: u64| -> bool {
+        let mut both = false;
+        for now in (from_ms..to_ms).step_by(50) {
+            for (&n, r) in rs.iter_mut() {
+                r.tick(now);
+                for e in r.drain_effects() {
+                    if let Effect::Send { to, msg } = e {
+                        net.push((n, to, msg));
+                    }
+                }
+            }
+            for (from, to, msg) in std::mem::take(&mut net) {
+                if open(from, to) {
+                    rs.get_mut(&to).unwrap().on_msg(msg, now);
+                }
+            }
+            both |= rs[&1].serving(now) && rs[&2].serving(now);
+        }
+        both
+    };
+    // Generation 1 never served (its leader 1 took generation 2 at once).
+    let _ = g1;
+    rs.get_mut(&1).unwrap().assign(g2, 0);
+    assert!(!run(&mut rs, 0, 4_000));
+    assert_eq!(rs[&1].leading(), Some(2));
+    assert!(rs[&1].serving(3_999), "1 serves generation 2 with 4");
+    rs.get_mut(&2).unwrap().assign(g3, 4_000);
+    assert!(
+        run(&mut rs, 4_000, 10_000),
+        "generation 3 (2 with 3) and generation 2 (1 with 4) serve at once"
+    );
+    assert_eq!(rs[&2].leading(), Some(3));
+}

@@ -179,5 +179,7 @@ fn negative_twin_no_joint_fence_is_caught() {
 // the next change's fence completed on the other side, all within one lease. The simulator
 // makes such changes (about 1.6 per seed in the twin's mix, 2026-12-07) but did not reach that
 // schedule in 20,000 seeds, nor in 60,000 before the faults aimed at it (a replaced broker cut
-// off with a follower; a new leader cut off from placement) were added. TLC does (`FelixShardChangeUnsettled`, 14 states), and
-// `felix_control::replication`'s unit test holds the guard.
+// off with a follower; a new leader cut off from placement) were added. TLC does
+// (`FelixShardChangeUnsettled`, 14 states); `felix_control::replication`'s unit test holds
+// the guard; and `replica::tests::a_change_before_the_last_one_settled_lets_two_leaders_serve`
+// plays TLC's counterexample on the real machines and placement, twin on: two leaders serve.
