@@ -25,7 +25,8 @@
 //!   rebuilt from the leader's base when it comes back;
 //! - a follower dead past `--replica-replace-after-ms` (rule 11): a fourth broker takes its
 //!   place in a new generation, catches up and counts; the old one, back, is no replica; the
-//!   leader then killed, a replica of the new set leads with every acknowledged record.
+//!   leader then killed, a replica of the new set leads with every acknowledged record, and
+//!   the dead leader is replaced in turn by the old follower, swapped in again on its files.
 //!
 //! Auth is on throughout (`common/replicated.rs`): the control plane checks tokens over
 //! HTTPS, the brokers run on enrolled node credentials, and clients use the admin token.
@@ -767,6 +768,30 @@ async fn a_follower_dead_past_the_replace_time_is_replaced_by_a_spare_that_catch
     acked.insert(o, Bytes::from("after-failover"));
     let new = t.leader("q").await.unwrap();
     assert!(new == f[1] || new == 4, "led by {new}");
+    check_acked_on_leader(&t, "q", &acked, RECOVERY_MAX).await;
+
+    // The dead old leader is replaced in turn, by the one broker outside the set: the old
+    // follower, which is swapped in again and starts from the files it kept (behind, and
+    // from older generations: matched, cut or rebuilt, then level).
+    let since = Instant::now();
+    loop {
+        let set = replica_set(&t, "q").await;
+        if set.contains(&f[0]) && !set.contains(&leader) {
+            break;
+        }
+        assert!(
+            since.elapsed() < RECOVERY_MAX,
+            "node {leader} never replaced: {}",
+            t.shard("q").await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let o = t
+        .publish_until_acked("q", "old-follower-back-in", RECOVERY_MAX)
+        .await;
+    acked.insert(o, Bytes::from("old-follower-back-in"));
+    let s = t.wait_full("q", RECOVERY_MAX).await;
+    eprintln!("node {} swapped in again and level: {s}", f[0]);
     check_acked_on_leader(&t, "q", &acked, RECOVERY_MAX).await;
     for b in t.nodes.values() {
         assert_eq!(b.total("replica_failures"), 0, "no replica failed");
