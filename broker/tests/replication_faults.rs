@@ -747,6 +747,16 @@ async fn a_follower_dead_past_the_replace_time_is_replaced_by_a_spare_that_catch
     );
     let set = replica_set(&t, "q").await;
     assert!(!set.contains(&f[0]) && set.len() == 3, "{set:?}");
+    let metrics = t.view.get_text("/metrics").await;
+    assert!(
+        metrics.contains("felix_controlplane_replica_replacements_total 1\n"),
+        "one replacement counted: {}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("replace"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     // The spare catches up from the leader and counts once the leader reports it.
     let o = t.publish_until_acked("q", "replaced", RECOVERY_MAX).await;
     acked.insert(o, Bytes::from("replaced"));

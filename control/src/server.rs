@@ -494,6 +494,11 @@ async fn metrics(State(st): State<Arc<AppState>>) -> impl IntoResponse {
         "# HELP felix_controlplane_abandons_total replicated shards an operator abandoned to a replica here\n# TYPE felix_controlplane_abandons_total counter\nfelix_controlplane_abandons_total {}\n",
         replication::ABANDONS.load(Relaxed)
     );
+    let _ = write!(
+        o,
+        "# HELP felix_controlplane_replica_replacements_total replicas of dead brokers this member's sweep replaced (one per shard changed)\n# TYPE felix_controlplane_replica_replacements_total counter\nfelix_controlplane_replica_replacements_total {}\n",
+        replication::REPLACEMENTS.load(Relaxed)
+    );
     let r = &st.requests;
     let _ = write!(o, "# HELP felix_controlplane_requests_total REST requests answered, by status class\n# TYPE felix_controlplane_requests_total counter\n");
     for (i, c) in r.by_class.iter().enumerate() {

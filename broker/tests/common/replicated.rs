@@ -51,6 +51,14 @@ impl CpView {
         }
     }
 
+    /// GET `path` as text (empty while the control plane does not answer).
+    pub async fn get_text(&self, path: &str) -> String {
+        match self.http.get(format!("{}{path}", self.url)).send().await {
+            Ok(r) => r.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        }
+    }
+
     /// GET `path` as JSON (Null while the control plane does not answer).
     pub async fn get(&self, path: &str) -> serde_json::Value {
         match self.http.get(format!("{}{path}", self.url)).send().await {

@@ -16,6 +16,8 @@ pub(super) static REPORTS_LANDED: AtomicU64 = AtomicU64::new(0);
 pub(super) static REPORTS_REFUSED: AtomicU64 = AtomicU64::new(0);
 pub(super) static REPORTS_STALE: AtomicU64 = AtomicU64::new(0);
 pub(super) static ABANDONS: AtomicU64 = AtomicU64::new(0);
+/// Replicas this member's sweep replaced (rule 11), one per shard changed.
+pub(super) static REPLACEMENTS: AtomicU64 = AtomicU64::new(0);
 
 #[utoipa::path(get, path = "/v1/tenants/{tenant}/namespaces/{namespace}/streams/{stream}/replication", tag = "streams",
     params(("tenant" = String, Path), ("namespace" = String, Path), ("stream" = String, Path)),

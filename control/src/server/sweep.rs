@@ -18,8 +18,22 @@ pub async fn sweep(st: Arc<AppState>, mut stop: tokio::sync::watch::Receiver<boo
         }
         rest_auth::keep_admin_token_file(&st);
         for cmd in sweep_once(&st) {
+            let node = match &cmd {
+                Command::ReplaceReplicas { node_id } => Some(*node_id),
+                _ => None,
+            };
             // Failures (lost leadership, timeouts) are retried on the next pass.
-            let _ = st.write(cmd).await;
+            if let (Some(node), Ok(Reply::Replaced { shards })) = (node, st.write(cmd).await) {
+                if shards > 0 {
+                    super::replication::REPLACEMENTS
+                        .fetch_add(shards, std::sync::atomic::Ordering::Relaxed);
+                    tracing::info!(
+                        node,
+                        shards,
+                        "replaced a broker dead past --replica-replace-after-ms in its replica sets"
+                    );
+                }
+            }
         }
     }
 }
