@@ -552,7 +552,10 @@ mod tests {
 
     /// Node 1's report at `gen`, numbered `seq`.
     fn from_1(gen: u64, seq: u64, holders: Vec<Holding>) -> Report {
-        let leader = 1;
+        report_of(gen, 1, seq, holders)
+    }
+
+    fn report_of(gen: u64, leader: NodeId, seq: u64, holders: Vec<Holding>) -> Report {
         Report {
             gen,
             leader,
@@ -609,14 +612,7 @@ mod tests {
             "the twin changes anyway"
         );
         // Generation 2's report lands: settled, and node 4 counts, level with the mark.
-        let r = Report {
-            gen: 2,
-            leader: 1,
-            seq: 1,
-            holders: vec![at(1, 2, 6, 10), at(4, 2, 6, 40)],
-            resign: false,
-            behind_bytes: BTreeMap::new(),
-        };
+        let r = from_1(2, 1, vec![at(1, 2, 6, 10), at(4, 2, 6, 40)]);
         assert!(matches!(p.on_report(&r), ReportAnswer::Landed { .. }));
         assert!(p.is_settled() && p.vouched(4));
         assert_eq!(
@@ -632,14 +628,7 @@ mod tests {
         assert_eq!((a.gen, a.leader, a.settled), (3, 4, vec![1, 4, 3]));
         // None qualifies: nothing changes.
         let mut q = p.clone();
-        q.on_report(&Report {
-            gen: 3,
-            leader: 4,
-            seq: 1,
-            holders: vec![at(4, 3, 7, 40)],
-            resign: false,
-            behind_bytes: BTreeMap::new(),
-        });
+        q.on_report(&report_of(3, 4, 1, vec![at(4, 3, 7, 40)]));
         assert_eq!(
             q.replace(4, 3, 30, |n| n == 4),
             Err(ReplaceError::NoneQualifies)
@@ -728,14 +717,7 @@ mod tests {
     fn placement_and_its_answers_round_trip_through_json() {
         let mut p = Placement::new(BTreeMap::from([(1, 10), (2, 20), (3, 30)]));
         p.promote(2, false).unwrap();
-        let r = Report {
-            gen: 1,
-            leader: 2,
-            seq: 1,
-            holders: vec![at(2, 1, 4, 20), at(3, 1, 4, 30)],
-            resign: false,
-            behind_bytes: BTreeMap::new(),
-        };
+        let r = report_of(1, 2, 1, vec![at(2, 1, 4, 20), at(3, 1, 4, 30)]);
         let a = p.on_report(&r);
         let json = serde_json::to_string(&a).unwrap();
         assert!(json.starts_with(r#"{"answer":"landed""#), "{json}");

@@ -44,21 +44,9 @@ fn a_fence_across_a_change_of_set_needs_a_majority_of_both_sets() {
         set: vec![1, 2, 4],
         settled: vec![1, 2, 3],
     };
-    rs.get_mut(&1).unwrap().assign(a, 0);
-    let fences: Vec<NodeId> = rs
-        .get_mut(&1)
-        .unwrap()
-        .drain_effects()
-        .into_iter()
-        .filter_map(|e| match e {
-            Effect::Send {
-                to,
-                msg: Msg::Fence { .. },
-            } => Some(to),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(fences, vec![2, 3, 4]);
+    rs.get_mut(&1).unwrap().assign(a.clone(), 0);
+    let fences = sent_to(rs.get_mut(&1).unwrap(), |m| matches!(m, Msg::Fence { .. }));
+    assert_eq!(fences, BTreeSet::from([2, 3, 4]));
     let answer = |from: NodeId| Msg::FenceAnswer {
         gen: 1,
         from,
@@ -76,16 +64,7 @@ fn a_fence_across_a_change_of_set_needs_a_majority_of_both_sets() {
         GenLog::default(),
         ReplicaCfg::default(),
     );
-    twin.assign(
-        Assignment {
-            gen: 1,
-            leader: 1,
-            sid: 101,
-            set: vec![1, 2, 4],
-            settled: vec![1, 2, 3],
-        },
-        0,
-    );
+    twin.assign(a, 0);
     twin.on_msg(answer(4), 0);
     breaks::NO_JOINT_FENCE.store(false, std::sync::atomic::Ordering::Relaxed);
     assert_eq!(
@@ -96,18 +75,19 @@ fn a_fence_across_a_change_of_set_needs_a_majority_of_both_sets() {
     let r1 = rs.get_mut(&1).unwrap();
     r1.on_msg(answer(3), 0);
     assert_eq!(r1.leading(), Some(1));
-    let shipped: BTreeSet<NodeId> = r1
-        .drain_effects()
+    let shipped = sent_to(r1, |m| matches!(m, Msg::Ship { .. }));
+    assert_eq!(shipped, BTreeSet::from([4]));
+}
+
+/// Whom `r`'s effects since the last drain send a message `pick` selects.
+fn sent_to(r: &mut Replica, pick: impl Fn(&Msg) -> bool) -> BTreeSet<NodeId> {
+    r.drain_effects()
         .into_iter()
         .filter_map(|e| match e {
-            Effect::Send {
-                to,
-                msg: Msg::Ship { .. },
-            } => Some(to),
+            Effect::Send { to, msg } if pick(&msg) => Some(to),
             _ => None,
         })
-        .collect();
-    assert_eq!(shipped, BTreeSet::from([4]));
+        .collect()
 }
 
 fn three(logs: [GenLog; 3]) -> BTreeMap<NodeId, Replica> {
