@@ -127,11 +127,8 @@ impl CoreState {
                 };
                 if replicas.contains(&node) && self.owner_core(idx, shard as u32) == self.id {
                     let lead = (*leader == node).then_some(*generation);
-                    let settled = if settled.is_empty() {
-                        replicas.clone()
-                    } else {
-                        settled.clone()
-                    };
+                    // `settled` is empty once the set settled: the machine reads that as the set.
+                    let settled = settled.clone();
                     wanted.push(((idx, shard as u32), replicas.clone(), lead, settled));
                 }
             }
