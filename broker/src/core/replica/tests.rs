@@ -90,6 +90,17 @@ fn sent_to(r: &mut Replica, pick: impl Fn(&Msg) -> bool) -> BTreeSet<NodeId> {
         .collect()
 }
 
+/// Placement names node 1 (identity 101) leader of `gen` over the set {1,2,3}, settled.
+fn to_1(gen: u64) -> Assignment {
+    Assignment {
+        gen,
+        leader: 1,
+        sid: 101,
+        set: vec![1, 2, 3],
+        settled: vec![1, 2, 3],
+    }
+}
+
 fn three(logs: [GenLog; 3]) -> BTreeMap<NodeId, Replica> {
     let set = vec![1, 2, 3];
     (1..=3)
@@ -114,21 +125,15 @@ fn a_new_leader_fences_writes_its_start_record_and_cuts_a_divergent_suffix() {
             led: 0,
         };
     }
-    let to_1 = Assignment {
-        gen: 2,
-        leader: 1,
-        sid: 101,
-        set: vec![1, 2, 3],
-        settled: vec![1, 2, 3],
-    };
+    let gen_2 = to_1(2);
     // An assignment decided on an identity node 1 no longer has is refused (rule 9).
     let stale = Assignment {
         sid: 99,
-        ..to_1.clone()
+        ..gen_2.clone()
     };
     rs.get_mut(&1).unwrap().assign(stale, 0);
     assert!(rs.get_mut(&1).unwrap().drain_effects().is_empty());
-    rs.get_mut(&1).unwrap().assign(to_1.clone(), 0);
+    rs.get_mut(&1).unwrap().assign(gen_2.clone(), 0);
     let fx = rs.get_mut(&1).unwrap().drain_effects();
     assert_eq!(
         fx[0],
@@ -179,7 +184,7 @@ fn a_new_leader_fences_writes_its_start_record_and_cuts_a_divergent_suffix() {
         }
     )));
     assert_eq!(refusals.len(), 2);
-    rs.get_mut(&1).unwrap().assign(to_1, 0);
+    rs.get_mut(&1).unwrap().assign(gen_2, 0);
     assert!(rs.get_mut(&1).unwrap().drain_effects().is_empty());
     assert_eq!(
         rs.get_mut(&2).unwrap().propose(1, later),
@@ -201,13 +206,7 @@ fn resigns(r: &mut Replica) -> Vec<bool> {
 #[test]
 fn a_leader_without_a_lease_for_a_lease_period_resigns_until_it_holds_one_again() {
     let mut rs = three(Default::default());
-    let a = Assignment {
-        gen: 1,
-        leader: 1,
-        sid: 101,
-        set: vec![1, 2, 3],
-        settled: vec![1, 2, 3],
-    };
+    let a = to_1(1);
     rs.get_mut(&1).unwrap().assign(a, 0);
     settle(&mut rs);
     rs.get_mut(&1).unwrap().tick(3_000);
@@ -245,13 +244,7 @@ fn a_follower_whose_fence_answer_was_lost_is_fenced_again_and_caught_up() {
         GenLog::default(),
         GenLog::default(),
     ]);
-    let a = Assignment {
-        gen: 2,
-        leader: 1,
-        sid: 101,
-        set: vec![1, 2, 3],
-        settled: vec![1, 2, 3],
-    };
+    let a = to_1(2);
     rs.get_mut(&1).unwrap().assign(a, 0);
     // Deliver every message but node 2's answers to the fence at first.
     let mut dropped = false;
