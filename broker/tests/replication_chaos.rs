@@ -4,8 +4,11 @@
 //! while, round after round, one broker chosen from the seed is SIGKILLed and restarted on
 //! its files, or frozen (SIGSTOP) past the control plane's dead time and thawed (SIGCONT).
 //! After every round the stream must take publishes again; at the end every acknowledged
-//! record is on the leader at its offset, exactly once, and what a subscriber reads from the
-//! start is contiguous.
+//! record is on the leader at its offset, exactly once, what a subscriber reads from the
+//! start is contiguous, and no two brokers ever served the shard at once (the serving
+//! intervals every broker logs on CLOCK_MONOTONIC, `common/serving.rs`). A second test
+//! freezes the leader itself past its lease, and a third shows the serving check fails on
+//! overlapping intervals.
 //!
 //! `FELIX_CHAOS_ROUNDS` (default 3, the CI budget) and `FELIX_CHAOS_SEED` (default: from the
 //! clock, printed) pick the run; a failing run prints its seed, and
@@ -22,7 +25,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::replicated::{check_acked_on_leader, leader_at, CpView, Trio, PUBLISH_WAIT};
+use common::replicated::{
+    check_acked_on_leader, leader_at, publish_one, CpView, Trio, PUBLISH_WAIT,
+};
 
 /// The control plane counts a broker dead after this long without a heartbeat.
 const DEAD_AFTER_MS: u64 = 1_500;
@@ -201,4 +206,127 @@ async fn acknowledged_records_survive_kills_and_freezes_of_any_broker() {
             panic!("{p:?} at offsets {first} and {o} (seed {seed})");
         }
     }
+    // At most one broker served at any time, whatever was killed or frozen.
+    let servers = t.check_one_server("c3");
+    eprintln!("c3 was served by nodes {servers:?}, never two at once");
+    assert!(!servers.is_empty());
+}
+
+/// The leader frozen (SIGSTOP) past its lease and the control plane's dead time: another
+/// replica is named, waits out the old lease and acknowledges while the old leader is still
+/// frozen. Thawed (SIGCONT), the old leader serves no more: what it is sent is forwarded or
+/// refused, and every acknowledged record is on the new leader. Every broker's serving
+/// intervals (CLOCK_MONOTONIC) show that no two brokers served at once, and that both did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_frozen_past_its_lease_serves_no_more_once_thawed() {
+    let t = Trio::start(DEAD_AFTER_MS, &[]).await;
+    t.create_stream("f", "quorum");
+    let mut acked: BTreeMap<u64, Bytes> = BTreeMap::new();
+    let o = t.publish_until_acked("f", "first", RECOVERY_MAX).await;
+    acked.insert(o, Bytes::from("first"));
+    let old = t.leader("f").await.expect("a leader serves");
+
+    t.nodes[&old].signal(libc::SIGSTOP);
+    let frozen = Instant::now();
+    let o = t
+        .publish_until_acked("f", "while-frozen", RECOVERY_MAX)
+        .await;
+    acked.insert(o, Bytes::from("while-frozen"));
+    let new = t.leader("f").await.expect("a leader serves");
+    assert_ne!(new, old, "a live replica leads");
+    eprintln!(
+        "node {new} acknowledged {:?} after node {old} froze",
+        frozen.elapsed()
+    );
+    t.nodes[&old].signal(libc::SIGCONT);
+
+    // Thawed: the old leader acknowledges nothing the cluster does not hold. It forwards to
+    // the new leader, or refuses while it learns who leads.
+    let c = t.client(old).await.expect("the thawed broker answers");
+    let mut refused = BTreeMap::<String, u32>::new();
+    for i in 0..5 {
+        let p = format!("to-old-{i}");
+        match publish_one(&c, "f", &p, PUBLISH_WAIT).await {
+            Ok(o) => assert!(
+                acked.insert(o, Bytes::from(p)).is_none(),
+                "offset {o} twice"
+            ),
+            Err(code) => *refused.entry(code).or_default() += 1,
+        }
+    }
+    eprintln!("sent to the thawed old leader: refused {refused:?}");
+    let o = t.publish_until_acked("f", "after", RECOVERY_MAX).await;
+    acked.insert(o, Bytes::from("after"));
+    check_acked_on_leader(&t, "f", &acked, RECOVERY_MAX).await;
+    let servers = t.check_one_server("f");
+    assert!(
+        servers.contains(&old) && servers.contains(&new),
+        "served by {servers:?}"
+    );
+}
+
+/// The serving check fails on two brokers' overlapping intervals of one shard, and passes
+/// them apart, or from one process, or of two shards (its negative twin: the real brokers
+/// never overlap, so the check is shown to fail on lines written as a broker writes them).
+#[test]
+fn the_serving_check_catches_two_brokers_serving_one_shard_at_once() {
+    use common::serving::{intervals, overlap, Lines, Process};
+    let line = |what: &str, shard: u32, gen: u64, key: &str, ns: u64| {
+        format!(
+            "2026-12-07T00:00:00Z  INFO felix::serving: {what} stream=acme/prod/f incarnation=1 shard={shard} gen={gen} {key}={ns}"
+        )
+    };
+    let proc_of = |node: u64, lines: Vec<String>, gone_ns: Option<u64>| Process {
+        node,
+        lines: Lines::new(std::sync::Mutex::new(lines)),
+        gone_ns,
+    };
+    let a = proc_of(
+        1,
+        vec![
+            line("replica serves", 0, 1, "from_mono_ns", 100),
+            line("replica serves no more", 0, 1, "to_mono_ns", 200),
+        ],
+        None,
+    );
+    // Node 2 serves from 150, while node 1 still did: caught.
+    let b = proc_of(
+        2,
+        vec![line("replica serves", 0, 2, "from_mono_ns", 150)],
+        None,
+    );
+    let (x, y) = overlap(&intervals(&[a.clone(), b], 1_000)).expect("an overlap");
+    assert_eq!((x.node, y.node), (1, 2));
+    // From 201: apart.
+    let b = proc_of(
+        2,
+        vec![line("replica serves", 0, 2, "from_mono_ns", 201)],
+        None,
+    );
+    assert_eq!(overlap(&intervals(&[a.clone(), b], 1_000)), None);
+    // A killed process's open interval runs until it was seen gone.
+    let killed = proc_of(
+        1,
+        vec![line("replica serves", 0, 1, "from_mono_ns", 100)],
+        Some(300),
+    );
+    let b = proc_of(
+        2,
+        vec![line("replica serves", 0, 2, "from_mono_ns", 250)],
+        None,
+    );
+    assert!(overlap(&intervals(&[killed.clone(), b], 1_000)).is_some());
+    let b = proc_of(
+        2,
+        vec![line("replica serves", 0, 2, "from_mono_ns", 301)],
+        None,
+    );
+    assert!(overlap(&intervals(&[killed, b], 1_000)).is_none());
+    // Another shard may be served by another broker at the same time.
+    let b = proc_of(
+        2,
+        vec![line("replica serves", 1, 2, "from_mono_ns", 150)],
+        None,
+    );
+    assert!(overlap(&intervals(&[a, b], 1_000)).is_none());
 }

@@ -81,6 +81,15 @@ async fn followers(t: &Trio, name: &str, leader: u64) -> Vec<u64> {
     f
 }
 
+/// No two broker processes ever served shard 0 of `name` at once (the intervals every broker
+/// logged on CLOCK_MONOTONIC), and at least `at_least` brokers served it, so that the check
+/// had something to compare.
+fn served_one_at_a_time(t: &Trio, name: &str, at_least: usize) {
+    let s = t.check_one_server(name);
+    eprintln!("{name} was served by nodes {s:?}, never two at once");
+    assert!(s.len() >= at_least, "served by {s:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quorum_needs_a_live_majority_and_every_replica_comes_back() {
     // A publish the leader cannot take (no lease) is held this long, then refused.
@@ -148,6 +157,7 @@ async fn a_quorum_needs_a_live_majority_and_every_replica_comes_back() {
     for b in t.nodes.values() {
         assert_eq!(b.total("replica_failures"), 0, "no replica failed");
     }
+    served_one_at_a_time(&t, "q", 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -236,6 +246,8 @@ async fn a_frozen_control_plane_stops_quorum_acknowledgements_and_loses_nothing(
     acked_q.insert(o, Bytes::from("replaced"));
     assert_ne!(t.leader("q").await, Some(lq), "a live replica leads");
     check_acked_on_leader(&t, "q", &acked_q, RECOVERY_MAX).await;
+    served_one_at_a_time(&t, "q", 2);
+    served_one_at_a_time(&t, "l", 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -338,6 +350,7 @@ async fn a_stream_deleted_and_created_again_under_load_is_empty_on_every_broker(
     for b in t.nodes.values() {
         assert_eq!(b.total("replica_failures"), 0, "no replica failed");
     }
+    served_one_at_a_time(&t, "d", 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -409,6 +422,7 @@ async fn a_leader_cut_off_from_its_peers_resigns_and_is_replaced() {
     for b in t.nodes.values() {
         assert_eq!(b.total("replica_failures"), 0, "no replica failed");
     }
+    served_one_at_a_time(&t, "q", 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -483,6 +497,7 @@ async fn a_wiped_follower_and_a_dead_leader_wait_for_the_operators_way_out() {
     t.restart(l);
     let s = t.wait_full("q", RECOVERY_MAX).await;
     eprintln!("after the old leader came back: {s}");
+    served_one_at_a_time(&t, "q", 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -536,6 +551,7 @@ async fn a_leader_stopped_with_sigterm_is_replaced_without_being_counted_dead_fi
     t.restart(old);
     t.wait_full("q", RECOVERY_MAX).await;
     check_acked_on_leader(&t, "q", &acked, RECOVERY_MAX).await;
+    served_one_at_a_time(&t, "q", 2);
 }
 
 /// Publish `n` records of `bytes` each to node `id`, each acknowledged; into `acked`.
@@ -806,4 +822,5 @@ async fn a_follower_dead_past_the_replace_time_is_replaced_by_a_spare_that_catch
     for b in t.nodes.values() {
         assert_eq!(b.total("replica_failures"), 0, "no replica failed");
     }
+    served_one_at_a_time(&t, "q", 2);
 }

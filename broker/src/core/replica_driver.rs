@@ -85,6 +85,18 @@ pub(crate) enum Output {
     },
 }
 
+/// A change of whether this replica serves (rules 2 and 4), in the machine's milliseconds.
+/// The host logs each on CLOCK_MONOTONIC, which every process on a machine shares, so that
+/// the serving intervals of one shard's replicas can be checked never to overlap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ServingEvent {
+    /// It serves from `at_ms` on: the first input at which it did.
+    Started { gen: u64, at_ms: u64 },
+    /// It served no more from `at_ms` on: the input at which it stepped down, or the end of
+    /// its lease if that came first (nothing is decided between inputs).
+    Ended { gen: u64, at_ms: u64 },
+}
+
 /// Committed records handed over per input at most (`Output::Visible`); the rest follow at
 /// the next input or tick.
 const VISIBLE_RECORDS_MAX: usize = 4096;
@@ -96,6 +108,10 @@ pub(crate) struct ReplicaDriver {
     store: ReplicaStore,
     /// While leading and serving: the records below this were handed over as `Visible`.
     visible: Option<u64>,
+    /// While serving, as of the last input: the generation and the lease's end.
+    serving: Option<(u64, u64)>,
+    /// Serving changes not taken yet ([`ReplicaDriver::take_serving_events`]).
+    serving_events: Vec<ServingEvent>,
 }
 
 impl ReplicaDriver {
@@ -119,6 +135,8 @@ impl ReplicaDriver {
             r,
             store,
             visible: None,
+            serving: None,
+            serving_events: Vec::new(),
         })
     }
 
@@ -157,6 +175,7 @@ impl ReplicaDriver {
         for input in inputs {
             self.learn_trimmed();
             self.step(input, now_ms, wall_ms, &mut out).await?;
+            self.observe_serving(now_ms);
         }
         self.store.settle().await?;
         // Rule 10: retention stops at the mark this replica has learnt, and on a leader at
@@ -222,6 +241,37 @@ impl ReplicaDriver {
             self.carry_out(e, &client, &in_hand, wall_ms, out).await?;
         }
         Ok(())
+    }
+
+    /// Note a change of whether the machine serves, after an input at `now_ms`.
+    fn observe_serving(&mut self, now_ms: u64) {
+        let is = self.r.serving_until(now_ms);
+        match (self.serving, is) {
+            // Still serving the same generation; a renewal may have moved the lease's end.
+            (Some((was, _)), Some((gen, _))) if was == gen => {}
+            (was, _) => {
+                if let Some((gen, until)) = was {
+                    let at_ms = now_ms.min(until);
+                    self.serving_events.push(ServingEvent::Ended { gen, at_ms });
+                }
+                if let Some((gen, _)) = is {
+                    let at_ms = now_ms;
+                    self.serving_events
+                        .push(ServingEvent::Started { gen, at_ms });
+                }
+            }
+        }
+        self.serving = is;
+    }
+
+    /// The serving changes since the last call, in order.
+    pub(crate) fn take_serving_events(&mut self) -> Vec<ServingEvent> {
+        std::mem::take(&mut self.serving_events)
+    }
+
+    /// While serving, as of the last input: the generation and the lease's end (exclusive).
+    pub(crate) fn serving_until(&self) -> Option<(u64, u64)> {
+        self.serving
     }
 
     /// Tell the machine what retention removed (it runs on the log's own task): the

@@ -218,7 +218,8 @@ impl CoreState {
             },
         );
         self.streams.replica_begin(key);
-        glommio::spawn_local(run_replica(self.me.clone(), key, open, rx)).detach();
+        let serving = ServingLog::new(self.replicas.shards[&key].ident.clone());
+        glommio::spawn_local(run_replica(self.me.clone(), key, open, rx, serving)).detach();
     }
 
     /// A replica message for a shard this core owns: to its replica, if hosted.
@@ -662,6 +663,7 @@ async fn run_replica(
     key: ShardKey,
     o: OpenReplica,
     rx: LocalReceiver<Input>,
+    mut serving: ServingLog,
 ) {
     let opened = ReplicaDriver::open(o.me, o.sid, o.set, &o.dir, o.log_cfg, o.cfg);
     let mut d = match opened.await {
@@ -675,14 +677,29 @@ async fn run_replica(
     reenter(&state, |st| st.on_replica_opened(key, log));
     let t0 = Instant::now();
     let mut next_tick = t0;
+    step_replica(&state, key, &mut d, rx, t0, &mut next_tick, &mut serving).await;
+    // Hosted no more, failed or shutting down: it serves no more from here.
+    serving.exit(&d);
+}
+
+/// [`run_replica`]'s loop, until the replica is hosted no more or fails.
+async fn step_replica(
+    state: &Weak<RefCell<CoreState>>,
+    key: ShardKey,
+    d: &mut ReplicaDriver,
+    rx: LocalReceiver<Input>,
+    t0: Instant,
+    next_tick: &mut Instant,
+    serving: &mut ServingLog,
+) {
     loop {
         let now = Instant::now();
         // A tick is due even while messages keep coming: leases are renewed on ticks.
-        let input = if now >= next_tick {
-            next_tick = now + REPLICA_TICK;
+        let input = if now >= *next_tick {
+            *next_tick = now + REPLICA_TICK;
             Input::Tick
         } else {
-            let wait = next_tick - now;
+            let wait = *next_tick - now;
             let got = futures_lite::future::or(async { Some(rx.recv().await) }, async {
                 glommio::timer::sleep(wait).await;
                 None
@@ -709,19 +726,104 @@ async fn run_replica(
             }
         }
         let now_ms = t0.elapsed().as_millis() as u64;
+        serving.at(now_ms);
         let wall_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
-        match d.handle_all(inputs, now_ms, wall_ms).await {
+        let handled = d.handle_all(inputs, now_ms, wall_ms).await;
+        // Logged before any output leaves: what a serving leader answers follows its line.
+        serving.log(d.take_serving_events());
+        match handled {
             Ok(out) if out.is_empty() => {}
-            Ok(out) => reenter(&state, |st| st.on_replica_outputs(key, out)),
+            Ok(out) => reenter(state, |st| st.on_replica_outputs(key, out)),
             Err(e) => {
-                reenter(&state, |st| st.on_replica_failed(key, e));
+                reenter(state, |st| st.on_replica_failed(key, e));
                 return;
             }
         }
         if closed || state.upgrade().is_none() {
             return;
+        }
+    }
+}
+
+/// CLOCK_MONOTONIC in nanoseconds: unlike `Instant`'s origin, the same in every process on the
+/// machine, so two brokers' serving intervals can be compared.
+fn mono_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Logs a hosted replica's serving intervals (target `felix::serving`, info) on
+/// CLOCK_MONOTONIC: an operator sees which broker served a shard when, and the fault tests
+/// check that no two brokers served one shard at once (rules 2 and 4).
+struct ServingLog {
+    ident: ShardRef,
+    /// The machine's clock (ms) and CLOCK_MONOTONIC (ns), read together before the last input.
+    at: (u64, u64),
+}
+
+impl ServingLog {
+    fn new(ident: ShardRef) -> ServingLog {
+        ServingLog { ident, at: (0, 0) }
+    }
+
+    /// The machine's clock reads `now_ms`: take CLOCK_MONOTONIC with it. Read after the
+    /// machine's clock, so a time converted from it is never earlier than the instant the
+    /// machine meant (a start is no earlier than any act at that input, and a lease's end no
+    /// earlier than the last instant the machine could still serve under it).
+    fn at(&mut self, now_ms: u64) {
+        self.at = (now_ms, mono_ns());
+    }
+
+    /// A time of the machine's clock on CLOCK_MONOTONIC.
+    fn mono_ns_of(&self, ms: u64) -> u64 {
+        let (now_ms, mono) = self.at;
+        if ms >= now_ms {
+            mono.saturating_add((ms - now_ms).saturating_mul(1_000_000))
+        } else {
+            mono.saturating_sub((now_ms - ms).saturating_mul(1_000_000))
+        }
+    }
+
+    fn log(&self, events: Vec<super::replica_driver::ServingEvent>) {
+        use super::replica_driver::ServingEvent;
+        let id = &self.ident;
+        for e in events {
+            match e {
+                ServingEvent::Started { gen, at_ms } => tracing::info!(
+                    target: "felix::serving",
+                    stream = %id.stream, incarnation = id.incarnation, shard = id.shard, gen,
+                    from_mono_ns = self.mono_ns_of(at_ms),
+                    "replica serves"
+                ),
+                ServingEvent::Ended { gen, at_ms } => tracing::info!(
+                    target: "felix::serving",
+                    stream = %id.stream, incarnation = id.incarnation, shard = id.shard, gen,
+                    to_mono_ns = self.mono_ns_of(at_ms),
+                    "replica serves no more"
+                ),
+            }
+        }
+    }
+
+    /// The replica's task ends: if it served, it serves no more from now (or from its lease's
+    /// end, if that came first).
+    fn exit(&self, d: &ReplicaDriver) {
+        if let Some((gen, until_ms)) = d.serving_until() {
+            let now_ns = mono_ns();
+            let id = &self.ident;
+            tracing::info!(
+                target: "felix::serving",
+                stream = %id.stream, incarnation = id.incarnation, shard = id.shard, gen,
+                to_mono_ns = now_ns.min(self.mono_ns_of(until_ms)),
+                "replica serves no more"
+            );
         }
     }
 }

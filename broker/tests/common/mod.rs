@@ -6,6 +6,7 @@ pub mod cluster;
 pub mod cp;
 pub mod raw;
 pub mod replicated;
+pub mod serving;
 
 use felix_client::{Client, ClientConfig};
 use std::collections::HashMap;
@@ -27,6 +28,8 @@ pub struct Broker {
     pub metrics_token: std::sync::Mutex<Option<String>>,
     /// The bearer token [`Broker::client_config`] gives clients (a broker with auth on).
     pub client_token: std::sync::Mutex<Option<String>>,
+    /// Its `felix::serving` log lines (`serving.rs`).
+    pub serving: serving::Lines,
 }
 
 impl Drop for Broker {
@@ -145,17 +148,26 @@ impl Broker {
 
     /// Wait (bounded) for the ready line; the exit status and stderr if the broker exits.
     fn wait_ready(mut child: Child, dir: tempfile::TempDir) -> Result<Broker, String> {
-        let mut err = child.stderr.take().unwrap();
+        let mut err = BufReader::new(child.stderr.take().unwrap());
         let stderr = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
         let sink = stderr.clone();
+        let serving = serving::Lines::default();
+        let served = serving.clone();
         std::thread::spawn(move || {
             // Keep draining (and echoing) stderr so the broker never blocks on a full pipe.
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = err.read(&mut buf) {
+            let mut line = Vec::new();
+            while let Ok(n) = err.read_until(b'\n', &mut line) {
                 if n == 0 {
                     break;
                 }
-                let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+                let text = String::from_utf8_lossy(&line).into_owned();
+                line.clear();
+                if text.contains("felix::serving") {
+                    let mut v = served.lock().unwrap();
+                    if v.len() < serving::LINES_MAX {
+                        v.push(text.trim_end().to_string());
+                    }
+                }
                 eprint!("{text}");
                 let mut s = sink.lock().unwrap();
                 if s.len() < 64 << 10 {
@@ -201,6 +213,7 @@ impl Broker {
             dir,
             metrics_token: std::sync::Mutex::new(None),
             client_token: std::sync::Mutex::new(None),
+            serving,
         })
     }
 
@@ -321,7 +334,9 @@ impl Broker {
 /// The brokers' log filter: `warn`, or `FELIX_TEST_BROKER_LOG` (e.g.
 /// `info,felix_broker::core::replica_host=debug`) to see more of a failing test.
 pub fn broker_log() -> String {
-    std::env::var("FELIX_TEST_BROKER_LOG").unwrap_or_else(|_| "warn".to_string())
+    let base = std::env::var("FELIX_TEST_BROKER_LOG").unwrap_or_else(|_| "warn".to_string());
+    // The serving intervals are the evidence of `serving.rs`'s check.
+    format!("{base},felix::serving=info")
 }
 
 /// The stdout of a felixctl run that must succeed (its stderr in the failure message).

@@ -10,12 +10,13 @@
 
 use super::cluster::{restart_node, start_node};
 use super::cp::{ctl_ok, read_admin_token, start_control_plane_auth_dead_after, ControlPlane};
+use super::serving::{intervals, mono_ns, overlap, Interval, Process};
 use super::Broker;
 use bytes::Bytes;
 use felix_client::{Client, Event, SubscribeOptions};
 use felix_quic::tls::generate_cluster_certs;
 use felix_quic::wire::{ErrorCode, ShardSelector, StartAt, StreamName};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -83,6 +84,8 @@ pub struct Trio {
     down: BTreeMap<u64, tempfile::TempDir>,
     /// Extra broker flags, given at every (re)start.
     extra: Vec<String>,
+    /// Every broker process started, in order, with its serving log (`serving.rs`).
+    procs: Vec<Process>,
 }
 
 impl Trio {
@@ -114,6 +117,7 @@ impl Trio {
             nodes: BTreeMap::new(),
             down: BTreeMap::new(),
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            procs: Vec::new(),
         };
         for id in 1..=brokers {
             // The node credential the broker runs on (reports, heartbeats, the feed).
@@ -161,7 +165,44 @@ impl Trio {
     fn insert(&mut self, id: u64, b: Broker) {
         *b.client_token.lock().unwrap() = Some(self.admin.clone());
         *b.metrics_token.lock().unwrap() = Some(self.admin.clone());
+        self.procs.push(Process {
+            node: id,
+            lines: b.serving.clone(),
+            gone_ns: None,
+        });
         self.nodes.insert(id, b);
+    }
+
+    /// Node `id`'s process is gone (reaped): it served nothing from now on.
+    fn gone(&mut self, id: u64) {
+        let now = mono_ns();
+        if let Some(p) = self.procs.iter_mut().rev().find(|p| p.node == id) {
+            p.gone_ns.get_or_insert(now);
+        }
+    }
+
+    /// Check that no two broker processes ever served one shard of `name` at once (rules 2
+    /// and 4), from the intervals every broker logged; the nodes that served it. Call it once
+    /// every frozen broker was thawed: a frozen one ends its interval when it wakes.
+    pub fn check_one_server(&self, name: &str) -> BTreeSet<u64> {
+        let all: Vec<Interval> = intervals(&self.procs, mono_ns())
+            .into_iter()
+            .filter(|i| i.shard.starts_with(&format!("acme/prod/{name} ")))
+            .collect();
+        for i in &all {
+            eprintln!(
+                "served {}: node {} (process {}) generation {} for {} ms",
+                i.shard,
+                i.node,
+                i.process,
+                i.gen,
+                (i.to_ns - i.from_ns) / 1_000_000
+            );
+        }
+        if let Some((a, b)) = overlap(&all) {
+            panic!("two brokers served {name} at once: {a:?} and {b:?}");
+        }
+        all.iter().map(|i| i.node).collect()
     }
 
     /// Wait (20 s at most) until `n` brokers registered with a storage identity: a stream of
@@ -230,6 +271,7 @@ impl Trio {
     pub fn kill(&mut self, id: u64) {
         let b = self.nodes.remove(&id).expect("node running");
         self.down.insert(id, b.kill());
+        self.gone(id);
     }
 
     /// SIGTERM node `id` and wait (`max` at most) for it to exit; its files are kept for
@@ -238,6 +280,7 @@ impl Trio {
         let b = self.nodes.remove(&id).expect("node running");
         b.signal(libc::SIGTERM);
         let (code, dir) = b.wait_exit(max);
+        self.gone(id);
         self.down.insert(id, dir);
         code
     }

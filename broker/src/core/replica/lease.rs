@@ -103,6 +103,16 @@ impl Lease {
         now_ms >= self.serve_from_ms && self.until_ms.is_some_and(|u| now_ms < u)
     }
 
+    /// While [`Lease::serving`] at `now_ms`: the end of the lease (exclusive), past which it
+    /// serves no more unless a renewal is answered first.
+    pub(crate) fn serving_until(&self, now_ms: u64) -> Option<u64> {
+        if self.serving(now_ms) {
+            self.until_ms
+        } else {
+            None
+        }
+    }
+
     /// How long, at `now_ms`, the leader has gone without a lease it could serve under since
     /// it could first serve: 0 while it serves or still waits out older leases.
     pub(crate) fn lapsed_ms(&self, now_ms: u64) -> u64 {

@@ -278,6 +278,14 @@ impl Replica {
         self.leading().is_some() && self.lease.as_ref().is_some_and(|l| l.serving(now_ms))
     }
 
+    /// While [`Replica::serving`] at `now_ms`: the generation it leads and the end of its
+    /// lease (exclusive), the latest time it may still act as the serving leader.
+    pub(crate) fn serving_until(&self, now_ms: u64) -> Option<(u64, u64)> {
+        let gen = self.leading()?;
+        let until = self.lease.as_ref()?.serving_until(now_ms)?;
+        Some((gen, until))
+    }
+
     /// The effects produced since the last drain, in the order they must be carried out.
     pub(crate) fn drain_effects(&mut self) -> Vec<Effect> {
         std::mem::take(&mut self.effects)

@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::core::replica::{Msg, Replica, ReplicaCfg, ReportAnswer};
-use crate::core::replica_driver::{Input, Output, ReplicaDriver};
+use crate::core::replica_driver::{Input, Output, ReplicaDriver, ServingEvent};
 use felix_control::replication::Placement;
 use felix_quic::wire::replica::ShippedRecord;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -60,6 +60,11 @@ struct Harness {
     next_visible: BTreeMap<NodeId, u64>,
     /// Each `Output::Rebuilt`: (node, base).
     rebuilt: Vec<(NodeId, u64)>,
+    /// Serving intervals that ended, from the drivers' events: (node, generation, from, to),
+    /// in ms, both ends counted.
+    served: Vec<(NodeId, u64, u64, u64)>,
+    /// Serving intervals still open: node → (generation, from).
+    serving: BTreeMap<NodeId, (u64, u64)>,
 }
 
 async fn open_node(root: &Path, n: NodeId) -> Node {
@@ -95,7 +100,51 @@ impl Harness {
             visible: BTreeMap::new(),
             next_visible: BTreeMap::new(),
             rebuilt: Vec::new(),
+            served: Vec::new(),
+            serving: BTreeMap::new(),
         }
+    }
+
+    /// Take `n`'s serving changes, and check that no two replicas ever served at once (rules
+    /// 2 and 4): an open interval runs to the end of the lease it serves under.
+    fn note_serving(&mut self, n: NodeId) {
+        for e in self.nodes.get_mut(&n).unwrap().d.take_serving_events() {
+            match e {
+                ServingEvent::Started { gen, at_ms } => {
+                    let old = self.serving.insert(n, (gen, at_ms));
+                    assert!(old.is_none(), "node {n} started serving twice: {old:?}");
+                }
+                ServingEvent::Ended { gen, at_ms } => {
+                    let (g, from) = self.serving.remove(&n).expect("an end follows a start");
+                    assert_eq!(g, gen, "node {n} ends the generation it served");
+                    assert!(from <= at_ms, "node {n}: an interval ends before it starts");
+                    self.served.push((n, gen, from, at_ms));
+                }
+            }
+        }
+        let mut all = self.served.clone();
+        for (&m, &(gen, from)) in &self.serving {
+            let (_, until) = self.nodes[&m]
+                .d
+                .serving_until()
+                .expect("open while serving");
+            all.push((m, gen, from, until));
+        }
+        for (i, a) in all.iter().enumerate() {
+            for b in &all[i + 1..] {
+                assert!(
+                    a.0 == b.0 || a.3 < b.2 || b.3 < a.2,
+                    "two replicas served at once: node {} (generation {}) over {}..={} ms and node {} (generation {}) over {}..={} ms",
+                    a.0, a.1, a.2, a.3, b.0, b.1, b.2, b.3
+                );
+            }
+        }
+    }
+
+    /// The nodes that served at some time.
+    fn servers(&self) -> BTreeSet<NodeId> {
+        let ended = self.served.iter().map(|s| s.0);
+        ended.chain(self.serving.keys().copied()).collect()
     }
 
     fn post(&mut self, from: NodeId, to: NodeId, msg: Msg, recs: Vec<ShippedRecord>) {
@@ -119,6 +168,7 @@ impl Harness {
             .handle(input, now, now)
             .await
             .unwrap();
+        self.note_serving(n);
         let mut rest = Vec::new();
         for o in outs {
             match o {
@@ -262,6 +312,11 @@ impl Harness {
 
     /// A process crash and restart of `n`: the machine comes back from its files.
     async fn restart(&mut self, n: NodeId) {
+        // A crash ends what it served: now, or at its lease's end if that came first.
+        if let Some((gen, from)) = self.serving.remove(&n) {
+            let until = self.nodes[&n].d.serving_until().map_or(self.now, |s| s.1);
+            self.served.push((n, gen, from, self.now.min(until)));
+        }
         let node = self.nodes.remove(&n).unwrap();
         node.d.store().log().close().await.unwrap();
         let root = node.dir.parent().unwrap().to_path_buf();
@@ -332,6 +387,49 @@ fn handing_readers_uncommitted_records_is_caught() {
         why.contains("a reader saw a record a failover cut"),
         "{why}"
     );
+}
+
+/// Node 1 serves generation 1 and is cut off; node 2 is named at once. Node 2 serves only
+/// once node 1's lease ran out (rule 4): the harness checks at every input that no two
+/// replicas served at once.
+#[test]
+fn a_new_leader_serves_only_once_the_old_lease_ran_out() {
+    let root = tempfile::tempdir().unwrap();
+    let path = root.path().to_path_buf();
+    run(move || quick_failover(path));
+}
+
+/// The negative twin of the serving check: a new leader that serves as soon as its fence
+/// completes (`breaks::NO_LEASE_WAIT`) serves while the old leader's lease still runs.
+#[test]
+fn serving_without_waiting_out_the_old_lease_is_caught() {
+    use crate::core::replica::breaks::NO_LEASE_WAIT;
+    use std::sync::atomic::Ordering;
+    let root = tempfile::tempdir().unwrap();
+    let path = root.path().to_path_buf();
+    NO_LEASE_WAIT.store(true, Ordering::Relaxed);
+    let r = std::thread::spawn(move || run(move || quick_failover(path))).join();
+    NO_LEASE_WAIT.store(false, Ordering::Relaxed);
+    let e = r.expect_err("the break went unnoticed");
+    let why = e
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default();
+    assert!(why.contains("two replicas served at once"), "{why}");
+}
+
+async fn quick_failover(path: PathBuf) {
+    let mut h = Harness::new(&path).await;
+    h.assign(1).await;
+    h.run_for(1_500).await;
+    assert!(h.replica(1).serving(h.now));
+    h.cut = Some(1);
+    h.assign(2).await;
+    h.run_for(2_000).await;
+    assert!(h.replica(2).serving(h.now));
+    assert!(!h.replica(1).serving(h.now), "its lease ran out");
+    assert_eq!(h.servers(), BTreeSet::from([1, 2]), "{:?}", h.served);
 }
 
 async fn failover(path: PathBuf) {
@@ -414,6 +512,12 @@ async fn failover(path: PathBuf) {
             assert!(k >= 17, "node {n} knows {k} committed");
             assert_eq!(h.log(n).retention_hold(), Some(k), "node {n}");
         }
+        // Both leaders served, one after the other (checked at every input).
+        assert!(
+            h.servers().is_superset(&BTreeSet::from([1, 2])),
+            "{:?}",
+            h.served
+        );
         // And a restart reads back what every machine believes; the hold written with the
         // promise is in force from open (it lags the mark: it only keeps more).
         for n in 1..=3 {
