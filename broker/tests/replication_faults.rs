@@ -9,6 +9,10 @@
 //! - the control plane frozen (SIGSTOP): `quorum` acknowledgements stop (the leader cannot
 //!   vouch), `leader` acknowledgements go on, and after SIGCONT both go on; frozen again with
 //!   the leader killed, no broker takes over on its own, and after SIGCONT another does;
+//! - the leader's reports blocked while its heartbeats still land (the control plane a Raft
+//!   group of three, the two members the brokers do not talk to frozen): `quorum`
+//!   acknowledgements stop, `leader` ones go on, no broker is counted dead and no leadership
+//!   moves; unblocked, acknowledgements go on and nothing is lost;
 //! - a stream deleted and created again under load: the new one is empty on every broker, and
 //!   no replica fails;
 //! - the leader cut off from its peers by nftables while it still reaches the control plane:
@@ -30,6 +34,8 @@
 //!
 //! Auth is on throughout (`common/replicated.rs`): the control plane checks tokens over
 //! HTTPS, the brokers run on enrolled node credentials, and clients use the admin token.
+//! Every test ends by checking, from the serving intervals every broker logs, that no two
+//! brokers served a shard at once (`common/serving.rs`).
 
 use bytes::Bytes;
 use std::collections::BTreeMap;
@@ -248,6 +254,63 @@ async fn a_frozen_control_plane_stops_quorum_acknowledgements_and_loses_nothing(
     check_acked_on_leader(&t, "q", &acked_q, RECOVERY_MAX).await;
     served_one_at_a_time(&t, "q", 2);
     served_one_at_a_time(&t, "l", 1);
+}
+
+/// The leader's reports blocked while its heartbeats still reach the control plane: the
+/// control plane is a Raft group of three, and the two members the brokers do not talk to are
+/// frozen. The member they talk to still answers heartbeats (liveness is its own soft state,
+/// no Raft write), but can commit no report. `quorum` acknowledgements stop (cannot vouch),
+/// `leader` ones go on, no broker is counted dead and no leadership moves, however long it
+/// lasts; thawed, acknowledgements go on and nothing acknowledged is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_blocked_while_heartbeats_flow_stop_quorum_acknowledgements_only() {
+    let flags = ["--replica-quorum-wait-ms", QUORUM_WAIT_MS];
+    let t = Trio::start_with_cp_group(DEAD_AFTER_MS, &flags).await;
+    t.create_stream("q", "quorum");
+    t.create_stream("l", "leader");
+    let (mut acked_q, mut acked_l) = (BTreeMap::new(), BTreeMap::new());
+    t.publish_until_acked("q", "first", RECOVERY_MAX).await;
+    t.publish_until_acked("l", "first", RECOVERY_MAX).await;
+    let (lq, ll) = (t.leader("q").await.unwrap(), t.leader("l").await.unwrap());
+    publish_acked(&t, lq, "q", "before", 3, &mut acked_q).await;
+    let generations = async || {
+        let (q, l) = (t.shard("q").await, t.shard("l").await);
+        (q["generation"].as_u64(), l["generation"].as_u64())
+    };
+    let before = generations().await;
+
+    t.signal_cp_followers(libc::SIGSTOP);
+    let blocked = Instant::now();
+    let cq = t.client(lq).await.expect("the leader answers");
+    let mut answers = BTreeMap::<String, u32>::new();
+    // Blocked past the time a silent broker is counted dead, and past the lease.
+    while blocked.elapsed() < Duration::from_millis(DEAD_AFTER_MS + 2_500) {
+        match publish_one(&cq, "q", "blocked", PUBLISH_WAIT).await {
+            Ok(o) => panic!("a quorum publish acknowledged at {o} with no report landing"),
+            Err(code) => *answers.entry(code).or_default() += 1,
+        }
+        publish_acked(&t, ll, "l", "blocked", 1, &mut acked_l).await;
+    }
+    eprintln!("quorum publishes while the reports were blocked: {answers:?}");
+    assert!(
+        answers.keys().all(|c| c == "outcome_unknown"),
+        "answered as cannot vouch: {answers:?}"
+    );
+    t.signal_cp_followers(libc::SIGCONT);
+
+    let o = t.publish_until_acked("q", "unblocked", RECOVERY_MAX).await;
+    acked_q.insert(o, Bytes::from("unblocked"));
+    let brokers = t.view.get("/v1/brokers").await;
+    let live = brokers.as_array().map_or(0, |a| {
+        a.iter()
+            .filter(|b| b["live"].as_bool() == Some(true))
+            .count()
+    });
+    assert_eq!(live, 3, "heartbeats kept every broker live: {brokers}");
+    assert_eq!(generations().await, before, "no leadership moved");
+    check_acked_on_leader(&t, "q", &acked_q, RECOVERY_MAX).await;
+    check_acked_on_leader(&t, "l", &acked_l, RECOVERY_MAX).await;
+    served_one_at_a_time(&t, "q", 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -51,8 +51,62 @@ pub struct Report {
     /// For each holder, the bytes of the leader's log past its end (what it still has to
     /// receive; the leader's own entry 0). What operators see as lag in bytes: placement
     /// keeps the last landed report's and decides nothing on it.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "node_keyed::deserialize")]
     pub behind_bytes: BTreeMap<NodeId, u64>,
+}
+
+/// Maps keyed by node id, as JSON objects (`{"1": 0}`). A report travels inside the
+/// internally tagged `Command`, which serde buffers before it knows the variant; the buffered
+/// keys are strings then, and serde's own map refuses them ("expected u64"). This reads a key
+/// from a number or from a string of one.
+mod node_keyed {
+    use super::NodeId;
+    use serde::de::{Deserializer, Error, MapAccess, Visitor};
+    use std::collections::BTreeMap;
+    use std::fmt;
+
+    struct Key(NodeId);
+
+    impl<'de> serde::Deserialize<'de> for Key {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Key, D::Error> {
+            struct V;
+            impl Visitor<'_> for V {
+                type Value = Key;
+                fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                    f.write_str("a node id, as a number or a string of one")
+                }
+                fn visit_u64<E: Error>(self, v: u64) -> Result<Key, E> {
+                    Ok(Key(v))
+                }
+                fn visit_str<E: Error>(self, v: &str) -> Result<Key, E> {
+                    v.parse()
+                        .map(Key)
+                        .map_err(|_| E::custom(format!("node id {v:?} is not a number")))
+                }
+            }
+            d.deserialize_any(V)
+        }
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<BTreeMap<NodeId, u64>, D::Error> {
+        struct M;
+        impl<'de> Visitor<'de> for M {
+            type Value = BTreeMap<NodeId, u64>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a map from node id to a number")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<Self::Value, A::Error> {
+                let mut out = BTreeMap::new();
+                while let Some((Key(k), v)) = a.next_entry::<Key, u64>()? {
+                    out.insert(k, v);
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_map(M)
+    }
 }
 
 /// Placement's answer to a [`Report`].

@@ -182,3 +182,83 @@ pub fn ctl_ok(cp: &ControlPlane, cfg_dir: &Path, admin: &str, args: &[&str]) -> 
     );
     String::from_utf8(o.stdout).unwrap().trim().to_string()
 }
+
+/// A free loopback port (bound, then released: the member binds it again at once).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Three `felix-controlplane` members forming one Raft group on loopback under `dir`, with
+/// auth and HTTPS on (one certificate and one member secret shared by the three, as an
+/// operator deploys them), the same timing as [`start_control_plane_auth_dead_after`].
+/// Member `i` writes the admin token to `dir/admin-{i}.token` (one bootstrap, one token).
+pub fn start_control_plane_group(dir: &Path, dead_after_ms: u64) -> Vec<ControlPlane> {
+    let tls = dir.join("cp-tls");
+    felix_quic::tls::ensure_server_cert(&tls, "controlplane").unwrap();
+    let secret = dir.join("member.secret");
+    std::fs::write(&secret, "0123456789abcdef0123456789abcdef-test-only\n").unwrap();
+    let addrs: Vec<String> = (0..3)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let peers = (1..)
+        .zip(&addrs)
+        .map(|(i, a)| format!("{i}={a}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    (0..3)
+        .map(|i| {
+            let data = dir.join(format!("cp-{}", i + 1));
+            let mut child = Command::new(sibling("felix-controlplane"))
+                .args(["--listen", &addrs[i], "--store", "raft"])
+                .args([
+                    "--raft-node-id",
+                    &(i + 1).to_string(),
+                    "--raft-peers",
+                    &peers,
+                ])
+                .arg("--raft-data-dir")
+                .arg(&data)
+                .arg("--admin-token-file")
+                .arg(dir.join(format!("admin-{i}.token")))
+                .arg("--member-secret-file")
+                .arg(&secret)
+                .args(["--tls", "on"])
+                .arg("--tls-cert-file")
+                .arg(tls.join("controlplane.pem"))
+                .arg("--tls-key-file")
+                .arg(tls.join("controlplane-key.pem"))
+                .arg("--tls-ca-file")
+                .arg(tls.join("ca.pem"))
+                .env("FELIX_CONTROLPLANE_HEARTBEAT_INTERVAL_MS", "100")
+                .env(
+                    "FELIX_CONTROLPLANE_DEAD_AFTER_MS",
+                    dead_after_ms.to_string(),
+                )
+                .env("FELIX_CONTROLPLANE_SWEEP_INTERVAL_MS", "50")
+                .env("FELIX_CONTROLPLANE_DELETE_GRACE_MS", "200")
+                .env("FELIX_PLACEMENT_SETTLE_MS", "0")
+                .env("FELIX_LOG", "warn,openraft=off")
+                .env_remove("FELIX_RAFT_PEERS")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .expect("start felix-controlplane");
+            let out = child.stdout.take().unwrap();
+            let mut line = String::new();
+            BufReader::new(out).read_line(&mut line).unwrap();
+            assert!(
+                line.starts_with("listening "),
+                "unexpected first line {line:?}"
+            );
+            ControlPlane {
+                child,
+                url: format!("https://{}", addrs[i]),
+                ca: Some(tls.join("ca.pem")),
+            }
+        })
+        .collect()
+}

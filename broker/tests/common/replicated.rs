@@ -9,7 +9,10 @@
 //! (`--auth auto`), and the tests act with the admin token.
 
 use super::cluster::{restart_node, start_node};
-use super::cp::{ctl_ok, read_admin_token, start_control_plane_auth_dead_after, ControlPlane};
+use super::cp::{
+    ctl_ok, read_admin_token, start_control_plane_auth_dead_after, start_control_plane_group,
+    ControlPlane,
+};
 use super::serving::{intervals, mono_ns, overlap, Interval, Process};
 use super::Broker;
 use bytes::Bytes;
@@ -71,7 +74,10 @@ impl CpView {
 
 /// A control plane and brokers 1..=3, tenant `acme` and namespace `prod` made.
 pub struct Trio {
+    /// The control plane the brokers talk to (with a Raft group: its leader when it started).
     pub cp: ControlPlane,
+    /// With a Raft group ([`Trio::start_with_cp_group`]): the other two members.
+    cp_followers: Vec<ControlPlane>,
     /// The control plane's REST API, as the admin.
     pub view: CpView,
     /// The admin token (clients and felixctl use it).
@@ -98,18 +104,38 @@ impl Trio {
     /// [`Trio::start`] with `brokers` brokers (1..=brokers); streams still get three copies,
     /// so the brokers past three start outside every replica set (a spare for rule 11).
     pub async fn start_n(brokers: u64, dead_after_ms: u64, extra: &[&str]) -> Trio {
+        Trio::start_on(brokers, dead_after_ms, extra, false).await
+    }
+
+    /// [`Trio::start`] on a control plane of three Raft members. The brokers talk to the
+    /// member that leads once the group settled (`Trio::cp`); [`Trio::signal_cp_followers`]
+    /// signals the other two.
+    pub async fn start_with_cp_group(dead_after_ms: u64, extra: &[&str]) -> Trio {
+        Trio::start_on(3, dead_after_ms, extra, true).await
+    }
+
+    async fn start_on(brokers: u64, dead_after_ms: u64, extra: &[&str], group: bool) -> Trio {
         // Inherited by the control plane (and harmlessly by the brokers).
         std::env::set_var("FELIX_REPLICATION_PREVIEW", "true");
         let tmp = tempfile::tempdir().unwrap();
-        let cp =
-            start_control_plane_auth_dead_after(&tmp.path().join("admin.token"), dead_after_ms);
-        let admin = read_admin_token(&tmp.path().join("admin.token"));
+        let (cp, cp_followers, admin) = if group {
+            let mut members = start_control_plane_group(tmp.path(), dead_after_ms);
+            let admin = read_admin_token(&tmp.path().join("admin-0.token"));
+            let leader = raft_leader(&members, &admin).await;
+            let cp = members.remove(leader);
+            (cp, members, admin)
+        } else {
+            let token = tmp.path().join("admin.token");
+            let cp = start_control_plane_auth_dead_after(&token, dead_after_ms);
+            (cp, Vec::new(), read_admin_token(&token))
+        };
         let view = CpView::new(&cp, &admin);
         let certs = tmp.path().join("certs");
         let ids: Vec<u64> = (1..=brokers).collect();
         generate_cluster_certs(&certs, &ids).unwrap();
         let mut t = Trio {
             cp,
+            cp_followers,
             view,
             admin,
             tmp,
@@ -307,6 +333,15 @@ impl Trio {
         unsafe { libc::kill(self.cp.child.id() as i32, sig) };
     }
 
+    /// Send `sig` to the two control-plane members the brokers do not talk to.
+    pub fn signal_cp_followers(&self, sig: i32) {
+        assert_eq!(self.cp_followers.len(), 2, "a Trio on a Raft group");
+        for m in &self.cp_followers {
+            // SAFETY: plain kill(2) on our own child's pid.
+            unsafe { libc::kill(m.child.id() as i32, sig) };
+        }
+    }
+
     /// Placement's view of shard 0 of `name` (`GET .../replication`).
     pub async fn shard(&self, name: &str) -> serde_json::Value {
         shard_at(&self.view, name).await
@@ -396,6 +431,32 @@ impl Trio {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         panic!("{payload} not acknowledged on {name} within {max:?} (last: {last})");
+    }
+}
+
+/// Wait (30 s at most) until the three members agree on a leader with three voters; the
+/// index of that leader in `members`.
+async fn raft_leader(members: &[ControlPlane], admin: &str) -> usize {
+    let views: Vec<CpView> = members.iter().map(|m| CpView::new(m, admin)).collect();
+    let t = Instant::now();
+    loop {
+        let mut seen = BTreeSet::new();
+        for v in &views {
+            let s = v.get("/v1/cluster").await;
+            let voters = s["voters"].as_array().map_or(0, |a| a.len());
+            match s["leader"].as_u64() {
+                Some(l) if voters == 3 => seen.insert(Some(l)),
+                _ => seen.insert(None),
+            };
+        }
+        if let [Some(l)] = seen.into_iter().collect::<Vec<_>>()[..] {
+            return l as usize - 1;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the control plane's Raft group never settled"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 

@@ -451,6 +451,48 @@ fn image_round_trips() {
     assert_eq!(back, c);
 }
 
+/// A leader's report travels inside the internally tagged `Command`: forwarded from a member
+/// to the Raft leader, shipped to the other members, written to the Raft log and read back at
+/// a restart, all as JSON. Its per-node maps keep their integer keys through serde's buffered
+/// path (they were refused there: "invalid type: string \"1\", expected u64").
+#[test]
+fn a_replica_report_round_trips_through_json_inside_a_command() {
+    use crate::replication::{Holding, Pos, Report};
+    let report = Report {
+        gen: 3,
+        leader: 1,
+        seq: 9,
+        holders: vec![Holding {
+            node: 2,
+            pos: Pos {
+                last_gen: 3,
+                end: 40,
+            },
+            sid: 7,
+        }],
+        resign: false,
+        behind_bytes: BTreeMap::from([(1, 0), (2, 4_096)]),
+    };
+    let cmd = Command::ReplicaReport {
+        tenant: "t".into(),
+        namespace: "n".into(),
+        stream: "s".into(),
+        shard: 0,
+        report,
+    };
+    let json = serde_json::to_string(&cmd).unwrap();
+    assert!(
+        json.contains(r#""behind_bytes":{"1":0,"2":4096}"#),
+        "{json}"
+    );
+    let back: Command = serde_json::from_str(&json).unwrap();
+    assert_eq!(serde_json::to_string(&back).unwrap(), json);
+    // As a Raft log entry is read back: from a buffered value.
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let back: Command = serde_json::from_value(v).unwrap();
+    assert_eq!(serde_json::to_string(&back).unwrap(), json);
+}
+
 // ---- property tests ----
 
 fn arb_name() -> impl Strategy<Value = String> {

@@ -530,11 +530,20 @@ impl RaftStore {
         {
             rb = rb.bearer_auth(t);
         }
-        let r = rb.send().await.map_err(|e| e.is_connect())?;
-        if !r.status().is_success() {
+        let r = rb.send().await.map_err(|e| {
+            tracing::warn!(leader = addr, error = %e, "a write forwarded to the leader was not answered");
+            e.is_connect()
+        })?;
+        let status = r.status();
+        if !status.is_success() {
+            let body = r.text().await.unwrap_or_default();
+            tracing::warn!(leader = addr, %status, body, "the leader refused a forwarded write");
             return Err(false);
         }
-        r.json::<Outcome>().await.map_err(|_| false)
+        r.json::<Outcome>().await.map_err(|e| {
+            tracing::warn!(leader = addr, error = %e, "the leader's answer to a forwarded write is unreadable");
+            false
+        })
     }
 }
 
