@@ -77,6 +77,7 @@ pub async fn run_core(
         spawn_mesh_receiver(state.clone(), rx, wake.clone(), socks.clone());
     }
     spawn_mesh_pump(state.clone(), senders, mesh_wake_rx);
+    spawn_report_doorbell(&state);
     for kind in [Sock::Client, Sock::PeerListen, Sock::PeerDial] {
         if let Some(sock) = &socks.0[kind as usize] {
             spawn_receive_loop(state.clone(), wake.clone(), sock.clone(), kind);
@@ -211,6 +212,47 @@ fn spawn_mesh_pump(
                     break;
                 }
             }
+        }
+    })
+    .detach();
+}
+
+/// The doorbell the ops thread rings when the control plane answers one of this core's
+/// replica reports (`replica_reports.rs`): the answers go to their replicas at once, not at
+/// the next poll. Only with a control plane (reports); a doorbell that cannot be bound
+/// leaves the poll alone, and says so.
+fn spawn_report_doorbell(state: &Rc<RefCell<CoreState>>) {
+    let (reports, id) = {
+        let st = state.borrow();
+        let Some(r) = st.s.reports.clone() else {
+            return;
+        };
+        (r, st.id as usize)
+    };
+    let sock = match glommio::net::UdpSocket::bind("127.0.0.1:0") {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(core = id, error = %e, "no report doorbell: report answers are polled for");
+            return;
+        }
+    };
+    let Ok(port) = sock.local_addr().map(|a| a.port()) else {
+        return;
+    };
+    reports.set_doorbell(id, port);
+    let me = Rc::downgrade(state);
+    glommio::spawn_local(async move {
+        let mut buf = [0u8; 64];
+        loop {
+            if let Err(e) = sock.recv_from(&mut buf).await {
+                tracing::warn!(core = id, error = %e, "the report doorbell failed: report answers are polled for");
+                return;
+            }
+            if me.strong_count() == 0 {
+                return;
+            }
+            crate::replica_reports::DOORBELLS_HEARD.fetch_add(1, Ordering::Relaxed);
+            reenter(&me, |st| st.replica_answers_tick());
         }
     })
     .detach();

@@ -11,9 +11,11 @@ pub(in crate::core) const MESH_POLL: Duration = Duration::from_millis(50);
 /// time out within this of their deadline.
 pub(in crate::core) const FLUSH_WAIT_BUSY: Duration = Duration::from_millis(10);
 
-/// The flusher's longest sleep while a replica report of this core is out: its answer (left
-/// by the ops thread, which cannot wake the core) releases acknowledgements.
-pub(in crate::core) const REPORT_ANSWER_POLL: Duration = Duration::from_millis(1);
+/// The flusher's longest sleep while a replica report of this core is out. Its answer
+/// releases acknowledgements; the ops thread rings the core's doorbell when it arrives
+/// (`driver.rs` `spawn_report_doorbell`), so this poll only bounds the wait when a doorbell
+/// datagram is lost.
+pub(in crate::core) const REPORT_ANSWER_POLL: Duration = Duration::from_millis(20);
 
 /// The flusher's longest sleep otherwise (QUIC timers and group and cache deadlines wake it
 /// sooner).
