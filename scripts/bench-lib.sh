@@ -55,3 +55,42 @@ cluster_run() {
        "$R" "$case" "$(git rev-parse --short HEAD)" "$(date -u +%FT%TZ)" >> "$out" \
     || echo "FAILED $case" >&2
 }
+
+# replicated_run OUT CASE CONSISTENCY PAYLOAD INFLIGHT COUNT: a fresh three-broker cluster
+# (scripts/cluster.sh 3 with --replication-preview, on core 0), the stream r3 of one shard
+# with three copies, one felix-loadgen ingest run against its leader from core 1, its line
+# appended to OUT.
+replicated_run() {
+  local OUT=$1 case=$2 consistency=$3 PAYLOAD=$4 INFLIGHT=$5 COUNT=$6
+  FELIX_REPLICATION_PREVIEW=true cluster_up 3
+  local url=https://127.0.0.1:7409 token
+  token="$(cat "$D/control/admin.token")"
+  export FELIX_CONTROLPLANE_CA="$D/control/tls/ca.pem"
+  "$T/felixctl" --controlplane "$url" --token "$token" stream create r3 --durable --shards 1 \
+    --fsync periodic --replication-factor 3 --consistency "$consistency" > /dev/null
+  # Served once a landed report committed the leader's generation-start record.
+  local leader=""
+  for _ in $(seq 300); do
+    leader=$(curl -fsS --cacert "$FELIX_CONTROLPLANE_CA" -H "Authorization: Bearer $token" \
+      "$url/v1/tenants/default/namespaces/default/streams/r3/replication" 2>/dev/null \
+      | python3 -c 'import json,sys; s=json.load(sys.stdin)["shards"][0]; print(s["leader"] if s.get("commit",0)>=1 else "")' \
+      2>/dev/null || true)
+    [ -n "$leader" ] && break
+    sleep 0.1
+  done
+  [ -n "$leader" ] || { echo "r3 never served" >&2; cluster_down || true; return; }
+  # A new leader takes publishes once it waited out any older lease (rule 4): probe with one.
+  local ok=""
+  for _ in $(seq 100); do
+    if "$T/felixctl" --broker "127.0.0.1:$((7410 + 10 * leader))" --ca "$D/certs/ca.pem" \
+      --token "$token" --tenant default --namespace default publish r3 probe > /dev/null 2>&1; then
+      ok=1; break
+    fi
+    sleep 0.1
+  done
+  [ -n "$ok" ] || { echo "r3 never took a publish" >&2; cluster_down || true; return; }
+  cluster_run "$OUT" "$case" --broker "127.0.0.1:$((7410 + 10 * leader))" --mode ingest \
+    --stream r3 --shard 0 --payload "$PAYLOAD" --inflight "$INFLIGHT" --count "$COUNT" --max-secs 120
+  cluster_down || true
+  trap - EXIT
+}

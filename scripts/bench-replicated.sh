@@ -19,40 +19,9 @@ COUNT="${COUNT:-50000}"
 PB="${PEER_BENCH:-/var/cache/peer-bench-target/release/peer-bench}"
 . scripts/bench-lib.sh
 
-# felix_r3 CASE CONSISTENCY: a fresh three-broker cluster, the stream r3, one ingest run.
+# felix_r3 CASE CONSISTENCY: one run (bench-lib.sh's replicated_run).
 felix_r3() {
-  local case=$1 consistency=$2
-  FELIX_REPLICATION_PREVIEW=true cluster_up 3
-  local url=https://127.0.0.1:7409 token
-  token="$(cat "$D/control/admin.token")"
-  export FELIX_CONTROLPLANE_CA="$D/control/tls/ca.pem"
-  "$T/felixctl" --controlplane "$url" --token "$token" stream create r3 --durable --shards 1 \
-    --fsync periodic --replication-factor 3 --consistency "$consistency" > /dev/null
-  # Served once a landed report committed the leader's generation-start record.
-  local leader=""
-  for _ in $(seq 300); do
-    leader=$(curl -fsS --cacert "$FELIX_CONTROLPLANE_CA" -H "Authorization: Bearer $token" \
-      "$url/v1/tenants/default/namespaces/default/streams/r3/replication" 2>/dev/null \
-      | python3 -c 'import json,sys; s=json.load(sys.stdin)["shards"][0]; print(s["leader"] if s.get("commit",0)>=1 else "")' \
-      2>/dev/null || true)
-    [ -n "$leader" ] && break
-    sleep 0.1
-  done
-  [ -n "$leader" ] || { echo "r3 never served" >&2; cluster_down || true; return; }
-  # A new leader takes publishes once it waited out any older lease (rule 4): probe with one.
-  local ok=""
-  for _ in $(seq 100); do
-    if "$T/felixctl" --broker "127.0.0.1:$((7410 + 10 * leader))" --ca "$D/certs/ca.pem" \
-      --token "$token" --tenant default --namespace default publish r3 probe > /dev/null 2>&1; then
-      ok=1; break
-    fi
-    sleep 0.1
-  done
-  [ -n "$ok" ] || { echo "r3 never took a publish" >&2; cluster_down || true; return; }
-  cluster_run "$OUT" "$case" --broker "127.0.0.1:$((7410 + 10 * leader))" --mode ingest \
-    --stream r3 --shard 0 --payload "$PAYLOAD" --inflight "$INFLIGHT" --count "$COUNT" --max-secs 120
-  cluster_down || true
-  trap - EXIT
+  replicated_run "$OUT" "$1" "$2" "$PAYLOAD" "$INFLIGHT" "$COUNT"
 }
 
 nats_r3() {
