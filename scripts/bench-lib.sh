@@ -58,23 +58,29 @@ cluster_run() {
 
 # replicated_run OUT CASE CONSISTENCY PAYLOAD INFLIGHT COUNT: a fresh three-broker cluster
 # (scripts/cluster.sh 3 with --replication-preview, on core 0), the stream r3 of one shard
-# with three copies, one felix-loadgen ingest run against its leader from core 1, its line
-# appended to OUT.
+# with three copies (CONSISTENCY quorum or leader; r1: one copy, the same cluster), one
+# felix-loadgen ingest run against its leader (its owner) from core 1, its line appended to
+# OUT.
 replicated_run() {
   local OUT=$1 case=$2 consistency=$3 PAYLOAD=$4 INFLIGHT=$5 COUNT=$6
   FELIX_REPLICATION_PREVIEW=true cluster_up 3
-  local url=https://127.0.0.1:7409 token
+  local url=https://127.0.0.1:7409 token copies=(--replication-factor 3 --consistency "$consistency")
+  local path=streams/r3/replication
+  # Served once a landed report committed the leader's generation-start record.
+  local pick='s=json.load(sys.stdin)["shards"][0]; print(s["leader"] if s.get("commit",0)>=1 else "")'
+  if [ "$consistency" = r1 ]; then
+    copies=(--replication-factor 1); path=streams/r3
+    pick='print(json.load(sys.stdin)["placement"][0].get("owner") or "")'
+  fi
   token="$(cat "$D/control/admin.token")"
   export FELIX_CONTROLPLANE_CA="$D/control/tls/ca.pem"
   "$T/felixctl" --controlplane "$url" --token "$token" stream create r3 --durable --shards 1 \
-    --fsync periodic --replication-factor 3 --consistency "$consistency" > /dev/null
-  # Served once a landed report committed the leader's generation-start record.
+    --fsync periodic "${copies[@]}" > /dev/null
   local leader=""
   for _ in $(seq 300); do
     leader=$(curl -fsS --cacert "$FELIX_CONTROLPLANE_CA" -H "Authorization: Bearer $token" \
-      "$url/v1/tenants/default/namespaces/default/streams/r3/replication" 2>/dev/null \
-      | python3 -c 'import json,sys; s=json.load(sys.stdin)["shards"][0]; print(s["leader"] if s.get("commit",0)>=1 else "")' \
-      2>/dev/null || true)
+      "$url/v1/tenants/default/namespaces/default/$path" 2>/dev/null \
+      | python3 -c "import json,sys; $pick" 2>/dev/null || true)
     [ -n "$leader" ] && break
     sleep 0.1
   done

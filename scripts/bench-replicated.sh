@@ -6,7 +6,8 @@
 #   felix-r3-quorum: consistency quorum (acknowledged at the commit mark: a majority holds
 #                    the batch and the control plane has the leader's report saying so);
 #   felix-r3-leader: consistency leader (acknowledged once the leader wrote it);
-#   nats-r3:         a PubAck (the stream leader and one follower stored it).
+#   nats-r3:         a PubAck (the stream leader and one follower stored it);
+#   felix-r1:        the same cluster, the stream of one copy (acknowledged once written).
 # Felix streams use fsync periodic, as JetStream's default sync. A fresh cluster per Felix run;
 # the load goes to the shard's leader. Alternated, RUNS rounds. One JSON line per run to OUT.
 #
@@ -37,4 +38,5 @@ for i in $(seq "$RUNS"); do
   felix_r3 felix-r3-quorum quorum
   nats_r3
   felix_r3 felix-r3-leader leader
+  felix_r3 felix-r1 r1
 done

@@ -815,8 +815,10 @@ async fn a_follower_dead_past_the_replace_time_is_replaced_by_a_spare_that_catch
     };
     let took = killed.elapsed();
     eprintln!("replaced after {took:?}: {s}");
+    // Counted from the broker's last heartbeat, which may precede the kill by one heartbeat
+    // interval (100 ms here): CI once saw 3.498 s against 3.5.
     assert!(
-        took >= Duration::from_millis(DEAD_AFTER_MS + 2_000),
+        took >= Duration::from_millis(DEAD_AFTER_MS + 2_000 - 150),
         "replaced before it was dead for the replace time: {took:?}"
     );
     assert_eq!(s["leader"].as_u64(), Some(leader), "the live leader stays");
