@@ -69,6 +69,20 @@ pub fn start_control_plane_settling(dead_after_ms: u64, settle_ms: u64) -> Contr
     spawn_control_plane(dead_after_ms, settle_ms, None)
 }
 
+/// The tests' control-plane timing: brokers heartbeat every 100 ms and are counted dead after
+/// `dead_after_ms`, the sweep runs every 50 ms, deletes are final after 200 ms, and shards are
+/// placed `settle_ms` after start.
+fn test_timing(cmd: &mut Command, dead_after_ms: u64, settle_ms: u64) -> &mut Command {
+    cmd.env("FELIX_CONTROLPLANE_HEARTBEAT_INTERVAL_MS", "100")
+        .env(
+            "FELIX_CONTROLPLANE_DEAD_AFTER_MS",
+            dead_after_ms.to_string(),
+        )
+        .env("FELIX_CONTROLPLANE_SWEEP_INTERVAL_MS", "50")
+        .env("FELIX_CONTROLPLANE_DELETE_GRACE_MS", "200")
+        .env("FELIX_PLACEMENT_SETTLE_MS", settle_ms.to_string())
+}
+
 fn spawn_control_plane(
     dead_after_ms: u64,
     settle_ms: u64,
@@ -83,16 +97,8 @@ fn spawn_control_plane(
             .env("FELIX_CONTROLPLANE_AUTH", "off")
             .env("FELIX_CONTROLPLANE_TLS", "off"),
     };
-    let mut child = cmd
+    let mut child = test_timing(&mut cmd, dead_after_ms, settle_ms)
         .args(["--listen", "127.0.0.1:0"])
-        .env("FELIX_CONTROLPLANE_HEARTBEAT_INTERVAL_MS", "100")
-        .env(
-            "FELIX_CONTROLPLANE_DEAD_AFTER_MS",
-            dead_after_ms.to_string(),
-        )
-        .env("FELIX_CONTROLPLANE_SWEEP_INTERVAL_MS", "50")
-        .env("FELIX_CONTROLPLANE_DELETE_GRACE_MS", "200")
-        .env("FELIX_PLACEMENT_SETTLE_MS", settle_ms.to_string())
         .env("FELIX_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -212,7 +218,8 @@ pub fn start_control_plane_group(dir: &Path, dead_after_ms: u64) -> Vec<ControlP
     (0..3)
         .map(|i| {
             let data = dir.join(format!("cp-{}", i + 1));
-            let mut child = Command::new(sibling("felix-controlplane"))
+            let mut cmd = Command::new(sibling("felix-controlplane"));
+            let mut child = test_timing(&mut cmd, dead_after_ms, 0)
                 .args(["--listen", &addrs[i], "--store", "raft"])
                 .args([
                     "--raft-node-id",
@@ -233,14 +240,6 @@ pub fn start_control_plane_group(dir: &Path, dead_after_ms: u64) -> Vec<ControlP
                 .arg(tls.join("controlplane-key.pem"))
                 .arg("--tls-ca-file")
                 .arg(tls.join("ca.pem"))
-                .env("FELIX_CONTROLPLANE_HEARTBEAT_INTERVAL_MS", "100")
-                .env(
-                    "FELIX_CONTROLPLANE_DEAD_AFTER_MS",
-                    dead_after_ms.to_string(),
-                )
-                .env("FELIX_CONTROLPLANE_SWEEP_INTERVAL_MS", "50")
-                .env("FELIX_CONTROLPLANE_DELETE_GRACE_MS", "200")
-                .env("FELIX_PLACEMENT_SETTLE_MS", "0")
                 .env("FELIX_LOG", "warn,openraft=off")
                 .env_remove("FELIX_RAFT_PEERS")
                 .stdout(Stdio::piped())

@@ -60,6 +60,14 @@ pub fn intervals(procs: &[Process], now_ns: u64) -> Vec<Interval> {
     let mut out = Vec::new();
     for (process, p) in procs.iter().enumerate() {
         let mut open: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+        let interval = |shard, gen, from_ns, to_ns| Interval {
+            node: p.node,
+            process,
+            shard,
+            gen,
+            from_ns,
+            to_ns,
+        };
         for line in p.lines.lock().unwrap().iter() {
             let shard = match (
                 field(line, "stream"),
@@ -88,28 +96,14 @@ pub fn intervals(procs: &[Process], now_ns: u64) -> Vec<Interval> {
                     "node {}: ends before it starts: {line}",
                     p.node
                 );
-                out.push(Interval {
-                    node: p.node,
-                    process,
-                    shard,
-                    gen,
-                    from_ns,
-                    to_ns,
-                });
+                out.push(interval(shard, gen, from_ns, to_ns));
             } else {
                 panic!("node {}: a serving line with no time: {line}", p.node);
             }
         }
         let to_ns = p.gone_ns.unwrap_or(now_ns);
         for (shard, (gen, from_ns)) in open {
-            out.push(Interval {
-                node: p.node,
-                process,
-                shard,
-                gen,
-                from_ns,
-                to_ns,
-            });
+            out.push(interval(shard, gen, from_ns, to_ns));
         }
     }
     out

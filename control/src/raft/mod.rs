@@ -531,7 +531,12 @@ impl RaftStore {
             rb = rb.bearer_auth(t);
         }
         let r = rb.send().await.map_err(|e| {
-            tracing::warn!(leader = addr, error = %e, "a write forwarded to the leader was not answered");
+            // Not delivered is retried (every 50 ms while a leader is elected): quietly.
+            if e.is_connect() {
+                tracing::debug!(leader = addr, error = %e, "a write could not be forwarded to the leader");
+            } else {
+                tracing::warn!(leader = addr, error = %e, "a write forwarded to the leader was not answered");
+            }
             e.is_connect()
         })?;
         let status = r.status();

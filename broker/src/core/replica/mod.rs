@@ -277,7 +277,7 @@ impl Replica {
     /// Whether this replica may acknowledge a write or serve a read at `now_ms`: it leads,
     /// has waited out every older lease, and holds its own (rules 2 and 4).
     pub(crate) fn serving(&self, now_ms: u64) -> bool {
-        self.leading().is_some() && self.lease.as_ref().is_some_and(|l| l.serving(now_ms))
+        self.serving_until(now_ms).is_some()
     }
 
     /// While [`Replica::serving`] at `now_ms`: the generation it leads and the end of its

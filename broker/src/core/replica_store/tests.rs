@@ -371,22 +371,34 @@ fn a_failover_cuts_the_deposed_leaders_suffix_on_disk_and_the_logs_agree() {
 #[test]
 fn handing_readers_uncommitted_records_is_caught() {
     use crate::core::replica::breaks::HAND_OVER_UNCOMMITTED;
+    caught_with(
+        &HAND_OVER_UNCOMMITTED,
+        failover,
+        "a reader saw a record a failover cut",
+    );
+}
+
+/// Run `scenario` with the break `b` on: the harness must fail it with a panic naming `what`.
+fn caught_with<Fut>(
+    b: &'static std::sync::atomic::AtomicBool,
+    scenario: fn(PathBuf) -> Fut,
+    what: &str,
+) where
+    Fut: std::future::Future<Output = ()> + 'static,
+{
     use std::sync::atomic::Ordering;
     let root = tempfile::tempdir().unwrap();
     let path = root.path().to_path_buf();
-    HAND_OVER_UNCOMMITTED.store(true, Ordering::Relaxed);
-    let r = std::thread::spawn(move || run(move || failover(path))).join();
-    HAND_OVER_UNCOMMITTED.store(false, Ordering::Relaxed);
+    b.store(true, Ordering::Relaxed);
+    let r = std::thread::spawn(move || run(move || scenario(path))).join();
+    b.store(false, Ordering::Relaxed);
     let e = r.expect_err("the break went unnoticed");
     let why = e
         .downcast_ref::<String>()
         .cloned()
         .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
         .unwrap_or_default();
-    assert!(
-        why.contains("a reader saw a record a failover cut"),
-        "{why}"
-    );
+    assert!(why.contains(what), "{why}");
 }
 
 /// Node 1 serves generation 1 and is cut off; node 2 is named at once. Node 2 serves only
@@ -404,19 +416,11 @@ fn a_new_leader_serves_only_once_the_old_lease_ran_out() {
 #[test]
 fn serving_without_waiting_out_the_old_lease_is_caught() {
     use crate::core::replica::breaks::NO_LEASE_WAIT;
-    use std::sync::atomic::Ordering;
-    let root = tempfile::tempdir().unwrap();
-    let path = root.path().to_path_buf();
-    NO_LEASE_WAIT.store(true, Ordering::Relaxed);
-    let r = std::thread::spawn(move || run(move || quick_failover(path))).join();
-    NO_LEASE_WAIT.store(false, Ordering::Relaxed);
-    let e = r.expect_err("the break went unnoticed");
-    let why = e
-        .downcast_ref::<String>()
-        .cloned()
-        .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_default();
-    assert!(why.contains("two replicas served at once"), "{why}");
+    caught_with(
+        &NO_LEASE_WAIT,
+        quick_failover,
+        "two replicas served at once",
+    );
 }
 
 async fn quick_failover(path: PathBuf) {
