@@ -83,6 +83,25 @@ fn test_timing(cmd: &mut Command, dead_after_ms: u64, settle_ms: u64) -> &mut Co
         .env("FELIX_PLACEMENT_SETTLE_MS", settle_ms.to_string())
 }
 
+/// Start the control plane `cmd` describes; the child and the address its first line says it
+/// listens on.
+fn spawn_listening(cmd: &mut Command) -> (Child, String) {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start felix-controlplane");
+    let out = child.stdout.take().unwrap();
+    let mut line = String::new();
+    BufReader::new(out).read_line(&mut line).unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("listening ")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_string();
+    (child, addr)
+}
+
 fn spawn_control_plane(
     dead_after_ms: u64,
     settle_ms: u64,
@@ -97,21 +116,10 @@ fn spawn_control_plane(
             .env("FELIX_CONTROLPLANE_AUTH", "off")
             .env("FELIX_CONTROLPLANE_TLS", "off"),
     };
-    let mut child = test_timing(&mut cmd, dead_after_ms, settle_ms)
+    test_timing(&mut cmd, dead_after_ms, settle_ms)
         .args(["--listen", "127.0.0.1:0"])
-        .env("FELIX_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start felix-controlplane");
-    let out = child.stdout.take().unwrap();
-    let mut line = String::new();
-    BufReader::new(out).read_line(&mut line).unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("listening ")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_string();
+        .env("FELIX_LOG", "warn");
+    let (child, addr) = spawn_listening(&mut cmd);
     let ca = admin_token_file.map(|f| f.parent().unwrap().join("tls/ca.pem"));
     ControlPlane {
         child,
@@ -219,7 +227,7 @@ pub fn start_control_plane_group(dir: &Path, dead_after_ms: u64) -> Vec<ControlP
         .map(|i| {
             let data = dir.join(format!("cp-{}", i + 1));
             let mut cmd = Command::new(sibling("felix-controlplane"));
-            let mut child = test_timing(&mut cmd, dead_after_ms, 0)
+            test_timing(&mut cmd, dead_after_ms, 0)
                 .args(["--listen", &addrs[i], "--store", "raft"])
                 .args([
                     "--raft-node-id",
@@ -241,21 +249,11 @@ pub fn start_control_plane_group(dir: &Path, dead_after_ms: u64) -> Vec<ControlP
                 .arg("--tls-ca-file")
                 .arg(tls.join("ca.pem"))
                 .env("FELIX_LOG", "warn,openraft=off")
-                .env_remove("FELIX_RAFT_PEERS")
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .expect("start felix-controlplane");
-            let out = child.stdout.take().unwrap();
-            let mut line = String::new();
-            BufReader::new(out).read_line(&mut line).unwrap();
-            assert!(
-                line.starts_with("listening "),
-                "unexpected first line {line:?}"
-            );
+                .env_remove("FELIX_RAFT_PEERS");
+            let (child, addr) = spawn_listening(&mut cmd);
             ControlPlane {
                 child,
-                url: format!("https://{}", addrs[i]),
+                url: format!("https://{addr}"),
                 ca: Some(tls.join("ca.pem")),
             }
         })
