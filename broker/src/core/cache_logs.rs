@@ -20,7 +20,7 @@
 //! - A device error fails the shard: the answers waiting for a commit get `unavailable`,
 //!   its watches end `unavailable`, later requests are refused until the broker restarts.
 
-use super::caches::OwnedCache;
+use super::shard::caches::OwnedCache;
 use super::*;
 use crate::cache::snapshot::{self, Snapshot};
 use crate::cache::{record, CacheLimits, CacheShard, Counters};
@@ -57,7 +57,7 @@ pub fn cache_shard_dir(
 }
 
 /// A shard's two logs.
-pub(super) struct CacheLogs {
+pub(crate) struct CacheLogs {
     pub cache: Log,
     pub counters: Log,
 }
@@ -221,7 +221,7 @@ impl CacheOpenJob {
 }
 
 /// The refusal for an append the log did not take.
-pub(super) fn append_refusal(e: &LogError) -> (ErrorCode, String) {
+pub(crate) fn append_refusal(e: &LogError) -> (ErrorCode, String) {
     match e {
         LogError::Backpressure { .. } => (
             ErrorCode::InflightLimit,
@@ -250,7 +250,7 @@ impl CoreState {
             q.push(msg); // an earlier incarnation's logs are still closing
             return None;
         }
-        if self.caches.contains_key(&key)
+        if self.caches.contains(key)
             || !self.cache_is_durable(key.0)
             || self.catalog.cache_serve_check(key.0, key.1).is_err()
         {
@@ -383,24 +383,16 @@ impl CoreState {
     }
 
     fn on_cache_acked(&mut self, key: ShardKey, epoch: u64, counters: bool, acked: u64) {
-        let Some(oc) = self.caches.get_mut(&key).filter(|c| c.epoch == epoch) else {
-            return;
-        };
-        for (origin, frame) in oc.take_committed(counters, acked) {
-            self.route(
-                origin.core,
-                MeshMsg::Conn(ToConn::CacheReply { origin, frame }),
-            );
-        }
+        self.with_caches(|h, _| h.on_acked(key, epoch, counters, acked));
     }
 
     /// A device error (or the log closed under it): answer what waited, end the watches,
     /// refuse what comes later.
     pub(super) fn on_cache_failed(&mut self, key: ShardKey, epoch: u64, why: String) {
-        if self.caches.get(&key).is_none_or(|c| c.epoch != epoch) {
+        if self.caches.epoch(key) != Some(epoch) {
             return; // dropped already (deleted, moved), or a newer incarnation
         }
-        let mut oc = self.caches.remove(&key).expect("checked above");
+        let mut oc = self.caches.remove(key).expect("checked above");
         if self.closing_logs {
             // Shutdown closed the log: not a failure. Whatever still waits is told so.
             self.drop_owned_cache(
@@ -428,8 +420,7 @@ impl CoreState {
         self.cache_failed.insert(key, why);
     }
 
-    /// Answer everything `oc` owes with `err`; with `notify`, end its watches on every core
-    /// (a catalog change needs not: every core ends its own then).
+    /// Answer everything `oc` owes with `err`; with `notify`, end its watches on every core.
     pub(super) fn drop_owned_cache(
         &mut self,
         key: ShardKey,
@@ -437,32 +428,7 @@ impl CoreState {
         err: (ErrorCode, String),
         notify: bool,
     ) {
-        for (origin, _) in oc.take_all_pending() {
-            let frame = Frame::error(origin.request_id, err.0, err.1.clone());
-            self.route(
-                origin.core,
-                MeshMsg::Conn(ToConn::CacheReply { origin, frame }),
-            );
-        }
-        if !notify {
-            return;
-        }
-        let mut cores = vec![false; self.s.cores as usize];
-        for core in oc.watch_cores() {
-            cores[core as usize] = true;
-        }
-        for (core, yes) in cores.into_iter().enumerate() {
-            if yes {
-                self.route(
-                    core as u8,
-                    MeshMsg::Conn(ToConn::WatchesEnded {
-                        cache: key.0,
-                        shard: key.1,
-                        why: Refusal::new(err.0, err.1.clone()),
-                    }),
-                );
-            }
-        }
+        self.with_caches(|h, _| h.answer_dropped(key, oc, err, notify));
     }
 
     /// A log-backed shard is no longer served here (deleted, moved, re-generationed): close
@@ -548,23 +514,14 @@ impl CoreState {
         .detach();
     }
 
-    /// Write a snapshot of the shard and delete the log segments it covers, once
-    /// `cache_compact_records` records were appended since the last one.
-    pub(super) fn maybe_compact(&mut self, key: ShardKey) {
-        let every = self.s.cfg.cache_compact_records;
+    /// Write a snapshot of the shard and delete the log segments it covers (the host found
+    /// one due: `cache_compact_records` records appended since the last).
+    pub(super) fn compact_cache(&mut self, key: ShardKey, snap: Snapshot, clog: Log, nlog: Log) {
         let Some(root) = self.s.cfg.durable_storage_dir.clone() else {
-            return;
+            return self.caches.compaction_done(key);
         };
         let slot = self.catalog.cache_slot(key.0);
         let dir = cache_shard_dir(&root, &slot.def.name(), slot.incarnation, key.1);
-        let Some(oc) = self.caches.get_mut(&key) else {
-            return;
-        };
-        let Some(snap) = oc.snapshot_due(every) else {
-            return;
-        };
-        let logs = oc.logs.as_ref().expect("a due snapshot has logs");
-        let (clog, nlog) = (logs.cache.clone(), logs.counters.clone());
         let me = self.me.clone();
         glommio::spawn_local(async move {
             yield_once().await;
@@ -575,9 +532,7 @@ impl CoreState {
     }
 
     fn on_compacted(&mut self, key: ShardKey, r: Result<usize, String>) {
-        if let Some(oc) = self.caches.get_mut(&key) {
-            oc.compaction_done();
-        }
+        self.caches.compaction_done(key);
         match r {
             Ok(deleted) => {
                 CoreCounters::inc(&self.s.counters.cache_compactions);
@@ -593,11 +548,7 @@ impl CoreState {
 
     /// The logs of log-backed shards this core holds (closed at shutdown).
     pub(super) fn cache_logs(&self) -> Vec<Log> {
-        self.caches
-            .values()
-            .filter_map(|c| c.logs.as_ref())
-            .flat_map(|l| [l.cache.clone(), l.counters.clone()])
-            .collect()
+        self.caches.logs()
     }
 }
 

@@ -5,6 +5,7 @@
 //! its only clock reads; the hosts they step are pure.
 
 use super::*;
+use crate::core::shard::caches::{CacheHost, CacheHostCfg};
 
 /// The peer side of a core: its SO_REUSEPORT socket on the peer listener, its own socket for
 /// dialing peers, and the two mutual-TLS configs.
@@ -118,6 +119,7 @@ impl CoreState {
             ring_bytes_max: settings.cfg.ring_bytes_max,
             publish_timeout_ms: settings.cfg.publish_timeout_ms,
         });
+        let caches = CacheHost::new(CacheHostCfg::of(&settings.cfg, settings.cores));
         let state = Rc::new(RefCell::new(CoreState {
             id,
             catalog,
@@ -141,7 +143,7 @@ impl CoreState {
             group_epoch: Instant::now(),
             group_due_ms: u64::MAX,
             group_tasks: TaskGate::default(),
-            caches: HashMap::new(),
+            caches,
             watches: Default::default(),
             cache_opening: HashMap::new(),
             cache_failed: HashMap::new(),

@@ -40,7 +40,7 @@ use felix_quic::wire::{
     PeerFrame, QueuePolicy, Records, ShardSelector, StartAt, Verdict,
 };
 use felix_quic::wire::{FrameError, FRAME_OVERHEAD_BYTES};
-use felix_storage::{FsyncMode, Log, LogConfig, LogError, RecordIn};
+use felix_storage::{FsyncMode, Log, LogConfig, LogError};
 use glommio::channels::channel_mesh::{Receivers, Senders};
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
@@ -267,7 +267,7 @@ struct CoreState {
     /// Group tasks running (disk reads for polls, file removals) that owe an answer.
     group_tasks: TaskGate,
     /// Cache shards this core owns.
-    caches: HashMap<ShardKey, caches::OwnedCache>,
+    caches: shard::caches::CacheHost,
     /// Cache watches whose connections this core holds (see `conn::watches`).
     watches: conn::watches::WatchHost,
     /// Log-backed cache shards whose logs are opening, with the messages waiting for them.
@@ -315,7 +315,7 @@ impl CoreState {
             && self.inbox.is_empty()
             && self.mesh_overflow.iter().all(|q| q.is_empty())
             && self.groups_idle()
-            && self.caches.values().all(|c| !c.has_pending())
+            && self.caches.idle()
             && self.cache_opening.is_empty()
             && self.cache_closing.is_empty()
             && self.links.as_ref().is_none_or(|l| l.in_flight() == 0)

@@ -1,8 +1,9 @@
 //! The cache driver of a core, around the pure state in [`crate::cache`]: in-memory caches,
 //! and log-backed ones whose two logs (changes, counter deltas) are `cache_logs`; a
 //! log-backed cache is refused `unsupported` only on a broker without `durable_storage_dir`.
-//! This file: the connection side of requests and the shard state; `owner` applies requests
-//! and starts watches at the shard's owner; `watch` delivers watches on the watching core.
+//! This file: the connection side of requests; `owner` drives the pure owner-side host
+//! (`shard::caches`: requests applied, watches started, the TTL clock) and carries out its
+//! I/O; `watch` drives the watch side (`conn::watches`) on the watching core.
 //!
 //! - A request is validated by the connection's core, which hashes the key (or counter
 //!   name) to a shard and routes it to the shard's owner core; the owner applies it and
@@ -28,12 +29,9 @@ use super::*;
 
 mod owner;
 mod watch;
-use crate::cache::{
-    CacheError, CacheLimits, CacheShard, ChangeKind, Cond, Counters, Filter, ResumePlan, WatchQueue,
-};
+use crate::cache::{CacheLimits, Filter, WatchQueue};
 use bytes::Bytes;
-use felix_quic::wire::cache::encode_event;
-use felix_quic::wire::{CacheFrame, EventKind, WatchFilter, WatchStart, WriteCond};
+use felix_quic::wire::{CacheFrame, WatchFilter, WatchStart};
 
 /// Where a cache request came from.
 #[derive(Debug, Clone, Copy)]
@@ -83,199 +81,6 @@ pub struct WatchReq {
     pub bytes_max: u64,
 }
 
-struct Reg {
-    core: u8,
-    watch: u64,
-    filter: Filter,
-}
-
-/// One cache shard this core owns.
-pub(super) struct OwnedCache {
-    shard: CacheShard,
-    counters: Counters,
-    ring: VecDeque<Arc<Ev>>,
-    ring_bytes: u64,
-    /// Lowest offset from which the ring still holds every change.
-    replayable_from: u64,
-    watches: Vec<Reg>,
-    /// Log-backed shards: their logs, and answers waiting for commits (in offset order).
-    pub(super) logs: Option<cache_logs::CacheLogs>,
-    pending: VecDeque<(u64, CacheOrigin, Frame)>,
-    pending_counters: VecDeque<(u64, CacheOrigin, Frame)>,
-    /// Records appended since the last snapshot was taken.
-    since_snapshot: u64,
-    compacting: bool,
-    /// Which open of the key this is (its logs' commit watchers carry it).
-    pub(super) epoch: u64,
-    /// Expiry appends refused (back-pressure): not retried before this wall-clock ms.
-    expire_retry_at_ms: u64,
-}
-
-/// An answer that waits until its log's acknowledged offset reaches `upto`.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Wait {
-    counters: bool,
-    upto: u64,
-}
-
-impl OwnedCache {
-    fn new(
-        shard: CacheShard,
-        counters: Counters,
-        logs: Option<cache_logs::CacheLogs>,
-        epoch: u64,
-    ) -> Self {
-        let from = shard.next_offset();
-        OwnedCache {
-            shard,
-            counters,
-            ring: VecDeque::new(),
-            ring_bytes: 0,
-            replayable_from: from,
-            watches: Vec::new(),
-            logs,
-            pending: VecDeque::new(),
-            pending_counters: VecDeque::new(),
-            since_snapshot: 0,
-            compacting: false,
-            epoch,
-            expire_retry_at_ms: 0,
-        }
-    }
-
-    /// The state to snapshot, when a log-backed shard has appended `every` records since the
-    /// last one and no compaction runs.
-    pub(super) fn snapshot_due(&mut self, every: u64) -> Option<crate::cache::snapshot::Snapshot> {
-        let logs = self.logs.as_ref()?;
-        if self.compacting || self.since_snapshot < every {
-            return None;
-        }
-        self.compacting = true;
-        self.since_snapshot = 0;
-        Some(crate::cache::snapshot::Snapshot {
-            cache_log_id: logs.cache.log_id(),
-            counter_log_id: logs.counters.log_id(),
-            cache_next: self.shard.next_offset(),
-            counters_next: self.counters.next_offset(),
-            entries: self
-                .shard
-                .entries()
-                .map(|(k, e)| (k.clone(), e.clone()))
-                .collect(),
-            counters: self.counters.sums().map(|(k, v)| (k.clone(), v)).collect(),
-        })
-    }
-
-    pub(super) fn compaction_done(&mut self) {
-        self.compacting = false;
-    }
-
-    pub(super) fn with_logs(
-        shard: CacheShard,
-        counters: Counters,
-        logs: cache_logs::CacheLogs,
-        epoch: u64,
-    ) -> Self {
-        OwnedCache::new(shard, counters, Some(logs), epoch)
-    }
-
-    fn wait_for_commit(&mut self, w: Wait, origin: CacheOrigin, f: Frame) {
-        let q = if w.counters {
-            &mut self.pending_counters
-        } else {
-            &mut self.pending
-        };
-        debug_assert!(q.back().is_none_or(|(u, _, _)| *u < w.upto));
-        q.push_back((w.upto, origin, f));
-    }
-
-    /// The answers whose records are now committed (`acked`: the log's acknowledged end).
-    pub(super) fn take_committed(
-        &mut self,
-        counters: bool,
-        acked: u64,
-    ) -> Vec<(CacheOrigin, Frame)> {
-        let q = if counters {
-            &mut self.pending_counters
-        } else {
-            &mut self.pending
-        };
-        let mut out = Vec::new();
-        while q.front().is_some_and(|(u, _, _)| *u <= acked) {
-            let (_, o, f) = q.pop_front().expect("front checked");
-            out.push((o, f));
-        }
-        out
-    }
-
-    pub(super) fn take_all_pending(&mut self) -> Vec<(CacheOrigin, Frame)> {
-        self.pending
-            .drain(..)
-            .chain(self.pending_counters.drain(..))
-            .map(|(_, o, f)| (o, f))
-            .collect()
-    }
-
-    /// Every waiting answer: `(counter log, offset it waits for, origin, answer)`.
-    pub(super) fn take_pending_with_upto(&mut self) -> Vec<(bool, u64, CacheOrigin, Frame)> {
-        let a = self.pending.drain(..).map(|(u, o, f)| (false, u, o, f));
-        let b = self
-            .pending_counters
-            .drain(..)
-            .map(|(u, o, f)| (true, u, o, f));
-        a.chain(b).collect()
-    }
-
-    pub(super) fn has_pending(&self) -> bool {
-        !self.pending.is_empty() || !self.pending_counters.is_empty()
-    }
-
-    pub(super) fn watch_cores(&self) -> impl Iterator<Item = u8> + '_ {
-        self.watches.iter().map(|r| r.core)
-    }
-}
-
-/// Expired keys reclaimed per shard per tick (the rest on the next tick).
-const EXPIRE_BATCH: usize = 4096;
-
-/// Wall-clock ms since the epoch (cache expiries are absolute).
-use felix_storage::log::now_ms as wall_ms;
-
-fn cond(c: WriteCond) -> Cond {
-    match c {
-        WriteCond::Always => Cond::Always,
-        WriteCond::Version(v) => Cond::Version(v),
-        WriteCond::Absent => Cond::Absent,
-    }
-}
-
-fn cache_code(e: &CacheError) -> ErrorCode {
-    match e {
-        CacheError::KeySize { .. } | CacheError::TtlOutOfRange { .. } => ErrorCode::InvalidRequest,
-        CacheError::ValueTooLarge { .. } => ErrorCode::PayloadTooLarge,
-        CacheError::ConditionFailed { .. } => ErrorCode::ConditionFailed,
-        CacheError::NotFound => ErrorCode::NotFound,
-        CacheError::Full { .. } => ErrorCode::CacheFull,
-    }
-}
-
-fn event_frame(offset: u64, key: &Bytes, kind: &ChangeKind) -> Bytes {
-    match kind {
-        ChangeKind::Put {
-            value,
-            expires_at_ms,
-        } => encode_event(
-            EventKind::Put,
-            offset,
-            key.clone(),
-            expires_at_ms.unwrap_or(0),
-            value.clone(),
-        ),
-        ChangeKind::Delete => encode_event(EventKind::Delete, offset, key.clone(), 0, Bytes::new()),
-        ChangeKind::Expire => encode_event(EventKind::Expire, offset, key.clone(), 0, Bytes::new()),
-    }
-}
-
 fn filter_of(f: &WatchFilter) -> Filter {
     match f {
         WatchFilter::Key(k) => Filter::Key(k.clone()),
@@ -297,18 +102,6 @@ impl CoreState {
             entries_max: c.cache_entries_max as usize,
             bytes_max: c.cache_bytes_max,
         }
-    }
-
-    pub(in crate::core) fn owned_cache(&mut self, key: ShardKey) -> &mut OwnedCache {
-        debug_assert_eq!(self.cache_owner_core(key.0, key.1), self.id);
-        let limits = self.cache_limits();
-        let durable = self.catalog.cache_slot(key.0).def.durable;
-        self.caches.entry(key).or_insert_with(|| {
-            // A log-backed shard is inserted once its logs are open (`cache_gate`).
-            assert!(!durable, "a log-backed cache shard is used only once open");
-            let base = wall_ms() << 20;
-            OwnedCache::new(CacheShard::new(limits, base), Counters::new(base), None, 0)
-        })
     }
 
     // ---------- connection side ----------
@@ -542,9 +335,11 @@ impl CoreState {
                         ),
                     ));
                     self.end_local_watches((idx, shard), why.clone().into());
-                    match self.caches.remove(&(idx, shard)) {
+                    match self.caches.remove((idx, shard)) {
                         Some(oc) if oc.logs.is_some() => self.retire_cache_shard((idx, shard), oc),
-                        Some(mut oc) => self.drop_owned_cache((idx, shard), &mut oc, why, false),
+                        Some(mut oc) => self.with_caches(|h, _| {
+                            h.answer_dropped((idx, shard), &mut oc, why, false)
+                        }),
                         None => {}
                     }
                 }
@@ -554,7 +349,7 @@ impl CoreState {
                 if newly_deleted
                     && slot.def.durable
                     && self.cache_owner_core(idx, shard) == self.id
-                    && !self.caches.contains_key(&(idx, shard))
+                    && !self.caches.contains((idx, shard))
                     && !self.cache_opening.contains_key(&(idx, shard))
                     && !self.cache_closing.contains_key(&(idx, shard))
                 {

@@ -3,10 +3,11 @@
 //! send, I/O to run) from `drain_effects`. It never awaits, spawns, reads a clock or touches a
 //! file, so the core driver (`core/mod.rs`) and the simulator (`core/sim`) run the same code.
 //!
-//! Built so far: stream shards (`stream`), behind the log trait (`log`). Cache shards and
-//! consumer groups still live on the core state (`core/caches`, `core/groups`); they move
-//! here next, onto the same lifecycle.
+//! Built so far: stream shards (`stream`), behind the log trait (`log`), and the owner side
+//! of cache shards (`caches`; the log-backed ones' open/close lifecycle is still the
+//! driver's `cache_gate`). Consumer groups still live on the core state (`core/groups`).
 
+pub(crate) mod caches;
 pub(crate) mod log;
 pub(crate) mod stream;
 
