@@ -629,6 +629,8 @@ impl CacheHost {
             watch: req.watch,
             filter: req.filter.clone(),
         });
+        #[cfg(test)]
+        let next = next + u64::from(state.is_none() && breaks::on(&breaks::GAP_AT_JOIN));
         Ok(Opened {
             shard: req.shard,
             live_from: next,
@@ -779,4 +781,16 @@ impl CacheHost {
             }
         }
     }
+}
+
+/// Test-build switches that break one rule each, so the simulator's negative twins show its
+/// checks catch the break (`core/sim`).
+#[cfg(test)]
+pub(crate) mod breaks {
+    use std::sync::atomic::AtomicBool;
+    /// A watch without a state phase goes live one offset late: the change at its join is
+    /// neither in its start nor among its changes (the gap a watch must never have).
+    pub(crate) static GAP_AT_JOIN: AtomicBool = AtomicBool::new(false);
+
+    pub(crate) use crate::core::shard::stream::breaks::on;
 }

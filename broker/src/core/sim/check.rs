@@ -233,6 +233,7 @@ pub(super) fn at_rest(w: &World) -> Result<(), String> {
             ));
         }
     }
+    super::caches::check_at_rest(w)?;
     let acked = acked(w)?;
     let stands = subscribers_in_order(w, &acked)?;
     for (sid, c) in &w.clients {

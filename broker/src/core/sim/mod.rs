@@ -16,6 +16,7 @@
 //! The invariants (`check`) run after every step. A failing run prints its seed;
 //! `FELIX_SIM_SEED=N cargo nextest run -p felix-broker sim` replays exactly that run.
 
+mod caches;
 mod check;
 mod cluster;
 pub(in crate::core) mod disk;
@@ -85,6 +86,8 @@ impl Rng {
 struct SimCore {
     streams: StreamHost<MemLog>,
     subs: SubHost,
+    caches: crate::core::shard::caches::CacheHost,
+    watches: crate::core::conn::watches::WatchHost,
     inbox: VecDeque<MeshMsg>,
 }
 
@@ -152,6 +155,10 @@ pub(crate) struct World {
     pub disk: BTreeMap<ShardKey, Rc<RefCell<Stored>>>,
     pub clients: BTreeMap<u64, Client>,
     pub pubs: BTreeMap<u64, Pub>,
+    /// Cache writes, watch connections and watches (`caches`).
+    pub cache_writes: BTreeMap<u64, caches::CacheWrite>,
+    pub wconns: BTreeMap<u64, caches::WConn>,
+    pub watchers: BTreeMap<u64, caches::Watcher>,
     next_id: u64,
     /// Broker restarts so far (ephemeral shards start again at offset 0 after one).
     pub life: u32,
@@ -188,6 +195,9 @@ impl World {
             disk: BTreeMap::new(),
             clients: BTreeMap::new(),
             pubs: BTreeMap::new(),
+            cache_writes: BTreeMap::new(),
+            wconns: BTreeMap::new(),
+            watchers: BTreeMap::new(),
             next_id: 1,
             life: 0,
             draining: false,
@@ -204,6 +214,8 @@ impl World {
             .map(|_| SimCore {
                 streams: StreamHost::new(host_cfg()),
                 subs: SubHost::default(),
+                caches: crate::core::shard::caches::CacheHost::new(caches::host_cfg()),
+                watches: Default::default(),
                 inbox: VecDeque::new(),
             })
             .collect();
@@ -377,6 +389,9 @@ impl World {
         let msg = match msg.into_stream() {
             Ok((key, m)) => return self.with_streams(c, |h, ctx| h.handle(key, m, ctx)),
             Err(m) => m,
+        };
+        let Some(msg) = self.on_cache_mesh(c, msg) else {
+            return;
         };
         match msg {
             MeshMsg::Conn(ToConn::PublishResult { origin, result }) => {
@@ -614,6 +629,10 @@ impl World {
                 p.lost = true;
             }
         }
+        // The caches are in memory: they, their watches and what was asked of them go.
+        self.cache_writes.clear();
+        self.wconns.clear();
+        self.watchers.clear();
         self.life += 1;
         self.draining = false;
         self.boot();
@@ -678,6 +697,7 @@ impl World {
             1 => self.client_reads(),
             2 => self.disk_progress(),
             3 => self.complete_io(),
+            5 => self.watch_client_reads(),
             _ => {
                 let ms = 1 + self.rng.below(50);
                 self.advance(ms);
@@ -708,6 +728,9 @@ impl World {
         }
         if !self.io.is_empty() {
             options.push(3);
+        }
+        if self.watch_readable().next().is_some() {
+            options.extend([5, 5]);
         }
         options
     }
@@ -827,6 +850,7 @@ impl World {
         self.now_ms += ms;
         for c in 0..CORES {
             self.with_streams(c, |h, ctx| h.tick(ctx));
+            self.with_caches(c, |h, ctx| h.tick(ctx));
             self.drain_inbox(c);
         }
     }
@@ -835,6 +859,9 @@ impl World {
     /// clock run out every deadline. Bounded.
     pub(crate) fn quiesce(&mut self) -> Result<(), String> {
         for c in self.clients.values_mut() {
+            c.stalled = false;
+        }
+        for c in self.wconns.values_mut() {
             c.stalled = false;
         }
         for _ in 0..20 {

@@ -3,8 +3,9 @@
 //! prints its trace. Copies of what `broker/tests` covers by spawning processes (those tests
 //! stay): here every interleaving a seed picks is checked, step by step.
 
+use super::caches::cache_watch_joins_under_concurrent_writers;
 use super::{check, Got, World, CORES, PUBLISH_TIMEOUT_MS};
-use crate::catalog::{Catalog, ControlView, StreamDef, ViewPlace, ViewStream};
+use crate::catalog::{CacheDef, Catalog, ControlView, StreamDef, ViewPlace, ViewStream};
 use crate::core::shard::stream::breaks;
 use crate::core::ShardKey;
 use crate::metrics::CoreCounters;
@@ -58,6 +59,25 @@ fn catalog(prev: &Catalog, layout: Layout) -> Catalog {
                 .collect(),
         });
     }
+    // Cache slot 0 (`sim::caches`): two in-memory shards, both here.
+    view.caches.push(ViewStream {
+        def: CacheDef {
+            tenant: "t".into(),
+            namespace: "ns".into(),
+            cache: "kv".into(),
+            shards: super::caches::CACHE_SHARDS,
+            durable: false,
+            default_ttl_ms: None,
+        },
+        incarnation: 3,
+        deleting: false,
+        placement: (0..super::caches::CACHE_SHARDS)
+            .map(|_| ViewPlace::Assigned {
+                owner: NODE,
+                generation: 1,
+            })
+            .collect(),
+    });
     Catalog::from_view(prev, &view, NODE, false)
 }
 
@@ -69,7 +89,7 @@ fn base() -> Catalog {
 
 impl World {
     /// Up to `n` random events, checking the invariants after each.
-    fn run(&mut self, n: u64) -> Result<(), String> {
+    pub(super) fn run(&mut self, n: u64) -> Result<(), String> {
         for _ in 0..n {
             if !self.step() {
                 return Ok(());
@@ -628,7 +648,11 @@ fn add_counters(to: &CoreCounters, from: &CoreCounters) {
         history_reads,
         history_records_read,
         durable_shards_failed,
-        durable_publishes_refused
+        durable_publishes_refused,
+        cache_writes,
+        cache_watches_opened,
+        cache_watches_lagged,
+        cache_watch_events
     );
 }
 
@@ -673,6 +697,7 @@ mod run {
         drain_across_cores => [durable_commits, subscriptions_closed],
         crash_and_restart_keeps_acknowledged => [history_reads],
         everything_at_once => [publishes_held, lag_notices, history_reads, durable_shards_failed],
+        cache_watch_joins_under_concurrent_writers => [cache_writes, cache_watches_opened, cache_watches_lagged, cache_watch_events],
     );
 }
 
@@ -724,6 +749,15 @@ fn negative_twin_ignored_unpark_is_caught() {
     );
 }
 
+#[test]
+fn negative_twin_gap_at_watch_join_is_caught() {
+    negative_twin(
+        &crate::core::shard::caches::breaks::GAP_AT_JOIN,
+        cache_watch_joins_under_concurrent_writers,
+        "watcher_changes_exact",
+    );
+}
+
 /// A seed replays exactly: the same events in the same order (what `FELIX_SIM_SEED` relies
 /// on). Hash maps the hosts iterate use fixed hashing for this.
 #[test]
@@ -735,6 +769,7 @@ fn a_seed_replays_exactly() {
         durable_subscriber_catches_up,
         drain_across_cores,
         crash_and_restart_keeps_acknowledged,
+        cache_watch_joins_under_concurrent_writers,
     ]
     .into_iter()
     .enumerate()
