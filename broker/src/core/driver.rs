@@ -6,6 +6,7 @@
 
 use super::*;
 use crate::core::shard::caches::{CacheHost, CacheHostCfg};
+use crate::core::shard::groups::{GroupHost, GroupHostCfg};
 
 /// The peer side of a core: its SO_REUSEPORT socket on the peer listener, its own socket for
 /// dialing peers, and the two mutual-TLS configs.
@@ -120,6 +121,7 @@ impl CoreState {
             publish_timeout_ms: settings.cfg.publish_timeout_ms,
         });
         let caches = CacheHost::new(CacheHostCfg::of(&settings.cfg, settings.cores));
+        let settings_cfg = settings.cfg.clone();
         let state = Rc::new(RefCell::new(CoreState {
             id,
             catalog,
@@ -139,9 +141,7 @@ impl CoreState {
             wake,
             draining: false,
             closing_logs: false,
-            groups: HashMap::new(),
-            group_epoch: Instant::now(),
-            group_due_ms: u64::MAX,
+            groups: GroupHost::new(GroupHostCfg::of(&settings_cfg), Instant::now()),
             group_tasks: TaskGate::default(),
             caches,
             watches: Default::default(),
@@ -369,6 +369,7 @@ async fn drain_phase(state: &Rc<RefCell<CoreState>>, mut drain: Drain) -> Drain 
         let mut st = state.borrow_mut();
         st.ep.set_accepting(false);
         st.draining = true;
+        st.groups.set_draining();
         st.links_drain();
         drain = Drain::Answering {
             since: Instant::now(),

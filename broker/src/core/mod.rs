@@ -259,11 +259,7 @@ struct CoreState {
     /// are answered.
     draining: bool,
     /// Consumer groups of the durable shards this core owns (see `groups`).
-    groups: HashMap<ShardKey, groups::ShardGroups>,
-    /// Zero of the groups' millisecond clock.
-    group_epoch: Instant,
-    /// When a group next changes by time (a claim lapses, a wait ends); `u64::MAX`: never.
-    group_due_ms: u64,
+    groups: shard::groups::GroupHost<Log>,
     /// Group tasks running (disk reads for polls, file removals) that owe an answer.
     group_tasks: TaskGate,
     /// Cache shards this core owns.

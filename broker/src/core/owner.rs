@@ -53,7 +53,7 @@ impl CoreState {
         match e {
             Effect::Send(to, msg) => self.route(to, msg),
             Effect::Committed(key) => {
-                if self.groups.contains_key(&key) {
+                if self.groups.has(key) {
                     self.groups_records_committed(key);
                 }
             }

@@ -1,7 +1,7 @@
-//! The consumer-group driver of a core: the groups of the durable shards this core owns,
-//! around the pure state machine in [`crate::group`]. This file: types, helpers and the
-//! connection side (validating and routing requests, answers back); `owner` applies them at
-//! the shard's owner; `files` loads, creates, deletes and writes groups on disk.
+//! The consumer-group driver of a core: the groups of the durable shards this core owns are
+//! the pure host `shard::groups` (around the state machine in [`crate::group`]). This file:
+//! the connection side (validating and routing requests, answers back) and the group files'
+//! reading and writing; `driver` steps the host and carries out its I/O.
 //!
 //! - A request reaches the shard's owner core (validated and routed by the connection's core,
 //!   like a publish) and is answered back through the mesh ([`MeshMsg::GroupReply`]).
@@ -20,16 +20,9 @@
 
 use super::*;
 
-mod files;
-mod owner;
-use crate::group::{
-    file as gfile, Claim, ClaimId, DeadLetterReason, Fate, Group, GroupConfig, GroupError,
-};
-use bytes::Bytes;
-use felix_quic::wire::{
-    AnswerOp, ClaimRef, DeadLetterAction, DeadLetterRef, GroupFrame, GroupInfo,
-};
-use std::collections::BTreeMap;
+mod driver;
+use crate::group::{file as gfile, GroupConfig};
+use felix_quic::wire::GroupFrame;
 use std::path::PathBuf;
 
 /// Where a group request came from.
@@ -41,86 +34,6 @@ pub struct GroupOrigin {
     pub request_id: u64,
     /// The largest frame the connection's client accepts (its Hello): answers are cut to it.
     pub frame_bytes_max: u32,
-}
-
-/// The groups of one durable shard.
-#[derive(Default)]
-pub(super) struct ShardGroups {
-    groups: BTreeMap<String, GroupSlot>,
-    /// Group files that could not be read at open (name → why): they answer `unavailable`
-    /// until deleted, never silently reset.
-    broken: BTreeMap<String, String>,
-}
-
-struct Waiter {
-    origin: GroupOrigin,
-    max: u32,
-    visibility_timeout_ms: Option<u64>,
-    until_ms: u64,
-}
-
-pub(in crate::core) type Reply = (GroupOrigin, Frame);
-
-struct GroupSlot {
-    group: Group,
-    waiters: VecDeque<Waiter>,
-    /// A write of the group file is running.
-    writing: bool,
-    /// Changed since the running write took its snapshot.
-    dirty: bool,
-    /// Answers that wait for the next write.
-    queued: Vec<Reply>,
-    /// Deleted; removed (file and state) once the running write is done.
-    deleting: Option<GroupOrigin>,
-}
-
-impl GroupSlot {
-    /// A group with nothing waiting, writing or queued.
-    fn new(group: Group) -> Self {
-        GroupSlot {
-            group,
-            waiters: VecDeque::new(),
-            writing: false,
-            dirty: false,
-            queued: Vec::new(),
-            deleting: None,
-        }
-    }
-}
-
-fn ok(request_id: u64) -> Frame {
-    Frame::Group(GroupFrame::GroupOk { request_id })
-}
-
-fn empty_records(request_id: u64, shard: u32) -> Frame {
-    Frame::Group(GroupFrame::GroupRecords {
-        request_id,
-        shard,
-        visibility_timeout_ms: 0,
-        claims: Vec::new(),
-        records: Records::empty(),
-    })
-}
-
-fn group_code(e: &GroupError) -> ErrorCode {
-    match e {
-        GroupError::StaleClaim { .. } => ErrorCode::StaleClaim,
-        GroupError::NotDeadLettered { .. } => ErrorCode::NotFound,
-        GroupError::RedriveInProgress { .. } => ErrorCode::Conflict,
-        _ => ErrorCode::InvalidRequest,
-    }
-}
-
-fn err_frame(request_id: u64, e: &GroupError) -> Frame {
-    Frame::error(request_id, group_code(e), e.to_string())
-}
-
-fn reason_code(r: DeadLetterReason) -> u8 {
-    match r {
-        DeadLetterReason::Expired => 0,
-        DeadLetterReason::Nacked => 1,
-        DeadLetterReason::Rejected => 2,
-    }
 }
 
 /// Write `bytes` as `dir/name.grp`: temporary file, fdatasync, rename, directory fsync.
@@ -165,39 +78,7 @@ pub(super) fn read_group_files(
     out
 }
 
-/// Restore one group at open. A snapshot beyond the log's tail (the log lost records a
-/// machine crash took before their fsync, under `periodic`/`none`) is cut to the tail: the
-/// group cannot have finished records the log no longer has.
-fn restore(
-    cfg: GroupConfig,
-    mut snap: crate::group::GroupSnapshot,
-    tail: u64,
-) -> Result<Group, String> {
-    if snap.cursor > tail {
-        tracing::warn!(
-            cursor = snap.cursor,
-            tail,
-            "group cursor beyond the log's tail after recovery; cut to the tail"
-        );
-        snap.cursor = tail;
-    }
-    snap.finished.retain(|&o| o < tail && o > snap.cursor);
-    snap.dead_letters.retain(|d| d.offset < tail);
-    Group::restore(cfg, &snap, tail).map_err(|e| e.to_string())
-}
-
-pub(in crate::core) enum Payload {
-    Ready(Bytes),
-    /// Below the log's retention: the record is gone.
-    Gone,
-    Failed,
-}
-
 impl CoreState {
-    pub(in crate::core) fn group_now_ms(&self) -> u64 {
-        self.group_epoch.elapsed().as_millis() as u64
-    }
-
     pub(in crate::core) fn group_reply(&mut self, origin: GroupOrigin, frame: Frame) {
         self.route(
             origin.core,
@@ -376,11 +257,6 @@ impl CoreState {
     }
 
     pub(in crate::core) fn on_group_conn_closed(&mut self, core: u8, conn: ConnKey) {
-        for sg in self.groups.values_mut() {
-            for slot in sg.groups.values_mut() {
-                slot.waiters
-                    .retain(|w| !(w.origin.core == core && w.origin.conn == conn));
-            }
-        }
+        self.groups.conn_closed(core, conn);
     }
 }

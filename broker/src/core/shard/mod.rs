@@ -8,6 +8,7 @@
 //! driver's `cache_gate`). Consumer groups still live on the core state (`core/groups`).
 
 pub(crate) mod caches;
+pub(crate) mod groups;
 pub(crate) mod log;
 pub(crate) mod stream;
 
