@@ -67,6 +67,22 @@ mod tests;
 
 pub use snapshot::{GroupSnapshot, SnapshotError};
 
+/// Test-build switch that breaks the claim rule on purpose: claims lapse 20 ms before their
+/// deadline, so a record can be handed out while its claim still holds. The simulator's
+/// negative twin shows its `claim_held_once` check catches it.
+#[cfg(test)]
+pub(crate) static BREAK_LAPSE_EARLY: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+#[cfg(test)]
+fn lapse_early_ms() -> u64 {
+    if BREAK_LAPSE_EARLY.load(std::sync::atomic::Ordering::Relaxed) {
+        20
+    } else {
+        0
+    }
+}
+
 /// Largest accepted `max_attempts` (deliveries).
 pub const MAX_ATTEMPTS_LIMIT: u32 = 1_000;
 /// Largest accepted visibility timeout or nack delay: 12 hours in milliseconds.
@@ -737,6 +753,8 @@ impl Group {
             self.ready.insert(o);
         }
         let mut out = Vec::new();
+        #[cfg(test)]
+        let now_ms = now_ms + lapse_early_ms();
         while let Some(&(deadline, o)) = self.deadlines.first() {
             if deadline > now_ms {
                 break;

@@ -206,7 +206,8 @@ pub(super) fn after_step(w: &World) -> Result<(), String> {
     let acked = acked(w)?;
     acked_in_log(w, &acked)?;
     subscribers_in_order(w, &acked)?;
-    held_only_while_full(w)
+    held_only_while_full(w)?;
+    super::groups::after_step(w)
 }
 
 /// At rest, after `after_step`'s checks:
@@ -234,6 +235,7 @@ pub(super) fn at_rest(w: &World) -> Result<(), String> {
         }
     }
     super::caches::check_at_rest(w)?;
+    super::groups::at_rest(w)?;
     let acked = acked(w)?;
     let stands = subscribers_in_order(w, &acked)?;
     for (sid, c) in &w.clients {

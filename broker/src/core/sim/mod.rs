@@ -20,6 +20,7 @@ mod caches;
 mod check;
 mod cluster;
 pub(in crate::core) mod disk;
+mod groups;
 mod scenarios;
 
 use crate::catalog::Catalog;
@@ -88,6 +89,7 @@ struct SimCore {
     subs: SubHost,
     caches: crate::core::shard::caches::CacheHost,
     watches: crate::core::conn::watches::WatchHost,
+    groups: crate::core::shard::groups::GroupHost<MemLog>,
     inbox: VecDeque<MeshMsg>,
 }
 
@@ -104,6 +106,7 @@ enum Io {
         to: (u8, u64, u64),
         upto: u64,
     },
+    Group(groups::GroupIo),
 }
 
 /// What a client read on its subscription (or was answered on its request stream).
@@ -159,6 +162,12 @@ pub(crate) struct World {
     pub cache_writes: BTreeMap<u64, caches::CacheWrite>,
     pub wconns: BTreeMap<u64, caches::WConn>,
     pub watchers: BTreeMap<u64, caches::Watcher>,
+    /// Group files (durable once written), consumers, their requests, and what the group
+    /// checker knows of claims (`groups`).
+    pub group_files: BTreeMap<(ShardKey, String), Vec<u8>>,
+    pub gclients: BTreeMap<u64, groups::GClient>,
+    pub greqs: BTreeMap<u64, groups::GReq>,
+    pub gclaims: groups::Claims,
     next_id: u64,
     /// Broker restarts so far (ephemeral shards start again at offset 0 after one).
     pub life: u32,
@@ -198,6 +207,10 @@ impl World {
             cache_writes: BTreeMap::new(),
             wconns: BTreeMap::new(),
             watchers: BTreeMap::new(),
+            group_files: BTreeMap::new(),
+            gclients: BTreeMap::new(),
+            greqs: BTreeMap::new(),
+            gclaims: Default::default(),
             next_id: 1,
             life: 0,
             draining: false,
@@ -216,6 +229,7 @@ impl World {
                 subs: SubHost::default(),
                 caches: crate::core::shard::caches::CacheHost::new(caches::host_cfg()),
                 watches: Default::default(),
+                groups: crate::core::shard::groups::GroupHost::new(groups::host_cfg(), self.epoch),
                 inbox: VecDeque::new(),
             })
             .collect();
@@ -308,7 +322,11 @@ impl World {
                     to: (core, sub, from),
                     upto,
                 }),
-                Effect::Committed(_) => {}
+                Effect::Committed(key) => {
+                    if self.cores[c as usize].groups.has(key) {
+                        self.with_groups(c, |g, s, ctx| g.records_committed(key, s, ctx));
+                    }
+                }
                 Effect::Requeue(msgs) => self.cores[c as usize].inbox.extend(msgs),
             }
         }
@@ -391,6 +409,9 @@ impl World {
             Err(m) => m,
         };
         let Some(msg) = self.on_cache_mesh(c, msg) else {
+            return;
+        };
+        let Some(msg) = self.on_group_mesh(c, msg) else {
             return;
         };
         match msg {
@@ -569,6 +590,7 @@ impl World {
                         for shard in 0..slot.def.shards {
                             let key = (idx, shard);
                             self.with_subs(c, |h, _, ctx| h.end_shard(key, why.clone(), ctx));
+                            self.with_groups(c, |g, _, _| g.drop_shard(key, &why));
                             self.with_streams(c, |h, ctx| h.on_deleted(key, &why, ctx));
                         }
                     }
@@ -629,6 +651,7 @@ impl World {
                 p.lost = true;
             }
         }
+        self.groups_crash();
         // The caches are in memory: they, their watches and what was asked of them go.
         self.cache_writes.clear();
         self.wconns.clear();
@@ -642,6 +665,9 @@ impl World {
     pub(crate) fn begin_drain(&mut self) {
         self.note("drain begins".into());
         self.draining = true;
+        for c in &mut self.cores {
+            c.groups.set_draining();
+        }
     }
 
     /// Shutdown's second phase: every log closes (flushing and fsyncing what it holds, then
@@ -822,8 +848,14 @@ impl World {
                 let out = self.with_streams(core, |h, _| {
                     h.on_opened(key, r, || Arc::new(Histogram::default()))
                 });
-                if matches!(out, OpenOutcome::Unwanted(_)) {
-                    self.note(format!("log of {key:?} unwanted (deleted while opening)"));
+                match out {
+                    OpenOutcome::Unwanted(_) => {
+                        self.note(format!("log of {key:?} unwanted (deleted while opening)"))
+                    }
+                    OpenOutcome::Serving { next_offset } => {
+                        self.load_groups(core, key, next_offset)
+                    }
+                    _ => {}
                 }
                 self.drain_inbox(core);
             }
@@ -842,6 +874,7 @@ impl World {
                 self.with_streams(core, |h, ctx| h.on_read(key, to, r, ctx));
                 self.drain_inbox(core);
             }
+            Io::Group(g) => self.complete_group_io(g),
         }
     }
 
@@ -851,6 +884,8 @@ impl World {
         for c in 0..CORES {
             self.with_streams(c, |h, ctx| h.tick(ctx));
             self.with_caches(c, |h, ctx| h.tick(ctx));
+            let io_idle = !self.io.iter().any(|i| matches!(i, Io::Group(_)));
+            self.with_groups(c, |g, s, ctx| g.tick(s, ctx, io_idle));
             self.drain_inbox(c);
         }
     }
@@ -872,7 +907,8 @@ impl World {
                 check::after_step(self)?;
             }
             let held = self.cores.iter().any(|c| c.streams.held_total() > 0);
-            if !held && self.io.is_empty() {
+            let waits = self.cores.iter().any(|c| !c.groups.idle());
+            if !held && !waits && self.io.is_empty() {
                 break;
             }
             self.advance(PUBLISH_TIMEOUT_MS);

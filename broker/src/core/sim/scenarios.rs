@@ -4,6 +4,7 @@
 //! stay): here every interleaving a seed picks is checked, step by step.
 
 use super::caches::cache_watch_joins_under_concurrent_writers;
+use super::groups::group_claims_expire_and_redeliver;
 use super::{check, Got, World, CORES, PUBLISH_TIMEOUT_MS};
 use crate::catalog::{CacheDef, Catalog, ControlView, StreamDef, ViewPlace, ViewStream};
 use crate::core::shard::stream::breaks;
@@ -652,7 +653,13 @@ fn add_counters(to: &CoreCounters, from: &CoreCounters) {
         cache_writes,
         cache_watches_opened,
         cache_watches_lagged,
-        cache_watch_events
+        cache_watch_events,
+        group_claims,
+        group_redeliveries,
+        group_acks,
+        group_dead_letters,
+        group_stale_answers,
+        group_writes
     );
 }
 
@@ -698,6 +705,7 @@ mod run {
         crash_and_restart_keeps_acknowledged => [history_reads],
         everything_at_once => [publishes_held, lag_notices, history_reads, durable_shards_failed],
         cache_watch_joins_under_concurrent_writers => [cache_writes, cache_watches_opened, cache_watches_lagged, cache_watch_events],
+        group_claims_expire_and_redeliver => [group_claims, group_redeliveries, group_acks, group_dead_letters, group_stale_answers, group_writes],
     );
 }
 
@@ -758,6 +766,15 @@ fn negative_twin_gap_at_watch_join_is_caught() {
     );
 }
 
+#[test]
+fn negative_twin_claim_lapsing_early_is_caught() {
+    negative_twin(
+        &crate::group::BREAK_LAPSE_EARLY,
+        group_claims_expire_and_redeliver,
+        "claim_held_once",
+    );
+}
+
 /// A seed replays exactly: the same events in the same order (what `FELIX_SIM_SEED` relies
 /// on). Hash maps the hosts iterate use fixed hashing for this.
 #[test]
@@ -770,6 +787,7 @@ fn a_seed_replays_exactly() {
         drain_across_cores,
         crash_and_restart_keeps_acknowledged,
         cache_watch_joins_under_concurrent_writers,
+        group_claims_expire_and_redeliver,
     ]
     .into_iter()
     .enumerate()
