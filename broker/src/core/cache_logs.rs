@@ -20,7 +20,7 @@
 //! - A device error fails the shard: the answers waiting for a commit get `unavailable`,
 //!   its watches end `unavailable`, later requests are refused until the broker restarts.
 
-use super::shard::caches::OwnedCache;
+use super::shard::caches::Pending;
 use super::*;
 use crate::cache::snapshot::{self, Snapshot};
 use crate::cache::{record, CacheLimits, CacheShard, Counters};
@@ -233,63 +233,13 @@ pub(crate) fn append_refusal(e: &LogError) -> (ErrorCode, String) {
 }
 
 impl CoreState {
-    fn cache_is_durable(&self, cache: u32) -> bool {
-        self.catalog.cache_slot(cache).def.durable
-    }
-
-    /// Hold a message for a log-backed shard until its logs are open (opening them on the
-    /// first one); answer it at once when the shard failed. `None`: held or answered.
-    pub(super) fn cache_gate(&mut self, msg: MeshMsg) -> Option<MeshMsg> {
-        let key = match &msg {
-            MeshMsg::Owner(ToOwner::CacheReq { cache, shard, .. }) => (*cache, *shard),
-            MeshMsg::Owner(ToOwner::WatchOpen(r)) => (r.cache, r.shard),
-            MeshMsg::Owner(ToOwner::WatchClose { cache, shard, .. }) => (*cache, *shard),
-            _ => return Some(msg),
+    /// Open the logs of log-backed cache shard `key` off the core state; the host learns
+    /// the outcome (`on_opened`).
+    pub(super) fn open_cache_shard(&mut self, key: ShardKey) {
+        let Some(root) = self.s.cfg.durable_storage_dir.clone() else {
+            let r = Err("no durable_storage_dir on this broker".to_string());
+            return self.with_caches(|h, ctx| h.on_opened(key, r, ctx));
         };
-        if let Some(q) = self.cache_closing.get_mut(&key) {
-            q.push(msg); // an earlier incarnation's logs are still closing
-            return None;
-        }
-        if self.caches.contains(key)
-            || !self.cache_is_durable(key.0)
-            || self.catalog.cache_serve_check(key.0, key.1).is_err()
-        {
-            return Some(msg); // served, in memory, or refused by the handler
-        }
-        if self.closing_logs || self.s.cfg.durable_storage_dir.is_none() {
-            let err = if self.closing_logs {
-                (
-                    ErrorCode::ShuttingDown,
-                    "the broker is shutting down".to_string(),
-                )
-            } else {
-                (
-                    ErrorCode::Unsupported,
-                    "no durable_storage_dir on this broker".to_string(),
-                )
-            };
-            self.refuse_cache_msg(msg, err);
-            return None;
-        }
-        if let Some(why) = self.cache_failed.get(&key).cloned() {
-            let err = (ErrorCode::Unavailable, format!("cache shard failed: {why}"));
-            self.refuse_cache_msg(msg, err);
-            return None;
-        }
-        if let Some(q) = self.cache_opening.get_mut(&key) {
-            q.push(msg);
-            return None;
-        }
-        if matches!(msg, MeshMsg::Owner(ToOwner::WatchClose { .. })) {
-            return None; // nothing registered on a shard never opened
-        }
-        let root = self
-            .s
-            .cfg
-            .durable_storage_dir
-            .clone()
-            .expect("checked above");
-        self.cache_opening.insert(key, vec![msg]);
         let slot = self.catalog.cache_slot(key.0);
         let job = CacheOpenJob {
             dir: cache_shard_dir(&root, &slot.def.name(), slot.incarnation, key.1),
@@ -300,31 +250,90 @@ impl CoreState {
         glommio::spawn_local(async move {
             yield_once().await;
             let r = job.run().await;
-            reenter(&me, |st| st.on_cache_opened(key, r));
+            reenter(&me, |st| st.with_caches(|h, ctx| h.on_opened(key, r, ctx)));
         })
         .detach();
-        None
     }
 
-    /// Answer a held or gated message with `err`.
-    fn refuse_cache_msg(&mut self, msg: MeshMsg, err: (ErrorCode, String)) {
-        match msg {
-            MeshMsg::Owner(ToOwner::CacheReq { origin, .. }) => {
-                let frame = Frame::error(origin.request_id, err.0, err.1);
-                self.route(
-                    origin.core,
-                    MeshMsg::Conn(ToConn::CacheReply { origin, frame }),
-                );
-            }
-            MeshMsg::Owner(ToOwner::WatchOpen(r)) => self.route(
-                r.core,
-                MeshMsg::Conn(ToConn::WatchOpened {
-                    watch: r.watch,
-                    result: Err(err.into()),
-                }),
-            ),
-            _ => {}
+    /// Follow the two logs of open number `epoch` of shard `key`: their commits release
+    /// answers, their failure fails the shard. `epoch` names the open the logs belong to: a
+    /// watcher of logs closed for a dropped shard never touches a newer one on the same key.
+    pub(super) fn watch_cache_commits(&mut self, key: ShardKey, epoch: u64, logs: [Log; 2]) {
+        for (log, counters) in logs.into_iter().zip([false, true]) {
+            let seen = log.acked();
+            glommio::spawn_local(super::durable::watch_commits(
+                self.me.clone(),
+                log,
+                seen,
+                move |st, acked| st.with_caches(|h, _| h.on_acked(key, epoch, counters, acked)),
+                move |st, why| st.with_caches(|h, ctx| h.on_failed(key, epoch, why, ctx)),
+            ))
+            .detach();
         }
+    }
+
+    /// Close the logs of a failed shard.
+    pub(super) fn close_cache_logs(&mut self, logs: CacheLogs) {
+        glommio::spawn_local(async move {
+            let _ = logs.cache.close().await;
+            let _ = logs.counters.close().await;
+        })
+        .detach();
+    }
+
+    /// Close a retired shard's logs (which commits what was appended), remove its directory
+    /// if the cache was deleted, then tell the host (`on_closed`).
+    pub(super) fn retire_cache_logs(
+        &mut self,
+        key: ShardKey,
+        logs: CacheLogs,
+        pending: Vec<Pending>,
+        remove: bool,
+        why: (ErrorCode, String),
+    ) {
+        let slot = self.catalog.cache_slot(key.0).clone();
+        let dir = match (&self.s.cfg.durable_storage_dir, remove) {
+            (Some(root), true) => Some(cache_shard_dir(
+                root,
+                &slot.def.name(),
+                slot.incarnation,
+                key.1,
+            )),
+            _ => None,
+        };
+        let me = self.me.clone();
+        glommio::spawn_local(async move {
+            yield_once().await;
+            let _ = logs.cache.close().await;
+            let _ = logs.counters.close().await;
+            let acked = (logs.cache.acked(), logs.counters.acked());
+            let removed = dir.is_some();
+            if let Some(d) = dir {
+                let _ = glommio::executor()
+                    .spawn_blocking(move || super::durable::remove_shard_dir(&d))
+                    .await;
+            }
+            reenter(&me, |st| {
+                st.with_caches(|h, _| h.on_closed(key, pending, acked, removed, why))
+            });
+        })
+        .detach();
+    }
+
+    /// Remove the logs of a deleted cache's shard this core owns that is not open here (never
+    /// opened since the start, or failed).
+    pub(super) fn remove_cache_dir(&mut self, key: ShardKey) {
+        let Some(root) = self.s.cfg.durable_storage_dir.clone() else {
+            return;
+        };
+        let slot = self.catalog.cache_slot(key.0);
+        let dir = cache_shard_dir(&root, &slot.def.name(), slot.incarnation, key.1);
+        glommio::spawn_local(async move {
+            let _ = glommio::executor()
+                .spawn_blocking(move || super::durable::remove_shard_dir(&dir))
+                .await;
+        })
+        .detach();
     }
 
     fn cache_log_config(&self) -> LogConfig {
@@ -338,180 +347,6 @@ impl CoreState {
             inline_write_slow_us: cfg.durable_inline_write_slow_us,
             ..LogConfig::default()
         }
-    }
-
-    fn on_cache_opened(&mut self, key: ShardKey, r: CacheOpenResult) {
-        let held = self.cache_opening.remove(&key).unwrap_or_default();
-        let still_served = self.catalog.cache_serve_check(key.0, key.1).is_ok();
-        match r {
-            Ok((logs, shard, counters)) if still_served && !self.closing_logs => {
-                self.next_cache_epoch += 1;
-                let epoch = self.next_cache_epoch;
-                let me = self.me.clone();
-                for (log, counters) in [(logs.cache.clone(), false), (logs.counters.clone(), true)]
-                {
-                    let seen = log.acked();
-                    // `epoch` names the shard incarnation the log belongs to: a watcher of logs
-                    // closed for a dropped shard never touches a newer one on the same key.
-                    glommio::spawn_local(super::durable::watch_commits(
-                        me.clone(),
-                        log,
-                        seen,
-                        move |st, acked| st.on_cache_acked(key, epoch, counters, acked),
-                        move |st, why| st.on_cache_failed(key, epoch, why),
-                    ))
-                    .detach();
-                }
-                self.caches
-                    .insert(key, OwnedCache::with_logs(shard, counters, logs, epoch));
-            }
-            Ok((logs, shard, counters)) => {
-                // The catalog moved on while it opened (or the broker is closing): close
-                // it again, removing it if the cache was deleted.
-                let oc = OwnedCache::with_logs(shard, counters, logs, 0);
-                self.retire_cache_shard(key, oc);
-            }
-            Err(why) => {
-                tracing::error!(cache = key.0, shard = key.1, %why, "cache shard cannot open");
-                CoreCounters::inc(&self.s.counters.cache_shards_failed);
-                self.cache_failed.insert(key, why);
-            }
-        }
-        for msg in held {
-            self.on_mesh(msg);
-        }
-    }
-
-    fn on_cache_acked(&mut self, key: ShardKey, epoch: u64, counters: bool, acked: u64) {
-        self.with_caches(|h, _| h.on_acked(key, epoch, counters, acked));
-    }
-
-    /// A device error (or the log closed under it): answer what waited, end the watches,
-    /// refuse what comes later.
-    pub(super) fn on_cache_failed(&mut self, key: ShardKey, epoch: u64, why: String) {
-        if self.caches.epoch(key) != Some(epoch) {
-            return; // dropped already (deleted, moved), or a newer incarnation
-        }
-        let mut oc = self.caches.remove(key).expect("checked above");
-        if self.closing_logs {
-            // Shutdown closed the log: not a failure. Whatever still waits is told so.
-            self.drop_owned_cache(
-                key,
-                &mut oc,
-                (
-                    ErrorCode::ShuttingDown,
-                    "the broker is shutting down".into(),
-                ),
-                true,
-            );
-            return;
-        }
-        tracing::error!(cache = key.0, shard = key.1, %why, "cache shard failed");
-        CoreCounters::inc(&self.s.counters.cache_shards_failed);
-        let err = (ErrorCode::Unavailable, format!("cache shard failed: {why}"));
-        self.drop_owned_cache(key, &mut oc, err.clone(), true);
-        if let Some(logs) = oc.logs.take() {
-            glommio::spawn_local(async move {
-                let _ = logs.cache.close().await;
-                let _ = logs.counters.close().await;
-            })
-            .detach();
-        }
-        self.cache_failed.insert(key, why);
-    }
-
-    /// Answer everything `oc` owes with `err`; with `notify`, end its watches on every core.
-    pub(super) fn drop_owned_cache(
-        &mut self,
-        key: ShardKey,
-        oc: &mut OwnedCache,
-        err: (ErrorCode, String),
-        notify: bool,
-    ) {
-        self.with_caches(|h, _| h.answer_dropped(key, oc, err, notify));
-    }
-
-    /// A log-backed shard is no longer served here (deleted, moved, re-generationed): close
-    /// its logs — which commits what was appended — then answer each waiting write by
-    /// whether its record committed, remove the logs if the cache was deleted, and only then
-    /// let the messages that arrived meanwhile through (so a reopen never races the close).
-    pub(super) fn retire_cache_shard(&mut self, key: ShardKey, mut oc: OwnedCache) {
-        let Some(logs) = oc.logs.take() else {
-            return;
-        };
-        let pending = oc.take_pending_with_upto();
-        let slot = self.catalog.cache_slot(key.0).clone();
-        let dir = match (&self.s.cfg.durable_storage_dir, slot.deleted) {
-            (Some(root), true) => Some(cache_shard_dir(
-                root,
-                &slot.def.name(),
-                slot.incarnation,
-                key.1,
-            )),
-            _ => None,
-        };
-        let why = self
-            .catalog
-            .cache_serve_check(key.0, key.1)
-            .err()
-            .unwrap_or((
-                ErrorCode::Unavailable,
-                "the cache shard was placed again".into(),
-            ));
-        self.cache_closing.entry(key).or_default();
-        let me = self.me.clone();
-        glommio::spawn_local(async move {
-            yield_once().await;
-            let _ = logs.cache.close().await;
-            let _ = logs.counters.close().await;
-            let acked = (logs.cache.acked(), logs.counters.acked());
-            if let Some(d) = dir.clone() {
-                let _ = glommio::executor()
-                    .spawn_blocking(move || super::durable::remove_shard_dir(&d))
-                    .await;
-            }
-            reenter(&me, |st| {
-                for (counters, upto, origin, frame) in pending {
-                    let done = upto <= if counters { acked.1 } else { acked.0 };
-                    let frame = if dir.is_some() {
-                        Frame::error(origin.request_id, why.0, why.1.clone())
-                    } else if done {
-                        frame // committed before the close: its answer stands
-                    } else {
-                        Frame::error(
-                            origin.request_id,
-                            ErrorCode::Unavailable,
-                            format!("outcome unknown: {}", why.1),
-                        )
-                    };
-                    st.route(
-                        origin.core,
-                        MeshMsg::Conn(ToConn::CacheReply { origin, frame }),
-                    );
-                }
-                for msg in st.cache_closing.remove(&key).unwrap_or_default() {
-                    st.on_mesh(msg);
-                }
-            });
-        })
-        .detach();
-    }
-
-    /// Remove the logs of a deleted cache's shard this core owns that is not open here (never
-    /// opened since the start, or failed).
-    pub(super) fn remove_unopened_cache_shard(&mut self, key: ShardKey) {
-        self.cache_failed.remove(&key);
-        let Some(root) = self.s.cfg.durable_storage_dir.clone() else {
-            return;
-        };
-        let slot = self.catalog.cache_slot(key.0);
-        let dir = cache_shard_dir(&root, &slot.def.name(), slot.incarnation, key.1);
-        glommio::spawn_local(async move {
-            let _ = glommio::executor()
-                .spawn_blocking(move || super::durable::remove_shard_dir(&dir))
-                .await;
-        })
-        .detach();
     }
 
     /// Write a snapshot of the shard and delete the log segments it covers (the host found

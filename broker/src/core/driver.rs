@@ -145,10 +145,6 @@ impl CoreState {
             group_tasks: TaskGate::default(),
             caches,
             watches: Default::default(),
-            cache_opening: HashMap::new(),
-            cache_failed: HashMap::new(),
-            cache_closing: HashMap::new(),
-            next_cache_epoch: 0,
             gauges_at: Instant::now(),
             hello_waits: VecDeque::new(),
             forward_principals: HashMap::new(),
@@ -399,6 +395,7 @@ async fn drain_phase(state: &Rc<RefCell<CoreState>>, mut drain: Drain) -> Drain 
             let logs: Vec<Log> = {
                 let mut st = state.borrow_mut();
                 st.closing_logs = true;
+                st.caches.set_closing();
                 let mut logs: Vec<Log> = st.streams.begin_close();
                 logs.extend(st.cache_logs());
                 logs.extend(st.close_replicas());

@@ -263,7 +263,7 @@ impl CoreState {
         // first. The cell only moves forward, so after this we know every slot it knows.
         self.refresh_catalog();
         let msg = self.defer_while_opening(msg)?;
-        let msg = self.cache_gate(msg)?;
+        let msg = self.with_caches(|h, ctx| h.gate(msg, ctx))?;
         let msg = match msg {
             // A replicated shard's publishes go to its replica, not to the stream host.
             MeshMsg::Owner(ToOwner::Publish(req))

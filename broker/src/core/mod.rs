@@ -266,15 +266,6 @@ struct CoreState {
     caches: shard::caches::CacheHost,
     /// Cache watches whose connections this core holds (see `conn::watches`).
     watches: conn::watches::WatchHost,
-    /// Log-backed cache shards whose logs are opening, with the messages waiting for them.
-    cache_opening: HashMap<ShardKey, Vec<MeshMsg>>,
-    /// Log-backed cache shards that could not open or failed (answer unavailable).
-    cache_failed: HashMap<ShardKey, String>,
-    /// Log-backed cache shards whose logs are closing (dropped here), with the messages that
-    /// wait for the close.
-    cache_closing: HashMap<ShardKey, Vec<MeshMsg>>,
-    /// Epoch of the last log-backed cache shard opened.
-    next_cache_epoch: u64,
     /// When the queue gauges were last refreshed.
     gauges_at: Instant,
     /// Connections that have not said Hello yet, with their deadline (FIFO: one timeout).
@@ -312,8 +303,6 @@ impl CoreState {
             && self.mesh_overflow.iter().all(|q| q.is_empty())
             && self.groups_idle()
             && self.caches.idle()
-            && self.cache_opening.is_empty()
-            && self.cache_closing.is_empty()
             && self.links.as_ref().is_none_or(|l| l.in_flight() == 0)
     }
 

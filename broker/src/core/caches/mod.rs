@@ -335,25 +335,14 @@ impl CoreState {
                         ),
                     ));
                     self.end_local_watches((idx, shard), why.clone().into());
-                    match self.caches.remove((idx, shard)) {
-                        Some(oc) if oc.logs.is_some() => self.retire_cache_shard((idx, shard), oc),
-                        Some(mut oc) => self.with_caches(|h, _| {
-                            h.answer_dropped((idx, shard), &mut oc, why, false)
-                        }),
-                        None => {}
-                    }
+                    self.with_caches(|h, ctx| h.drop_shard((idx, shard), why, ctx));
                 }
                 // A deleted log-backed cache's shard this core owns but has not open: its
                 // logs go too (one that is opening is retired when its open completes).
                 let newly_deleted = slot.deleted && was.is_some_and(|w| !w.deleted);
-                if newly_deleted
-                    && slot.def.durable
-                    && self.cache_owner_core(idx, shard) == self.id
-                    && !self.caches.contains((idx, shard))
-                    && !self.cache_opening.contains_key(&(idx, shard))
-                    && !self.cache_closing.contains_key(&(idx, shard))
+                if newly_deleted && slot.def.durable && self.cache_owner_core(idx, shard) == self.id
                 {
-                    self.remove_unopened_cache_shard((idx, shard));
+                    self.with_caches(|h, _| h.deleted_unopened((idx, shard)));
                 }
             }
         }

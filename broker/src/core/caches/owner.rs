@@ -23,6 +23,7 @@ impl CacheHostCfg {
             // One commit must hold an expiry batch: stay well under the log's commit bound.
             expire_batch_bytes_max: commit_bytes_max(cfg) / 2,
             compact_every: cfg.cache_compact_records,
+            durable_dir: cfg.durable_storage_dir.is_some(),
         }
     }
 }
@@ -50,6 +51,27 @@ impl CoreState {
                     cache,
                     counters,
                 } => self.compact_cache(key, snap, cache, counters),
+                CacheEffect::Open(key) => self.open_cache_shard(key),
+                CacheEffect::WatchCommits {
+                    key,
+                    epoch,
+                    cache,
+                    counters,
+                } => self.watch_cache_commits(key, epoch, [cache, counters]),
+                CacheEffect::CloseLogs(logs) => self.close_cache_logs(logs),
+                CacheEffect::Retire {
+                    key,
+                    logs,
+                    pending,
+                    remove,
+                    why,
+                } => self.retire_cache_logs(key, logs, pending, remove, why),
+                CacheEffect::RemoveDir(key) => self.remove_cache_dir(key),
+                CacheEffect::Requeue(msgs) => {
+                    for m in msgs {
+                        self.on_mesh(m);
+                    }
+                }
             }
         }
         r

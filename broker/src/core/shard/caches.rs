@@ -7,13 +7,14 @@
 //! driver carries out (`core/caches`, `core/cache_logs`), and the simulator runs the same
 //! code (`core/sim`).
 //!
-//! The log-backed lifecycle (opening, closing, failed) is still kept by the driver
-//! (`cache_logs::cache_gate`); the shards here are open.
+//! Every shard is on the one lifecycle of `shard::Life` (`life.rs`): in-memory shards are
+//! open from their first use; log-backed ones open on their first request, close when no
+//! longer served here, and fail.
 
 use crate::cache::snapshot::Snapshot;
 use crate::cache::{CacheError, CacheLimits, CacheShard, ChangeKind, Counters, Filter, ResumePlan};
 use crate::core::cache_logs::{self, CacheLogs};
-use crate::core::shard::{Ctx, Refusal};
+use crate::core::shard::{Ctx, Life, Refusal};
 use crate::core::{CacheOrigin, Ev, MeshMsg, Opened, ShardKey, ToConn, WatchReq};
 use crate::metrics::CoreCounters;
 use bytes::Bytes;
@@ -22,6 +23,7 @@ use felix_storage::{Log, RecordIn};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
+mod life;
 mod ops;
 pub(crate) use ops::event_frame;
 use ops::{cache_code, cache_value, cond, counter_add, state_phase};
@@ -46,6 +48,8 @@ pub(crate) struct CacheHostCfg {
     pub expire_batch_bytes_max: usize,
     /// A log-backed shard is compacted after this many appended records.
     pub compact_every: u64,
+    /// The broker has a durable storage directory (log-backed shards can open).
+    pub durable_dir: bool,
 }
 
 /// What the host asks its driver to do.
@@ -67,7 +71,35 @@ pub(crate) enum CacheEffect {
         cache: Log,
         counters: Log,
     },
+    /// Open the logs of log-backed shard `key`, then `on_opened`.
+    Open(ShardKey),
+    /// Report the commits (`on_acked`) and the failure (`on_failed`) of the logs of shard
+    /// `key`'s open number `epoch`.
+    WatchCommits {
+        key: ShardKey,
+        epoch: u64,
+        cache: Log,
+        counters: Log,
+    },
+    /// Close the logs of a failed shard (nothing waits for them).
+    CloseLogs(CacheLogs),
+    /// Close the logs of a shard no longer served here (removing its directory if
+    /// `remove`), then `on_closed` with the answers that waited for commits.
+    Retire {
+        key: ShardKey,
+        logs: CacheLogs,
+        pending: Vec<Pending>,
+        remove: bool,
+        why: (ErrorCode, String),
+    },
+    /// Remove the directory of a deleted cache's shard that is not open here.
+    RemoveDir(ShardKey),
+    /// Handle these messages again, in order (they waited for an open or a close).
+    Requeue(Vec<MeshMsg>),
 }
+
+/// An answer that waited for a commit: `(counter log, offset it waits for, origin, answer)`.
+pub(crate) type Pending = (bool, u64, CacheOrigin, Frame);
 
 /// A watch registered at the owner.
 struct Reg {
@@ -125,12 +157,7 @@ impl OwnedCache {
         }
     }
 
-    pub(crate) fn with_logs(
-        shard: CacheShard,
-        counters: Counters,
-        logs: CacheLogs,
-        epoch: u64,
-    ) -> Self {
+    fn with_logs(shard: CacheShard, counters: Counters, logs: CacheLogs, epoch: u64) -> Self {
         OwnedCache::new(shard, counters, Some(logs), epoch)
     }
 
@@ -191,7 +218,7 @@ impl OwnedCache {
     }
 
     /// Every waiting answer: `(counter log, offset it waits for, origin, answer)`.
-    pub(crate) fn take_pending_with_upto(&mut self) -> Vec<(bool, u64, CacheOrigin, Frame)> {
+    fn take_pending_with_upto(&mut self) -> Vec<Pending> {
         let a = self.pending.drain(..).map(|(u, o, f)| (false, u, o, f));
         let b = self
             .pending_counters
@@ -233,7 +260,13 @@ impl OwnedCache {
 /// The cache shards one core owns.
 pub(crate) struct CacheHost {
     cfg: CacheHostCfg,
-    shards: BTreeMap<ShardKey, OwnedCache>,
+    /// Every shard on the one lifecycle (`shard::Life`): in-memory shards are open from
+    /// their first use; log-backed ones open, close and fail (`life.rs`).
+    shards: BTreeMap<ShardKey, Life<OwnedCache, MeshMsg>>,
+    /// Shutdown closes the logs: a log closing under a shard is not its failure.
+    closing: bool,
+    /// Opens of log-backed shards so far (each open's number tags its commit watchers).
+    opens: u64,
     effects: Vec<CacheEffect>,
 }
 
@@ -242,6 +275,8 @@ impl CacheHost {
         CacheHost {
             cfg,
             shards: BTreeMap::new(),
+            closing: false,
+            opens: 0,
             effects: Vec::new(),
         }
     }
@@ -261,35 +296,53 @@ impl CacheHost {
         );
     }
 
-    pub(crate) fn contains(&self, key: ShardKey) -> bool {
-        self.shards.contains_key(&key)
+    /// The open shard `key`.
+    fn open(&self, key: ShardKey) -> Option<&OwnedCache> {
+        match self.shards.get(&key) {
+            Some(Life::Open(oc)) => Some(oc),
+            _ => None,
+        }
     }
 
-    /// The open of `key` this is (0 for an in-memory shard), if owned.
-    pub(crate) fn epoch(&self, key: ShardKey) -> Option<u64> {
-        self.shards.get(&key).map(|c| c.epoch)
+    fn open_mut(&mut self, key: ShardKey) -> Option<&mut OwnedCache> {
+        match self.shards.get_mut(&key) {
+            Some(Life::Open(oc)) => Some(oc),
+            _ => None,
+        }
     }
 
-    /// An opened log-backed shard.
-    pub(crate) fn insert(&mut self, key: ShardKey, oc: OwnedCache) {
-        let prev = self.shards.insert(key, oc);
-        assert!(prev.is_none(), "a cache shard is opened once");
+    fn open_shards(&self) -> impl Iterator<Item = (&ShardKey, &OwnedCache)> {
+        self.shards.iter().filter_map(|(k, l)| match l {
+            Life::Open(oc) => Some((k, oc)),
+            _ => None,
+        })
     }
 
+    /// Take open shard `key` out of the host (dropped, failed, or to retire).
     pub(crate) fn remove(&mut self, key: ShardKey) -> Option<OwnedCache> {
-        self.shards.remove(&key)
+        match self.shards.remove(&key) {
+            Some(Life::Open(oc)) => Some(oc),
+            Some(other) => {
+                self.shards.insert(key, other);
+                None
+            }
+            None => None,
+        }
     }
 
-    /// No answer waits for a commit.
+    /// No answer waits for a commit, and no log opens or closes.
     pub(crate) fn idle(&self) -> bool {
-        self.shards.values().all(|c| !c.has_pending())
+        self.shards.values().all(|l| match l {
+            Life::Open(c) => !c.has_pending(),
+            Life::Opening { .. } | Life::Closing { .. } => false,
+            Life::Failed { .. } => true,
+        })
     }
 
     /// The logs of the log-backed shards (closed at shutdown).
     pub(crate) fn logs(&self) -> Vec<Log> {
-        self.shards
-            .values()
-            .filter_map(|c| c.logs.as_ref())
+        self.open_shards()
+            .filter_map(|(_, c)| c.logs.as_ref())
             .flat_map(|l| [l.cache.clone(), l.counters.clone()])
             .collect()
     }
@@ -301,11 +354,20 @@ impl CacheHost {
         debug_assert_eq!(ctx.cache_owner_core(key), ctx.me);
         let limits = self.cfg.limits.clone();
         let durable = ctx.catalog.cache_slot(key.0).def.durable;
-        self.shards.entry(key).or_insert_with(|| {
+        let life = self.shards.entry(key).or_insert_with(|| {
             assert!(!durable, "a log-backed cache shard is used only once open");
             let base = ctx.ts_ms << 20;
-            OwnedCache::new(CacheShard::new(limits, base), Counters::new(base), None, 0)
-        })
+            Life::Open(OwnedCache::new(
+                CacheShard::new(limits, base),
+                Counters::new(base),
+                None,
+                0,
+            ))
+        });
+        match life {
+            Life::Open(oc) => oc,
+            _ => unreachable!("requests reach a log-backed shard only once it is open (gate)"),
+        }
     }
 
     // ---------- requests ----------
@@ -325,7 +387,7 @@ impl CacheHost {
             Ok(()) => match self.apply(origin.request_id, (cache, shard), frame, ctx) {
                 (f, None) => f,
                 (f, Some(wait)) => {
-                    let oc = self.shards.get_mut(&(cache, shard)).expect("applied on it");
+                    let oc = self.open_mut((cache, shard)).expect("applied on it");
                     oc.wait_for_commit(wait, origin, f);
                     oc.since_snapshot += 1;
                     self.maybe_compact((cache, shard));
@@ -456,9 +518,9 @@ impl CacheHost {
             frame,
         });
         let (entries_max, bytes_max) = (self.cfg.replay_entries_max, self.cfg.replay_bytes_max);
-        let oc = self.shards.get_mut(&key).expect("emit on an owned shard");
-        oc.record(ev.clone(), entries_max, bytes_max);
         let mut to = vec![false; self.cfg.cores];
+        let oc = self.open_mut(key).expect("emit on an owned shard");
+        oc.record(ev.clone(), entries_max, bytes_max);
         for r in &oc.watches {
             if r.filter.matches(&ev.key) {
                 to[r.core as usize] = true;
@@ -481,7 +543,7 @@ impl CacheHost {
     /// A snapshot is due for a log-backed shard: the driver writes it and compacts.
     fn maybe_compact(&mut self, key: ShardKey) {
         let every = self.cfg.compact_every;
-        let Some(oc) = self.shards.get_mut(&key) else {
+        let Some(oc) = self.open_mut(key) else {
             return;
         };
         let Some(snap) = oc.snapshot_due(every) else {
@@ -499,7 +561,7 @@ impl CacheHost {
 
     /// The compaction of `key` finished (or gave up): another may start.
     pub(crate) fn compaction_done(&mut self, key: ShardKey) {
-        if let Some(oc) = self.shards.get_mut(&key) {
+        if let Some(oc) = self.open_mut(key) {
             oc.compacting = false;
         }
     }
@@ -507,7 +569,7 @@ impl CacheHost {
     /// A log of `key` (open number `epoch`) acknowledged up to `acked`: release the answers
     /// it covers.
     pub(crate) fn on_acked(&mut self, key: ShardKey, epoch: u64, counters: bool, acked: u64) {
-        let Some(oc) = self.shards.get_mut(&key).filter(|c| c.epoch == epoch) else {
+        let Some(oc) = self.open_mut(key).filter(|c| c.epoch == epoch) else {
             return;
         };
         for (origin, frame) in oc.take_committed(counters, acked) {
@@ -557,7 +619,7 @@ impl CacheHost {
         if let WatchStart::Offset(from) = req.start {
             let key = (req.cache, req.shard);
             let served = ctx.catalog.cache_serve_check(req.cache, req.shard).is_ok();
-            let from_log = self.shards.get(&key).filter(|_| served).and_then(|oc| {
+            let from_log = self.open(key).filter(|_| served).and_then(|oc| {
                 let l = oc.logs.as_ref()?;
                 let below_ring = from < oc.replayable_from
                     && from >= l.cache.oldest_offset()
@@ -654,7 +716,7 @@ impl CacheHost {
     ) -> Option<u64> {
         let key = (req.cache, req.shard);
         let served = ctx.catalog.cache_serve_check(req.cache, req.shard);
-        let result = match (served, self.shards.get_mut(&key)) {
+        let result = match (served, self.open_mut(key)) {
             (Err(e), _) => Err(e),
             (Ok(()), Some(oc)) if oc.epoch == epoch => {
                 if truncated.is_none() && at < oc.replayable_from {
@@ -704,7 +766,7 @@ impl CacheHost {
     }
 
     pub(crate) fn watch_close(&mut self, watch: u64, key: ShardKey) {
-        if let Some(oc) = self.shards.get_mut(&key) {
+        if let Some(oc) = self.open_mut(key) {
             oc.watches.retain(|r| r.watch != watch);
         }
     }
@@ -713,9 +775,8 @@ impl CacheHost {
 
     /// The wall-clock ms at which the host must next reclaim expired keys, if any key expires.
     pub(crate) fn next_expiry_ms(&self) -> Option<u64> {
-        self.shards
-            .values()
-            .filter_map(|c| {
+        self.open_shards()
+            .filter_map(|(_, c)| {
                 c.shard
                     .next_expiry_ms()
                     .map(|t| t.max(c.expire_retry_at_ms))
@@ -727,8 +788,7 @@ impl CacheHost {
     pub(crate) fn tick(&mut self, ctx: &Ctx) {
         let now = ctx.ts_ms;
         let due: Vec<ShardKey> = self
-            .shards
-            .iter()
+            .open_shards()
             .filter(|(_, c)| {
                 c.expire_retry_at_ms <= now && c.shard.next_expiry_ms().is_some_and(|t| t <= now)
             })
@@ -736,7 +796,7 @@ impl CacheHost {
             .collect();
         for key in due {
             let batch_bytes_max = self.cfg.expire_batch_bytes_max;
-            let oc = self.shards.get_mut(&key).expect("due shard is owned");
+            let oc = self.open_mut(key).expect("due shard is owned");
             let mut changes = oc.shard.prepare_expire(now, EXPIRE_BATCH);
             if let Some(logs) = &oc.logs {
                 let mut bytes = 0usize;

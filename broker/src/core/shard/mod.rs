@@ -3,9 +3,9 @@
 //! send, I/O to run) from `drain_effects`. It never awaits, spawns, reads a clock or touches a
 //! file, so the core driver (`core/mod.rs`) and the simulator (`core/sim`) run the same code.
 //!
-//! Built so far: stream shards (`stream`), behind the log trait (`log`), and the owner side
-//! of cache shards (`caches`; the log-backed ones' open/close lifecycle is still the
-//! driver's `cache_gate`). Consumer groups still live on the core state (`core/groups`).
+//! Built: stream shards (`stream`) behind the log trait (`log`), the owner side of cache
+//! shards (`caches`), and the consumer groups of durable stream shards (`groups`). Stream
+//! and cache shards share one lifecycle (`Life`).
 
 pub(crate) mod caches;
 pub(crate) mod groups;
@@ -83,7 +83,8 @@ impl std::fmt::Display for Refusal {
 /// The name the shard hosts use for it.
 pub(crate) type Refused = Refusal;
 
-/// The lifecycle of a shard with a log. `M` is what waits for the open.
+/// The lifecycle of a shard with a log, for stream shards (`L`: the log) and cache shards
+/// (`L`: the open shard, which holds its logs). `M` is what waits for an open or a close.
 ///
 /// Replication adds its roles here (leader, follower, fencing, waiting out a lease, deposed)
 /// as states beside `Open`: what a role may do is decided in one match, not in flags.
@@ -93,6 +94,11 @@ pub(crate) enum Life<L, M> {
         deferred: Vec<M>,
     },
     Open(L),
+    /// An earlier open's log is closing (the shard was dropped here); requests for the shard
+    /// wait for the close, in arrival order, so a reopen never races it.
+    Closing {
+        waiting: Vec<M>,
+    },
     /// The log could not open (no log) or failed later (the log is kept, to be closed): the
     /// shard answers `unavailable`, with why.
     Failed {
@@ -110,7 +116,7 @@ impl<L, M> Life<L, M> {
                 ErrorCode::Unavailable,
                 format!("shard storage failed: {why}"),
             )),
-            Life::Opening { .. } => Err(Refusal::new(
+            Life::Opening { .. } | Life::Closing { .. } => Err(Refusal::new(
                 ErrorCode::Unavailable,
                 "shard storage is not open",
             )),
