@@ -370,7 +370,9 @@ impl CoreState {
         let (v, new) = self.s.catalog.load();
         let old = std::mem::replace(&mut self.catalog, new.clone());
         self.catalog_version = v;
-        self.refresh_caches(&old);
+        for change in shard::cache_changes(&old, &new) {
+            self.on_cache_catalog_change(change);
+        }
         for change in shard::stream_changes(&old, &new) {
             match change {
                 StreamChange::Deleted(idx) => self.on_stream_deleted(idx),

@@ -310,39 +310,23 @@ impl CoreState {
         }
     }
 
-    /// Catalog moved on: end watches of caches deleted or shards moved, drop owned state of
-    /// shards no longer served here (an in-memory shard's contents go with it).
-    pub(in crate::core) fn refresh_caches(&mut self, old: &Catalog) {
-        let new = self.catalog.clone();
-        for (i, slot) in new.cache_slots().iter().enumerate() {
-            let idx = i as u32;
-            let was = old.cache_slots().get(i);
-            for shard in 0..slot.def.shards {
-                let served_before = was.is_some_and(|w| {
-                    !w.deleted
-                        && !old.fenced
-                        && matches!(w.places.get(shard as usize), Some(Place::Mine { .. }))
-                });
-                let serves = new.cache_serve_check(idx, shard);
-                let same = was.and_then(|w| w.places.get(shard as usize))
-                    == slot.places.get(shard as usize);
-                if served_before && (serves.is_err() || !same) {
-                    let why = serves.err().unwrap_or((
-                        ErrorCode::NotLeader,
-                        format!(
-                            "shard {shard} of cache {} was placed again (new generation); watch again",
-                            slot.def.name()
-                        ),
-                    ));
-                    self.end_local_watches((idx, shard), why.clone().into());
-                    self.with_caches(|h, ctx| h.drop_shard((idx, shard), why, ctx));
-                }
-                // A deleted log-backed cache's shard this core owns but has not open: its
-                // logs go too (one that is opening is retired when its open completes).
-                let newly_deleted = slot.deleted && was.is_some_and(|w| !w.deleted);
-                if newly_deleted && slot.def.durable && self.cache_owner_core(idx, shard) == self.id
-                {
-                    self.with_caches(|h, _| h.deleted_unopened((idx, shard)));
+    /// A catalog change for a cache shard (`shard::cache_changes`): end this core's watches
+    /// of a shard no longer served here and drop its owned state (an in-memory shard's
+    /// contents go with it; a log-backed one closes), or remove a deleted cache's logs.
+    pub(in crate::core) fn on_cache_catalog_change(
+        &mut self,
+        change: crate::core::shard::CacheChange,
+    ) {
+        use crate::core::shard::CacheChange;
+        match change {
+            CacheChange::Ended(key, why) => {
+                self.end_local_watches(key, why.clone());
+                let why = (why.code, why.message);
+                self.with_caches(|h, ctx| h.drop_shard(key, why, ctx));
+            }
+            CacheChange::Deleted(key) => {
+                if self.cache_owner_core(key.0, key.1) == self.id {
+                    self.with_caches(|h, _| h.deleted_unopened(key));
                 }
             }
         }

@@ -203,3 +203,121 @@ pub(crate) fn stream_changes(old: &Catalog, new: &Catalog) -> Vec<StreamChange> 
     }
     out
 }
+
+/// What a new catalog version changes for the cache shards a core serves (the cache twin of
+/// [`stream_changes`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum CacheChange {
+    /// This broker served the shard and no longer does as before (deleted, moved, placed
+    /// again at a new generation, or the broker is fenced): its watches end and its owner
+    /// drops it, told why.
+    Ended((u32, u32), Refused),
+    /// A log-backed cache was deleted: on the shard's owner core, its logs go if they are
+    /// not open there (an open one is removed as it retires).
+    Deleted((u32, u32)),
+}
+
+/// The changes from catalog `old` to `new`, in slot and shard order.
+pub(crate) fn cache_changes(old: &Catalog, new: &Catalog) -> Vec<CacheChange> {
+    let mut out = Vec::new();
+    for (i, slot) in new.cache_slots().iter().enumerate() {
+        let idx = i as u32;
+        let was = old.cache_slots().get(i);
+        for shard in 0..slot.def.shards {
+            let served_before = was.is_some_and(|w| {
+                !w.deleted
+                    && !old.fenced
+                    && matches!(w.places.get(shard as usize), Some(Place::Mine { .. }))
+            });
+            let serves = new.cache_serve_check(idx, shard);
+            let same =
+                was.and_then(|w| w.places.get(shard as usize)) == slot.places.get(shard as usize);
+            if served_before && (serves.is_err() || !same) {
+                let why = serves.err().map(Refusal::from).unwrap_or(Refusal::new(
+                    ErrorCode::NotLeader,
+                    format!(
+                        "shard {shard} of cache {} was placed again (new generation); watch again",
+                        slot.def.name()
+                    ),
+                ));
+                out.push(CacheChange::Ended((idx, shard), why));
+            }
+            if slot.deleted && slot.def.durable && was.is_some_and(|w| !w.deleted) {
+                out.push(CacheChange::Deleted((idx, shard)));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::{CacheDef, ControlView, ViewPlace, ViewStream};
+
+    /// This node's view: caches `a` (two in-memory shards) and `b` (one log-backed), those
+    /// `present`, every shard here at `generation`.
+    fn view(present: &[&str], generation: u64, prev: &Catalog) -> Catalog {
+        let mut v = ControlView {
+            revision: 1,
+            ..Default::default()
+        };
+        v.tenants.insert("t".into());
+        v.namespaces.insert(("t".into(), "n".into()));
+        for (i, (name, shards, durable)) in
+            [("a", 2, false), ("b", 1, true)].into_iter().enumerate()
+        {
+            if !present.contains(&name) {
+                continue;
+            }
+            v.caches.push(ViewStream {
+                def: CacheDef {
+                    tenant: "t".into(),
+                    namespace: "n".into(),
+                    cache: name.into(),
+                    shards,
+                    durable,
+                    default_ttl_ms: None,
+                },
+                incarnation: 1 + i as u64,
+                deleting: false,
+                placement: (0..shards)
+                    .map(|_| ViewPlace::Assigned {
+                        owner: 1,
+                        generation,
+                    })
+                    .collect(),
+            });
+        }
+        Catalog::from_view(prev, &v, 1, false)
+    }
+
+    #[test]
+    fn cache_changes_name_ended_and_deleted_shards() {
+        let old = view(&["a", "b"], 1, &Catalog::default());
+        assert!(
+            cache_changes(&old, &old).is_empty(),
+            "no change, nothing to do"
+        );
+        // Placed again at a new generation: every shard's watches end, not_leader.
+        let again = view(&["a", "b"], 2, &old);
+        let changes = cache_changes(&old, &again);
+        assert_eq!(changes.len(), 3, "{changes:?}");
+        assert!(
+            changes.iter().all(
+                |c| matches!(c, CacheChange::Ended(_, why) if why.code == ErrorCode::NotLeader)
+            ),
+            "{changes:?}"
+        );
+        // The log-backed cache deleted: its shard ends, and its logs are to go.
+        let gone = view(&["a"], 1, &old);
+        let changes = cache_changes(&old, &gone);
+        assert!(
+            matches!(
+                changes.as_slice(),
+                [CacheChange::Ended((1, 0), _), CacheChange::Deleted((1, 0))]
+            ),
+            "{changes:?}"
+        );
+    }
+}
