@@ -6,6 +6,7 @@
 
 use super::peer::FwdTarget;
 use crate::catalog::Catalog;
+use crate::core::Refusal;
 use felix_quic::wire::{ErrorCode, ForwardHead};
 
 /// What the shard admission decided for a request.
@@ -45,7 +46,7 @@ pub(in crate::core) fn shard_admit(
     cache: bool,
     idx: u32,
     shard: u32,
-) -> Result<ShardAdmit, (ErrorCode, String)> {
+) -> Result<ShardAdmit, Refusal> {
     if let Some(head) = asker.forwarded.filter(|_| !breaks::forward_again()) {
         catalog.forward_check(cache, idx, shard, head.incarnation, head.generation)?;
         return Ok(ShardAdmit::Serve);
@@ -70,10 +71,10 @@ pub(in crate::core) fn shard_admit(
                         frame_bytes_max: asker.frame_bytes_max,
                     },
                 })),
-                None => Err((ErrorCode::NotLeader, msg)),
+                None => Err(Refusal::new(ErrorCode::NotLeader, msg)),
             }
         }
-        Err(e) => Err(e),
+        Err(e) => Err(e.into()),
     }
 }
 

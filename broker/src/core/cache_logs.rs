@@ -221,14 +221,14 @@ impl CacheOpenJob {
 }
 
 /// The refusal for an append the log did not take.
-pub(crate) fn append_refusal(e: &LogError) -> (ErrorCode, String) {
+pub(crate) fn append_refusal(e: &LogError) -> Refusal {
     match e {
-        LogError::Backpressure { .. } => (
+        LogError::Backpressure { .. } => Refusal::new(
             ErrorCode::InflightLimit,
             format!("the cache shard's write queue is full: {e}"),
         ),
-        LogError::TooLarge { .. } => (ErrorCode::PayloadTooLarge, e.to_string()),
-        _ => (ErrorCode::Unavailable, format!("cache shard storage: {e}")),
+        LogError::TooLarge { .. } => Refusal::new(ErrorCode::PayloadTooLarge, e.to_string()),
+        _ => Refusal::new(ErrorCode::Unavailable, format!("cache shard storage: {e}")),
     }
 }
 
@@ -289,7 +289,7 @@ impl CoreState {
         logs: CacheLogs,
         pending: Vec<Pending>,
         remove: bool,
-        why: (ErrorCode, String),
+        why: Refusal,
     ) {
         let slot = self.catalog.cache_slot(key.0).clone();
         let dir = match (&self.s.cfg.durable_storage_dir, remove) {

@@ -183,10 +183,10 @@ struct Session {
 
 impl Session {
     /// Subscriptions and watches share `max_subscriptions`: refuse one more past it.
-    fn room_for_one_more(&self, max: u32) -> Result<(), (ErrorCode, String)> {
+    fn room_for_one_more(&self, max: u32) -> Result<(), Refusal> {
         let held = self.subs.len() + self.watches.len();
         if held >= max as usize {
-            return Err((
+            return Err(Refusal::new(
                 ErrorCode::TooManySubscriptions,
                 format!("connection holds {held} subscriptions and watches (max_subscriptions)"),
             ));

@@ -14,6 +14,7 @@
 //! | DescribeCluster, Unsubscribe | a valid token |
 //! | Hello, Authenticate, peer frames | none (the peer link is mutual TLS; a `Forward` is checked by its inner request) |
 
+use crate::core::Refusal;
 use felix_control::auth::{Action, Principal};
 use felix_quic::wire::cache::CacheFrame;
 use felix_quic::wire::group::GroupFrame;
@@ -80,22 +81,18 @@ pub(crate) fn need(frame: &Frame) -> Need<'_> {
 
 /// Whether `principal` meets `need` at `now_s`; else the typed refusal (`unauthenticated`,
 /// `token_expired`, `forbidden` naming the permission that is missing).
-pub(crate) fn check(
-    principal: Option<&Principal>,
-    now_s: u64,
-    need: &Need,
-) -> Result<(), (ErrorCode, String)> {
+pub(crate) fn check(principal: Option<&Principal>, now_s: u64, need: &Need) -> Result<(), Refusal> {
     if *need == Need::Nothing {
         return Ok(());
     }
     let Some(p) = principal else {
-        return Err((
+        return Err(Refusal::new(
             ErrorCode::Unauthenticated,
-            "no token was presented on this connection (Authenticate after Hello)".into(),
+            "no token was presented on this connection (Authenticate after Hello)",
         ));
     };
     if now_s >= p.expires_at_s {
-        return Err((
+        return Err(Refusal::new(
             ErrorCode::TokenExpired,
             format!(
                 "{}'s token {} expired at {}; present a fresh one (Authenticate)",
@@ -116,7 +113,7 @@ pub(crate) fn check(
             }
         }
     }
-    Err((
+    Err(Refusal::new(
         ErrorCode::Forbidden,
         first.expect("every need names at least one action"),
     ))

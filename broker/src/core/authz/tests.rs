@@ -2,6 +2,7 @@
 //! the one (or one of those) the table in `authz` names; and the refusals' codes.
 
 use super::*;
+use crate::core::Refusal;
 use bytes::Bytes;
 use felix_control::auth::Permission;
 use felix_quic::wire::cache::{WatchFilter, WatchStart, WriteCond};
@@ -242,7 +243,7 @@ fn every_request_kind_against_every_action() {
             if allowed.contains(&action) {
                 assert_eq!(r, Ok(()), "{kind} with {}", action.name());
             } else {
-                let (code, msg) = r.expect_err(kind);
+                let Refusal { code, message: msg } = r.expect_err(kind);
                 assert_eq!(code, ErrorCode::Forbidden, "{kind} with {}", action.name());
                 assert!(
                     msg.contains(allowed[0].name()) && msg.contains("prod/orders"),
@@ -254,22 +255,22 @@ fn every_request_kind_against_every_action() {
         let action = allowed[0].name();
         let elsewhere = principal("acme", &[&format!("{action}:staging/*")], NOW + 60);
         assert_eq!(
-            check(Some(&elsewhere), NOW, &need).unwrap_err().0,
+            check(Some(&elsewhere), NOW, &need).unwrap_err().code,
             ErrorCode::Forbidden
         );
         let other = principal("globex", &[&format!("{action}:*")], NOW + 60);
         assert_eq!(
-            check(Some(&other), NOW, &need).unwrap_err().0,
+            check(Some(&other), NOW, &need).unwrap_err().code,
             ErrorCode::Forbidden
         );
         // No token; an expired one.
         assert_eq!(
-            check(None, NOW, &need).unwrap_err().0,
+            check(None, NOW, &need).unwrap_err().code,
             ErrorCode::Unauthenticated
         );
         let expired = principal("acme", &[&format!("{action}:*")], NOW);
         assert_eq!(
-            check(Some(&expired), NOW, &need).unwrap_err().0,
+            check(Some(&expired), NOW, &need).unwrap_err().code,
             ErrorCode::TokenExpired
         );
     }
@@ -287,7 +288,7 @@ fn handshake_and_link_frames_need_nothing_and_the_rest_a_token() {
     let cluster = Frame::DescribeCluster { request_id: 1 };
     assert_eq!(need(&cluster), Need::Token);
     assert_eq!(
-        check(None, NOW, &need(&cluster)).unwrap_err().0,
+        check(None, NOW, &need(&cluster)).unwrap_err().code,
         ErrorCode::Unauthenticated
     );
     let any = principal("acme", &["cache.read:x/y"], NOW + 1);

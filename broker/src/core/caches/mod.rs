@@ -113,10 +113,10 @@ impl CoreState {
         key: ConnKey,
         quic_stream: u64,
         frame: CacheFrame,
-    ) -> Result<(), (ErrorCode, String)> {
+    ) -> Result<(), Refusal> {
         let rid = frame.request_id();
         let Some(name) = frame.cache().cloned() else {
-            return Err((
+            return Err(Refusal::new(
                 ErrorCode::InvalidRequest,
                 format!("frame kind {} is not a cache request", frame.kind()),
             ));
@@ -138,7 +138,7 @@ impl CoreState {
             return Ok(());
         }
         if def.durable && self.s.cfg.durable_storage_dir.is_none() {
-            return Err((
+            return Err(Refusal::new(
                 ErrorCode::Unsupported,
                 format!("cache {name} is log-backed (durable) and this broker has no durable_storage_dir (FELIX_DURABLE_STORAGE_DIR)"),
             ));
@@ -177,9 +177,9 @@ impl CoreState {
                 | CacheFrame::CounterAdd { .. }
         );
         if write && self.draining {
-            return Err((
+            return Err(Refusal::new(
                 ErrorCode::ShuttingDown,
-                "the broker is shutting down; the write was not applied".into(),
+                "the broker is shutting down; the write was not applied",
             ));
         }
         if let Some(sess) = self.sessions.get_mut(&key) {
@@ -237,11 +237,11 @@ impl CoreState {
         start: WatchStart,
         events_max: u32,
         bytes_max: u64,
-    ) -> Result<(), (ErrorCode, String)> {
+    ) -> Result<(), Refusal> {
         let cfg = self.s.cfg.clone();
         if let WatchFilter::Prefix { prefix, .. } = &filter {
             if prefix.len() > cfg.cache_key_bytes_max as usize {
-                return Err((
+                return Err(Refusal::new(
                     ErrorCode::InvalidRequest,
                     format!(
                         "prefix of {} bytes is longer than cache_key_bytes_max ({})",
@@ -321,7 +321,6 @@ impl CoreState {
         match change {
             CacheChange::Ended(key, why) => {
                 self.end_local_watches(key, why.clone());
-                let why = (why.code, why.message);
                 self.with_caches(|h, ctx| h.drop_shard(key, why, ctx));
             }
             CacheChange::Deleted(key) => {
@@ -340,7 +339,7 @@ fn cache_shard(
     frame: &CacheFrame,
     def: &crate::catalog::CacheDef,
     max: usize,
-) -> Result<u32, (ErrorCode, String)> {
+) -> Result<u32, Refusal> {
     let routing: &[u8] = match frame {
         CacheFrame::CachePut { key, .. }
         | CacheFrame::CacheGet { key, .. }
@@ -358,7 +357,7 @@ fn cache_shard(
             ..
         } => {
             if *shard >= def.shards {
-                return Err((
+                return Err(Refusal::new(
                     ErrorCode::UnknownShard,
                     format!(
                         "cache {} has {}, not {shard}",
@@ -371,7 +370,7 @@ fn cache_shard(
         }
         _ => {
             if routing.is_empty() || routing.len() > max {
-                return Err((
+                return Err(Refusal::new(
                     ErrorCode::InvalidRequest,
                     format!("key of {} bytes is outside 1..={max}", routing.len()),
                 ));

@@ -17,11 +17,11 @@ fn now_s() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-fn refusal_of(e: AuthError) -> (ErrorCode, String) {
+fn refusal_of(e: AuthError) -> Refusal {
     match e {
-        AuthError::Expired(m) => (ErrorCode::TokenExpired, m),
-        AuthError::Revoked(m) => (ErrorCode::Revoked, m),
-        other => (ErrorCode::Unauthenticated, other.to_string()),
+        AuthError::Expired(m) => Refusal::new(ErrorCode::TokenExpired, m),
+        AuthError::Revoked(m) => Refusal::new(ErrorCode::Revoked, m),
+        other => Refusal::new(ErrorCode::Unauthenticated, other.to_string()),
     }
 }
 
@@ -66,7 +66,7 @@ impl CoreState {
             }
             Err(e) => {
                 CoreCounters::inc(&self.s.counters.auth_refused);
-                let (code, msg) = refusal_of(e);
+                let Refusal { code, message: msg } = refusal_of(e);
                 self.send_err(key, answer_stream(stream), request_id, code, msg);
             }
         }
@@ -77,7 +77,7 @@ impl CoreState {
         &mut self,
         key: ConnKey,
         frame: &Frame,
-    ) -> Result<(), (ErrorCode, String)> {
+    ) -> Result<(), Refusal> {
         if self.s.auth.is_none() {
             return Ok(());
         }
@@ -89,7 +89,7 @@ impl CoreState {
             let principal = session.principal.as_ref().map(|(p, _)| p);
             if let (None, Some(why)) = (principal, &session.revoked) {
                 if authz::need(frame) != authz::Need::Nothing {
-                    return Err((ErrorCode::Revoked, why.clone()));
+                    return Err(Refusal::new(ErrorCode::Revoked, why.clone()));
                 }
             }
             return authz::check(principal, now, &authz::need(frame));
@@ -219,14 +219,14 @@ impl CoreState {
         v: &crate::auth::AuthKeys,
         token: &str,
         now: u64,
-    ) -> Result<Principal, (ErrorCode, String)> {
+    ) -> Result<Principal, Refusal> {
         if let Some(p) = self.forward_principals.get(token) {
             return Ok(p.clone());
         }
         if token.is_empty() {
-            return Err((
+            return Err(Refusal::new(
                 ErrorCode::Unauthenticated,
-                "the forwarding broker named no principal (is auth off there?)".into(),
+                "the forwarding broker named no principal (is auth off there?)",
             ));
         }
         let p = v.verify(token, now).map_err(refusal_of)?;

@@ -358,7 +358,7 @@ impl CoreState {
             // Who may: the principal's permission (auth on), after the stream rules.
             Verdict::Serve => match self.authorize(key, frame) {
                 Ok(()) => return true,
-                Err((code, message)) => {
+                Err(Refusal { code, message }) => {
                     CoreCounters::inc(&self.s.counters.auth_denied);
                     Verdict::Refuse {
                         answer_on: answer_stream(stream),
@@ -465,7 +465,7 @@ impl CoreState {
                 ack,
                 records,
             } => {
-                if let Err((code, msg)) =
+                if let Err(Refusal { code, message: msg }) =
                     self.on_publish(key, stream, request_id, &name, shard, ack, records)
                 {
                     CoreCounters::inc(&counters.publishes_refused);
@@ -481,7 +481,7 @@ impl CoreState {
                 queue_records_max,
                 queue_bytes_max,
             } => {
-                if let Err((code, msg)) = self.on_subscribe(
+                if let Err(Refusal { code, message: msg }) = self.on_subscribe(
                     key,
                     stream,
                     request_id,
@@ -518,13 +518,13 @@ impl CoreState {
             }
             Frame::Group(g) => {
                 let rid = g.request_id();
-                if let Err((code, msg)) = self.on_group_request(key, stream, g) {
+                if let Err(Refusal { code, message: msg }) = self.on_group_request(key, stream, g) {
                     self.send_err(key, stream, rid, code, msg);
                 }
             }
             Frame::Cache(c) => {
                 let rid = c.request_id();
-                if let Err((code, msg)) = self.on_cache_request(key, stream, c) {
+                if let Err(Refusal { code, message: msg }) = self.on_cache_request(key, stream, c) {
                     CoreCounters::inc(&counters.cache_refused);
                     self.send_err(key, stream, rid, code, msg);
                 }
@@ -582,11 +582,11 @@ impl CoreState {
         sel: ShardSelector,
         ack: bool,
         records: Records,
-    ) -> Result<(), (ErrorCode, String)> {
+    ) -> Result<(), Refusal> {
         if self.draining {
-            return Err((
+            return Err(Refusal::new(
                 ErrorCode::ShuttingDown,
-                "the broker is shutting down; nothing was appended".into(),
+                "the broker is shutting down; nothing was appended",
             ));
         }
         let cfg = self.s.cfg.clone();
@@ -595,14 +595,14 @@ impl CoreState {
         let shards = def.shards;
         let idx = idx as u32;
         if records.count() == 0 {
-            return Err((
+            return Err(Refusal::new(
                 ErrorCode::InvalidRequest,
-                "a publish carries at least one record".into(),
+                "a publish carries at least one record",
             ));
         }
         let max_payload = records.max_payload();
         if max_payload > cfg.max_payload_bytes as usize {
-            return Err((
+            return Err(Refusal::new(
                 ErrorCode::PayloadTooLarge,
                 format!(
                     "a record of {max_payload} bytes exceeds max_payload_bytes {}",
@@ -613,7 +613,7 @@ impl CoreState {
         let shard = match sel {
             ShardSelector::Shard(s) if s < shards => s,
             ShardSelector::Shard(s) => {
-                return Err((
+                return Err(Refusal::new(
                     ErrorCode::UnknownShard,
                     format!("stream {name} has {}, not {s}", shard_range(shards)),
                 ))
@@ -639,7 +639,7 @@ impl CoreState {
             && session.inflight_bytes + bytes > cfg.conn_inflight_bytes_max
             && session.inflight_bytes > 0
         {
-            return Err((
+            return Err(Refusal::new(
                 ErrorCode::InflightLimit,
                 format!(
                     "connection has {} bytes in flight (cap {})",
@@ -648,7 +648,7 @@ impl CoreState {
             ));
         }
         if capped && ack && session.unacked >= cfg.conn_unacked_max {
-            return Err((
+            return Err(Refusal::new(
                 ErrorCode::InflightLimit,
                 format!(
                     "connection has {} unanswered acked publishes (cap {})",
@@ -718,12 +718,12 @@ impl CoreState {
         policy: QueuePolicy,
         queue_records_max: u32,
         queue_bytes_max: u64,
-    ) -> Result<(), (ErrorCode, String)> {
+    ) -> Result<(), Refusal> {
         let cfg = self.s.cfg.clone();
         let catalog = self.catalog.clone();
         let (idx, def) = catalog.lookup(name)?;
         if shard >= def.shards {
-            return Err((
+            return Err(Refusal::new(
                 ErrorCode::UnknownShard,
                 format!("stream {name} has {}, not {shard}", shard_range(def.shards)),
             ));
@@ -739,9 +739,9 @@ impl CoreState {
         let bytes_max = queue_bound(queue_bytes_max, cfg.sub_queue_bytes_max);
         let e = self.ep.get(key).expect("session has a connection");
         if !e.conn.can_open_uni() {
-            return Err((
+            return Err(Refusal::new(
                 ErrorCode::TooManySubscriptions,
-                "the client's unidirectional stream limit is exhausted".into(),
+                "the client's unidirectional stream limit is exhausted",
             ));
         }
         let qs = e.conn.open_uni();

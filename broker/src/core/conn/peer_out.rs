@@ -19,7 +19,7 @@ impl CoreState {
         cache: bool,
         idx: u32,
         shard: u32,
-    ) -> Result<ShardAdmit, (ErrorCode, String)> {
+    ) -> Result<ShardAdmit, Refusal> {
         let session = self.sessions.get(&key);
         let asker = Asker {
             node_id: self.s.cfg.node_id,

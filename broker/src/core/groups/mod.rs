@@ -95,9 +95,9 @@ impl CoreState {
         key: ConnKey,
         quic_stream: u64,
         frame: GroupFrame,
-    ) -> Result<(), (ErrorCode, String)> {
+    ) -> Result<(), Refusal> {
         let Some(target) = frame.target().cloned() else {
-            return Err((
+            return Err(Refusal::new(
                 ErrorCode::InvalidRequest,
                 format!("frame kind {} is an answer, not a request", frame.kind()),
             ));
@@ -106,7 +106,7 @@ impl CoreState {
             .map_err(|e| (ErrorCode::InvalidName, format!("group name: {e}")))?;
         let (idx, def) = self.catalog.lookup(&target.stream)?;
         if target.shard >= def.shards {
-            return Err((
+            return Err(Refusal::new(
                 ErrorCode::UnknownShard,
                 format!(
                     "stream {} has {}, not {}",
@@ -117,7 +117,7 @@ impl CoreState {
             ));
         }
         if !def.durable {
-            return Err((
+            return Err(Refusal::new(
                 ErrorCode::InvalidRequest,
                 format!(
                     "stream {} is not durable; consumer groups need a durable stream",
@@ -186,11 +186,11 @@ impl CoreState {
         quic_stream: u64,
         frame: GroupFrame,
         to: crate::core::peer::FwdTarget,
-    ) -> Result<(), (ErrorCode, String)> {
+    ) -> Result<(), Refusal> {
         let rid = frame.request_id();
         if let GroupFrame::GroupPollCancel { target, .. } = &frame {
             // Tried before the admission (on_group_request): no forwarded poll waits here.
-            return Err((
+            return Err(Refusal::new(
                 ErrorCode::NotFound,
                 format!(
                     "no poll {rid} of this connection is waiting on group {} shard {}",
@@ -230,7 +230,6 @@ impl CoreState {
         let lane = crate::core::peer::Lane::Control;
         let inner = Frame::Group(frame);
         self.forward(to, &inner, client, lane, (wait, cancel.as_ref()))
-            .map_err(|r| (r.code, r.message))
     }
 
     pub(in crate::core) fn on_group_reply(&mut self, origin: GroupOrigin, frame: Frame) {

@@ -90,7 +90,7 @@ pub(crate) enum CacheEffect {
         logs: CacheLogs,
         pending: Vec<Pending>,
         remove: bool,
-        why: (ErrorCode, String),
+        why: Refusal,
     },
     /// Remove the directory of a deleted cache's shard that is not open here.
     RemoveDir(ShardKey),
@@ -493,7 +493,7 @@ impl CacheHost {
             match logs.cache.append(&[rec], now) {
                 Ok(r) => assert_eq!(r.start, change.offset, "cache log and state agree"),
                 Err(e) => {
-                    let (code, msg) = cache_logs::append_refusal(&e);
+                    let Refusal { code, message: msg } = cache_logs::append_refusal(&e);
                     return now_frame(Frame::error(rid, code, msg));
                 }
             }
@@ -583,11 +583,11 @@ impl CacheHost {
         &mut self,
         key: ShardKey,
         oc: &mut OwnedCache,
-        err: (ErrorCode, String),
+        err: Refusal,
         notify: bool,
     ) {
         for (origin, _) in oc.take_all_pending() {
-            let frame = Frame::error(origin.request_id, err.0, err.1.clone());
+            let frame = err.clone().frame(origin.request_id);
             self.reply(origin, frame);
         }
         if !notify {
@@ -604,7 +604,7 @@ impl CacheHost {
                     MeshMsg::Conn(ToConn::WatchesEnded {
                         cache: key.0,
                         shard: key.1,
-                        why: Refusal::new(err.0, err.1.clone()),
+                        why: err.clone(),
                     }),
                 );
             }
@@ -636,7 +636,7 @@ impl CacheHost {
                 return;
             }
         }
-        let result = self.start_watch(&req, ctx).map_err(Refusal::from);
+        let result = self.start_watch(&req, ctx);
         self.send(
             req.core,
             MeshMsg::Conn(ToConn::WatchOpened {
@@ -648,7 +648,7 @@ impl CacheHost {
 
     /// Register the watch and compute its start in the same step (the changes after it go
     /// to its core from now on, so start and changes meet with no gap).
-    fn start_watch(&mut self, req: &WatchReq, ctx: &Ctx) -> Result<Opened, (ErrorCode, String)> {
+    fn start_watch(&mut self, req: &WatchReq, ctx: &Ctx) -> Result<Opened, Refusal> {
         ctx.catalog.cache_serve_check(req.cache, req.shard)?;
         let now = ctx.ts_ms;
         let oc = self.owned((req.cache, req.shard), ctx);
@@ -659,7 +659,7 @@ impl CacheHost {
             WatchStart::Offset(from) => {
                 match crate::cache::plan_resume(from, oc.replayable_from, next) {
                     ResumePlan::BeyondTail { next_offset } => {
-                        return Err((
+                        return Err(Refusal::new(
                             ErrorCode::InvalidRequest,
                             format!(
                                 "offset {from} is beyond the tail of the shard ({next_offset})"

@@ -146,15 +146,12 @@ impl CacheHost {
         let mut oc = self.remove(key).expect("checked above");
         if self.closing {
             // Shutdown closed the log: not a failure. Whatever still waits is told so.
-            let err = (
-                ErrorCode::ShuttingDown,
-                "the broker is shutting down".into(),
-            );
+            let err = Refusal::new(ErrorCode::ShuttingDown, "the broker is shutting down");
             return self.answer_dropped(key, &mut oc, err, true);
         }
         tracing::error!(cache = key.0, shard = key.1, %why, "cache shard failed");
         CoreCounters::inc(&ctx.counters.cache_shards_failed);
-        let err = (ErrorCode::Unavailable, format!("cache shard failed: {why}"));
+        let err = Refusal::new(ErrorCode::Unavailable, format!("cache shard failed: {why}"));
         self.answer_dropped(key, &mut oc, err, true);
         if let Some(logs) = oc.logs.take() {
             self.effects.push(CacheEffect::CloseLogs(logs));
@@ -165,7 +162,7 @@ impl CacheHost {
     /// Shard `key` is no longer served here (deleted, moved, placed again): an in-memory
     /// shard's waiting answers get `why` (every core ends its own watches); a log-backed one
     /// closes (`retire`).
-    pub(crate) fn drop_shard(&mut self, key: ShardKey, why: (ErrorCode, String), ctx: &Ctx) {
+    pub(crate) fn drop_shard(&mut self, key: ShardKey, why: Refusal, ctx: &Ctx) {
         match self.remove(key) {
             Some(oc) if oc.logs.is_some() => self.retire(key, oc, ctx),
             Some(mut oc) => self.answer_dropped(key, &mut oc, why, false),
@@ -186,9 +183,10 @@ impl CacheHost {
             .catalog
             .cache_serve_check(key.0, key.1)
             .err()
-            .unwrap_or((
+            .map(Refusal::from)
+            .unwrap_or(Refusal::new(
                 ErrorCode::Unavailable,
-                "the cache shard was placed again".into(),
+                "the cache shard was placed again",
             ));
         self.shards.insert(
             key,
@@ -214,19 +212,19 @@ impl CacheHost {
         pending: Vec<Pending>,
         acked: (u64, u64),
         removed: bool,
-        why: (ErrorCode, String),
+        why: Refusal,
     ) {
         for (counters, upto, origin, frame) in pending {
             let done = upto <= if counters { acked.1 } else { acked.0 };
             let frame = if removed {
-                Frame::error(origin.request_id, why.0, why.1.clone())
+                why.clone().frame(origin.request_id)
             } else if done {
                 frame // committed before the close: its answer stands
             } else {
                 Frame::error(
                     origin.request_id,
                     ErrorCode::Unavailable,
-                    format!("outcome unknown: {}", why.1),
+                    format!("outcome unknown: {}", why.message),
                 )
             };
             self.reply(origin, frame);

@@ -4,7 +4,7 @@
 use super::{OwnedCache, Wait};
 use crate::cache::{CacheError, ChangeKind, Cond};
 use crate::core::cache_logs;
-use crate::core::WatchReq;
+use crate::core::{Refusal, WatchReq};
 use bytes::Bytes;
 use felix_quic::wire::cache::encode_event;
 use felix_quic::wire::{CacheFrame, ErrorCode, EventKind, Frame, WriteCond};
@@ -17,7 +17,7 @@ pub(super) fn state_phase(
     req: &WatchReq,
     snapshot: bool,
     now: u64,
-) -> Result<(Vec<Bytes>, Bytes), (ErrorCode, String)> {
+) -> Result<(Vec<Bytes>, Bytes), Refusal> {
     let ws = oc.shard.watch_start(&req.filter, now);
     let frames: Vec<Bytes> = ws
         .retained
@@ -34,7 +34,7 @@ pub(super) fn state_phase(
         .collect();
     let bytes: u64 = frames.iter().map(|f| f.len() as u64).sum();
     if frames.len() > req.events_max as usize || bytes > req.bytes_max {
-        return Err((
+        return Err(Refusal::new(
             ErrorCode::InvalidRequest,
             format!(
                 "the current state ({} keys, {bytes} bytes) exceeds the watch's queue bound ({} events, {} bytes); narrow the filter or raise the bound",
@@ -150,7 +150,7 @@ pub(super) fn counter_add(
         match logs.counters.append(&[rec], now) {
             Ok(r) => assert_eq!(r.start, offset, "counter log and state agree"),
             Err(e) => {
-                let (code, msg) = cache_logs::append_refusal(&e);
+                let Refusal { code, message: msg } = cache_logs::append_refusal(&e);
                 return now_frame(Frame::error(rid, code, msg));
             }
         }

@@ -342,7 +342,7 @@ impl Cluster {
                 }
                 self.link_effects(node);
             }
-            Err((code, _)) => {
+            Err(crate::core::Refusal { code, .. }) => {
                 if forwarded.is_some() {
                     self.covered.refused_by_owner += 1;
                 }
