@@ -188,6 +188,17 @@ impl MeshMsg {
 
     /// The shard of a message that waits while that shard's durable log opens (publishes,
     /// attaches, detaches, park notices, group requests); None for any other.
+    /// The cache shard a request for a cache shard's owner names (requests, watch opens and
+    /// closes), which its lifecycle gates.
+    pub(crate) fn cache_shard(&self) -> Option<ShardKey> {
+        match self {
+            MeshMsg::Owner(ToOwner::CacheReq { cache, shard, .. })
+            | MeshMsg::Owner(ToOwner::WatchClose { cache, shard, .. }) => Some((*cache, *shard)),
+            MeshMsg::Owner(ToOwner::WatchOpen(r)) => Some((r.cache, r.shard)),
+            _ => None,
+        }
+    }
+
     pub(crate) fn waits_for_open(&self) -> Option<ShardKey> {
         match self {
             MeshMsg::Owner(ToOwner::Publish(req)) => Some((req.stream, req.shard)),
@@ -263,7 +274,12 @@ impl CoreState {
         // first. The cell only moves forward, so after this we know every slot it knows.
         self.refresh_catalog();
         let msg = self.defer_while_opening(msg)?;
-        let msg = self.with_caches(|h, ctx| h.gate(msg, ctx))?;
+        // Only cache requests pass the cache shards' lifecycle (the rest skip the step).
+        let msg = if msg.cache_shard().is_some() {
+            self.with_caches(|h, ctx| h.gate(msg, ctx))?
+        } else {
+            msg
+        };
         let msg = match msg {
             // A replicated shard's publishes go to its replica, not to the stream host.
             MeshMsg::Owner(ToOwner::Publish(req))

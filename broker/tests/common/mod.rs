@@ -59,8 +59,15 @@ impl Broker {
 
     /// Send `sig` (e.g. `libc::SIGTERM`) to the broker process.
     pub fn signal(&self, sig: i32) {
+        let pid = self.child.id();
         // SAFETY: plain kill(2) on our own child's pid.
-        unsafe { libc::kill(self.child.id() as i32, sig) };
+        unsafe { libc::kill(pid as i32, sig) };
+        if sig == libc::SIGSTOP {
+            // kill(2) returns once the stop is queued, not once every thread has stopped:
+            // wait (bounded) until they all have, so that nothing the test sends next is
+            // served by a thread still running (a forward answered by a "frozen" broker).
+            wait_all_threads_stopped(pid, Duration::from_secs(5));
+        }
     }
 
     /// Wait (bounded) for the broker to exit by itself; its exit code and data directory.
@@ -348,4 +355,28 @@ pub fn ok(o: std::process::Output) -> String {
         String::from_utf8_lossy(&o.stderr)
     );
     String::from_utf8(o.stdout).unwrap()
+}
+
+/// Wait until every thread of process `pid` is stopped (`T` in `/proc/PID/task/*/stat`), or
+/// `timeout` passed (then the test goes on; what it checks will tell).
+pub fn wait_all_threads_stopped(pid: u32, timeout: Duration) {
+    let deadline = std::time::Instant::now() + timeout;
+    let stopped = || -> Option<bool> {
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+        for t in tasks.flatten() {
+            let stat = std::fs::read_to_string(t.path().join("stat")).ok()?;
+            // The state follows the parenthesised command name, which may hold spaces.
+            let state = stat.rsplit_once(") ")?.1.chars().next()?;
+            if state != 'T' && state != 't' {
+                return Some(false);
+            }
+        }
+        Some(true)
+    };
+    while std::time::Instant::now() < deadline {
+        if stopped() != Some(false) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }

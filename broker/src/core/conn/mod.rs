@@ -391,6 +391,58 @@ impl CoreState {
         }
     }
 
+    /// DescribeStream and DescribeCluster: answered from this broker's catalog.
+    fn on_describe(&mut self, key: ConnKey, stream: u64, frame: Frame) {
+        let reply = match frame {
+            Frame::DescribeStream {
+                request_id,
+                stream: name,
+            } => match self.catalog.lookup(&name) {
+                Ok((idx, def)) => Frame::StreamInfo {
+                    request_id,
+                    shards: def.shards,
+                    durable: def.durable,
+                    owners: self.catalog.shard_owners(idx, self.s.cfg.node_id),
+                },
+                Err((code, msg)) => Frame::error(request_id, code, msg),
+            },
+            Frame::DescribeCluster { request_id } => {
+                let mut brokers: Vec<(u64, String)> = self
+                    .catalog
+                    .broker_addrs
+                    .iter()
+                    .map(|(id, a)| (*id, a.clone()))
+                    .collect();
+                brokers.sort();
+                Frame::ClusterInfo {
+                    request_id,
+                    node_id: self.s.cfg.node_id,
+                    brokers,
+                }
+            }
+            other => unreachable!("not a describe: kind {}", other.kind()),
+        };
+        if let Some(e) = self.ep.get(key) {
+            e.conn.send_frame(stream, &reply);
+        }
+    }
+
+    /// Unsubscribe: ends a subscription or a watch of this connection.
+    fn on_unsubscribe(&mut self, key: ConnKey, stream: u64, request_id: u64, id: u64) {
+        let owned = self.subs.get(id).map(|s| s.conn == key).unwrap_or(false);
+        if owned {
+            self.remove_sub(id, Some((0, "unsubscribed".into())));
+        } else if !self.unwatch(key, id) {
+            self.send_err(
+                key,
+                stream,
+                request_id,
+                ErrorCode::NotFound,
+                format!("no subscription {id} on this connection"),
+            );
+        }
+    }
+
     /// An admitted frame to its handler; a refusal is answered with the request's id.
     fn dispatch(&mut self, key: ConnKey, stream: u64, frame: Frame) {
         let counters = self.s.counters.clone();
@@ -424,39 +476,8 @@ impl CoreState {
             Frame::Auth(AuthFrame::Authenticate { request_id, token }) => {
                 self.on_authenticate(key, stream, request_id, token)
             }
-            Frame::DescribeStream {
-                request_id,
-                stream: name,
-            } => {
-                let reply = match self.catalog.lookup(&name) {
-                    Ok((idx, def)) => Frame::StreamInfo {
-                        request_id,
-                        shards: def.shards,
-                        durable: def.durable,
-                        owners: self.catalog.shard_owners(idx, self.s.cfg.node_id),
-                    },
-                    Err((code, msg)) => Frame::error(request_id, code, msg),
-                };
-                if let Some(e) = self.ep.get(key) {
-                    e.conn.send_frame(stream, &reply);
-                }
-            }
-            Frame::DescribeCluster { request_id } => {
-                let mut brokers: Vec<(u64, String)> = self
-                    .catalog
-                    .broker_addrs
-                    .iter()
-                    .map(|(id, a)| (*id, a.clone()))
-                    .collect();
-                brokers.sort();
-                let reply = Frame::ClusterInfo {
-                    request_id,
-                    node_id: self.s.cfg.node_id,
-                    brokers,
-                };
-                if let Some(e) = self.ep.get(key) {
-                    e.conn.send_frame(stream, &reply);
-                }
+            f @ (Frame::DescribeStream { .. } | Frame::DescribeCluster { .. }) => {
+                self.on_describe(key, stream, f)
             }
             Frame::Publish {
                 request_id,
@@ -498,24 +519,7 @@ impl CoreState {
             Frame::Unsubscribe {
                 request_id,
                 subscription_id,
-            } => {
-                let owned = self
-                    .subs
-                    .get(subscription_id)
-                    .map(|s| s.conn == key)
-                    .unwrap_or(false);
-                if owned {
-                    self.remove_sub(subscription_id, Some((0, "unsubscribed".into())));
-                } else if !self.unwatch(key, subscription_id) {
-                    self.send_err(
-                        key,
-                        stream,
-                        request_id,
-                        ErrorCode::NotFound,
-                        format!("no subscription {subscription_id} on this connection"),
-                    );
-                }
-            }
+            } => self.on_unsubscribe(key, stream, request_id, subscription_id),
             Frame::Group(g) => {
                 let rid = g.request_id();
                 if let Err(Refusal { code, message: msg }) = self.on_group_request(key, stream, g) {
@@ -572,24 +576,15 @@ impl CoreState {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub(in crate::core) fn on_publish(
+    /// A publish's records checked (at least one, none over `max_payload_bytes`) and its
+    /// shard chosen (named, by key, or round robin): `(stream slot, shard)`.
+    fn publish_shard(
         &mut self,
-        key: ConnKey,
-        quic_stream: u64,
-        request_id: u64,
         name: &felix_quic::wire::StreamName,
         sel: ShardSelector,
-        ack: bool,
-        records: Records,
-    ) -> Result<(), Refusal> {
-        if self.draining {
-            return Err(Refusal::new(
-                ErrorCode::ShuttingDown,
-                "the broker is shutting down; nothing was appended",
-            ));
-        }
-        let cfg = self.s.cfg.clone();
+        records: &Records,
+    ) -> Result<(u32, u32), Refusal> {
+        let cfg = &self.s.cfg;
         let catalog = self.catalog.clone();
         let (idx, def) = catalog.lookup(name)?;
         let shards = def.shards;
@@ -625,6 +620,28 @@ impl CoreState {
                 *n % shards
             }
         };
+        Ok((idx, shard))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::core) fn on_publish(
+        &mut self,
+        key: ConnKey,
+        quic_stream: u64,
+        request_id: u64,
+        name: &felix_quic::wire::StreamName,
+        sel: ShardSelector,
+        ack: bool,
+        records: Records,
+    ) -> Result<(), Refusal> {
+        if self.draining {
+            return Err(Refusal::new(
+                ErrorCode::ShuttingDown,
+                "the broker is shutting down; nothing was appended",
+            ));
+        }
+        let cfg = self.s.cfg.clone();
+        let (idx, shard) = self.publish_shard(name, sel, &records)?;
         let route = self.admit_shard(key, false, idx, shard)?;
         let bytes = records.region_len() as u64;
         let session = self

@@ -560,49 +560,7 @@ fn check_watch(
                 }) | Some(CacheFrame::CacheStateDone { .. })
             );
     if wants_state {
-        let mut retained = BTreeMap::new();
-        loop {
-            match it.next() {
-                Some(CacheFrame::CacheEvent {
-                    kind: EventKind::Retained,
-                    offset,
-                    key,
-                    value,
-                    ..
-                }) => {
-                    retained.insert(key, (offset, value));
-                }
-                Some(CacheFrame::CacheStateDone {
-                    count,
-                    snapshot: s,
-                    live_from: lf,
-                }) => {
-                    snapshot = s;
-                    if count != retained.len() as u64 || lf != live_from {
-                        return Err(format!("watcher_state_exact: watch #{wid} StateDone count {count} live_from {lf}, got {} values, live_from {live_from}", retained.len()));
-                    }
-                    break;
-                }
-                other => {
-                    return Err(format!(
-                        "watcher_state_exact: watch #{wid} state phase holds {other:?}"
-                    ))
-                }
-            }
-        }
-        let mut want = BTreeMap::new();
-        for (off, (k, v)) in hist.range(..live_from) {
-            match v {
-                Some(v) => want.insert(k.clone(), (*off, v.clone())),
-                None => want.remove(k),
-            };
-        }
-        want.retain(|k, _| wt.filter.matches(k));
-        if retained != want {
-            return Err(format!(
-                "watcher_state_exact: watch #{wid} at {live_from} got {retained:?}, the history says {want:?}"
-            ));
-        }
+        snapshot = check_state(wid, wt, live_from, hist, &mut it)?;
     }
     let from = match wt.start {
         WatchStart::Offset(x) if !snapshot => x,
@@ -673,6 +631,69 @@ fn check_watch(
         }
     }
     Ok(())
+}
+
+/// INVARIANT `watcher_state_exact`: the state phase a watch got (consumed from `it`) is the
+/// history folded up to its `live_from`; returns whether it was a marked snapshot.
+fn check_state(
+    wid: u64,
+    wt: &Watcher,
+    live_from: u64,
+    hist: &BTreeMap<u64, (Bytes, Option<Bytes>)>,
+    it: &mut std::iter::Peekable<std::vec::IntoIter<CacheFrame>>,
+) -> Result<bool, String> {
+    let snapshot;
+    let mut retained = BTreeMap::new();
+    loop {
+        match it.next() {
+            Some(CacheFrame::CacheEvent {
+                kind: EventKind::Retained,
+                offset,
+                key,
+                value,
+                ..
+            }) => {
+                retained.insert(key, (offset, value));
+            }
+            Some(CacheFrame::CacheStateDone {
+                count,
+                snapshot: s,
+                live_from: lf,
+            }) => {
+                snapshot = s;
+                if count != retained.len() as u64 || lf != live_from {
+                    return Err(format!("watcher_state_exact: watch #{wid} StateDone count {count} live_from {lf}, got {} values, live_from {live_from}", retained.len()));
+                }
+                break;
+            }
+            other => {
+                return Err(format!(
+                    "watcher_state_exact: watch #{wid} state phase holds {other:?}"
+                ))
+            }
+        }
+    }
+    let mut want = BTreeMap::new();
+    for (off, (k, v)) in hist.range(..live_from) {
+        match v {
+            Some(v) => want.insert(k.clone(), (*off, v.clone())),
+            None => want.remove(k),
+        };
+    }
+    want.retain(|k, _| wt.filter.matches(k));
+    if retained != want {
+        return Err(format!(
+            "watcher_state_exact: watch #{wid} at {live_from} got {retained:?}, the history says {want:?}"
+        ));
+    }
+    // A current-state start is no snapshot; a resume's state phase is one (below the ring).
+    if snapshot != matches!(wt.start, WatchStart::Offset(_)) {
+        return Err(format!(
+            "watcher_state_exact: watch #{wid} from {:?} has a state phase marked snapshot={snapshot}",
+            wt.start
+        ));
+    }
+    Ok(snapshot)
 }
 
 // ---------- the scenario ----------

@@ -18,11 +18,8 @@ impl CacheHost {
     /// first one), or until an earlier open's logs are closed; answer it at once when the
     /// shard failed. `None`: held or answered; else the message to handle now.
     pub(crate) fn gate(&mut self, msg: MeshMsg, ctx: &Ctx) -> Option<MeshMsg> {
-        let key = match &msg {
-            MeshMsg::Owner(ToOwner::CacheReq { cache, shard, .. }) => (*cache, *shard),
-            MeshMsg::Owner(ToOwner::WatchOpen(r)) => (r.cache, r.shard),
-            MeshMsg::Owner(ToOwner::WatchClose { cache, shard, .. }) => (*cache, *shard),
-            _ => return Some(msg),
+        let Some(key) = msg.cache_shard() else {
+            return Some(msg);
         };
         match self.shards.get_mut(&key) {
             Some(Life::Closing { waiting }) => {
