@@ -26,6 +26,7 @@
 //!   never return an expired value before that.
 
 use super::*;
+use crate::core::conn::checks;
 
 mod owner;
 mod watch;
@@ -115,16 +116,12 @@ impl CoreState {
         frame: CacheFrame,
     ) -> Result<(), Refusal> {
         let rid = frame.request_id();
-        let Some(name) = frame.cache().cloned() else {
-            return Err(Refusal::new(
-                ErrorCode::InvalidRequest,
-                format!("frame kind {} is not a cache request", frame.kind()),
-            ));
-        };
         let catalog = self.catalog.clone();
-        let (idx, def) = catalog.lookup_cache(&name)?;
-        let idx = idx as u32;
-        if let CacheFrame::DescribeCache { .. } = frame {
+        let key_max = self.s.cfg.cache_key_bytes_max as usize;
+        let durable_dir = self.s.cfg.durable_storage_dir.is_some();
+        let (idx, shard) = checks::cache_target(&catalog, &frame, key_max, durable_dir)?;
+        let Some(shard) = shard else {
+            let def = &catalog.cache_slot(idx).def;
             let reply = Frame::Cache(CacheFrame::CacheInfo {
                 request_id: rid,
                 shards: def.shards,
@@ -136,14 +133,7 @@ impl CoreState {
                 e.conn.send_frame(quic_stream, &reply);
             }
             return Ok(());
-        }
-        if def.durable && self.s.cfg.durable_storage_dir.is_none() {
-            return Err(Refusal::new(
-                ErrorCode::Unsupported,
-                format!("cache {name} is log-backed (durable) and this broker has no durable_storage_dir (FELIX_DURABLE_STORAGE_DIR)"),
-            ));
-        }
-        let shard = cache_shard(&frame, def, self.s.cfg.cache_key_bytes_max as usize)?;
+        };
         let route = self.admit_shard(key, true, idx, shard)?;
         if matches!(frame, CacheFrame::CacheWatch { .. }) {
             // Watches are not relayed: a watch for a shard owned elsewhere is `not_leader`
@@ -330,52 +320,4 @@ impl CoreState {
             }
         }
     }
-}
-
-/// The shard a cache request goes to: a key's or counter's hash, or the shard a prefix watch
-/// names (checked against the cache's shards). A routing key outside `1..=key_bytes_max` is
-/// refused.
-fn cache_shard(
-    frame: &CacheFrame,
-    def: &crate::catalog::CacheDef,
-    max: usize,
-) -> Result<u32, Refusal> {
-    let routing: &[u8] = match frame {
-        CacheFrame::CachePut { key, .. }
-        | CacheFrame::CacheGet { key, .. }
-        | CacheFrame::CacheDelete { key, .. } => key,
-        CacheFrame::CounterAdd { name, .. } | CacheFrame::CounterGet { name, .. } => name,
-        CacheFrame::CacheWatch {
-            filter: WatchFilter::Key(k),
-            ..
-        } => k,
-        _ => &[],
-    };
-    Ok(match frame {
-        CacheFrame::CacheWatch {
-            filter: WatchFilter::Prefix { shard, .. },
-            ..
-        } => {
-            if *shard >= def.shards {
-                return Err(Refusal::new(
-                    ErrorCode::UnknownShard,
-                    format!(
-                        "cache {} has {}, not {shard}",
-                        def.name(),
-                        crate::core::shard_range(def.shards)
-                    ),
-                ));
-            }
-            *shard
-        }
-        _ => {
-            if routing.is_empty() || routing.len() > max {
-                return Err(Refusal::new(
-                    ErrorCode::InvalidRequest,
-                    format!("key of {} bytes is outside 1..={max}", routing.len()),
-                ));
-            }
-            felix_quic::wire::hash::shard_for_key(routing, def.shards)
-        }
-    })
 }

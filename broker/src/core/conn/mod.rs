@@ -5,6 +5,7 @@
 use super::*;
 
 mod auth;
+pub(in crate::core) mod checks;
 mod deliver;
 mod peer_in;
 mod peer_out;
@@ -576,53 +577,6 @@ impl CoreState {
         }
     }
 
-    /// A publish's records checked (at least one, none over `max_payload_bytes`) and its
-    /// shard chosen (named, by key, or round robin): `(stream slot, shard)`.
-    fn publish_shard(
-        &mut self,
-        name: &felix_quic::wire::StreamName,
-        sel: ShardSelector,
-        records: &Records,
-    ) -> Result<(u32, u32), Refusal> {
-        let cfg = &self.s.cfg;
-        let catalog = self.catalog.clone();
-        let (idx, def) = catalog.lookup(name)?;
-        let shards = def.shards;
-        let idx = idx as u32;
-        if records.count() == 0 {
-            return Err(Refusal::new(
-                ErrorCode::InvalidRequest,
-                "a publish carries at least one record",
-            ));
-        }
-        let max_payload = records.max_payload();
-        if max_payload > cfg.max_payload_bytes as usize {
-            return Err(Refusal::new(
-                ErrorCode::PayloadTooLarge,
-                format!(
-                    "a record of {max_payload} bytes exceeds max_payload_bytes {}",
-                    cfg.max_payload_bytes
-                ),
-            ));
-        }
-        let shard = match sel {
-            ShardSelector::Shard(s) if s < shards => s,
-            ShardSelector::Shard(s) => {
-                return Err(Refusal::new(
-                    ErrorCode::UnknownShard,
-                    format!("stream {name} has {}, not {s}", shard_range(shards)),
-                ))
-            }
-            ShardSelector::Key(k) => felix_quic::wire::hash::shard_for_key(&k, shards),
-            ShardSelector::RoundRobin => {
-                let n = self.rr.entry(idx).or_insert(0);
-                *n = n.wrapping_add(1);
-                *n % shards
-            }
-        };
-        Ok((idx, shard))
-    }
-
     #[allow(clippy::too_many_arguments)]
     pub(in crate::core) fn on_publish(
         &mut self,
@@ -641,7 +595,15 @@ impl CoreState {
             ));
         }
         let cfg = self.s.cfg.clone();
-        let (idx, shard) = self.publish_shard(name, sel, &records)?;
+        let max_payload = cfg.max_payload_bytes;
+        let (idx, shard) = checks::publish_target(
+            &self.catalog,
+            max_payload,
+            &mut self.rr,
+            name,
+            sel,
+            &records,
+        )?;
         let route = self.admit_shard(key, false, idx, shard)?;
         let bytes = records.region_len() as u64;
         let session = self
@@ -737,16 +699,7 @@ impl CoreState {
         queue_bytes_max: u64,
     ) -> Result<(), Refusal> {
         let cfg = self.s.cfg.clone();
-        let catalog = self.catalog.clone();
-        let (idx, def) = catalog.lookup(name)?;
-        if shard >= def.shards {
-            return Err(Refusal::new(
-                ErrorCode::UnknownShard,
-                format!("stream {name} has {}, not {shard}", shard_range(def.shards)),
-            ));
-        }
-        let idx = idx as u32;
-        catalog.serve_check(idx, shard)?;
+        let idx = checks::subscribe_target(&self.catalog, name, shard)?;
         let session = self
             .sessions
             .get_mut(&key)

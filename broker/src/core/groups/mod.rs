@@ -96,36 +96,7 @@ impl CoreState {
         quic_stream: u64,
         frame: GroupFrame,
     ) -> Result<(), Refusal> {
-        let Some(target) = frame.target().cloned() else {
-            return Err(Refusal::new(
-                ErrorCode::InvalidRequest,
-                format!("frame kind {} is an answer, not a request", frame.kind()),
-            ));
-        };
-        felix_quic::wire::validate_name(&target.group)
-            .map_err(|e| (ErrorCode::InvalidName, format!("group name: {e}")))?;
-        let (idx, def) = self.catalog.lookup(&target.stream)?;
-        if target.shard >= def.shards {
-            return Err(Refusal::new(
-                ErrorCode::UnknownShard,
-                format!(
-                    "stream {} has {}, not {}",
-                    target.stream,
-                    crate::core::shard_range(def.shards),
-                    target.shard
-                ),
-            ));
-        }
-        if !def.durable {
-            return Err(Refusal::new(
-                ErrorCode::InvalidRequest,
-                format!(
-                    "stream {} is not durable; consumer groups need a durable stream",
-                    target.stream
-                ),
-            ));
-        }
-        let idx = idx as u32;
+        let (idx, target) = crate::core::conn::checks::group_target(&self.catalog, &frame)?;
         // A cancel finds a poll this broker forwarded whatever the placement says now (the
         // shard may have moved since the poll left).
         if matches!(frame, GroupFrame::GroupPollCancel { .. })

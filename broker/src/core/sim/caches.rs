@@ -21,14 +21,15 @@
 
 use super::World;
 use crate::cache::{CacheLimits, Filter, WatchQueue};
+use crate::core::conn::checks;
 use crate::core::conn::watches::{StreamOpened, Watch, WatchEffect, WatchHost};
 use crate::core::shard::caches::{CacheEffect, CacheHost, CacheHostCfg};
 use crate::core::shard::Ctx;
 use crate::core::{CacheOrigin, MeshMsg, ShardKey, ToConn, ToOwner, WatchReq};
 use bytes::Bytes;
 use felix_quic::wire::{
-    decode_body, decode_header, CacheFrame, ErrorCode, EventKind, Frame, StreamName, WatchStart,
-    WriteCond, HEADER_LEN,
+    decode_body, decode_header, CacheFrame, ErrorCode, EventKind, Frame, StreamName, WatchFilter,
+    WatchStart, WriteCond, HEADER_LEN,
 };
 use std::collections::{BTreeMap, VecDeque};
 
@@ -222,7 +223,7 @@ impl World {
                     .cache_writes
                     .get_mut(&origin.request_id)
                     .expect("a write of the simulation");
-                w.answers.push(frame);
+                w.answers.push(super::wire(&frame));
             }
             MeshMsg::Conn(ToConn::WatchOpened { watch, result }) => {
                 let stream = match (&result, self.cores[c as usize].watches.get(watch)) {
@@ -315,10 +316,24 @@ impl World {
             quic_stream: 0,
             request_id: id,
         };
+        // As a session hands it over: the frame through the wire, the connection side's checks.
+        let Frame::Cache(frame) = super::wire(&Frame::Cache(frame)) else {
+            unreachable!("a cache frame decodes as one")
+        };
+        let (cache, shard) = match checks::cache_target(&self.catalog, &frame, 64, false) {
+            Ok((c, Some(s))) => (c, s),
+            Ok((_, None)) => unreachable!("writes name a shard"),
+            Err(why) => {
+                let w = self.cache_writes.get_mut(&id).expect("inserted");
+                w.answers.push(why.frame(id));
+                return id;
+            }
+        };
+        assert_eq!((cache, shard), key, "the key's shard");
         let owner = self.ctx(core).cache_owner_core(key);
         let msg = MeshMsg::Owner(ToOwner::CacheReq {
             origin,
-            cache: CACHE,
+            cache,
             shard,
             frame,
         });
@@ -358,6 +373,57 @@ impl World {
             "watch #{wid} on conn {conn} (core {core}, mux {mux}): shard {shard} {filter:?} from {start:?}, bound {events_max}"
         ));
         let bytes_max = 1 << 20;
+        let wire_filter = match &filter {
+            Filter::Key(k) => WatchFilter::Key(k.clone()),
+            Filter::Prefix(p) => WatchFilter::Prefix {
+                prefix: p.clone(),
+                shard,
+            },
+        };
+        let asked = super::wire(&Frame::Cache(CacheFrame::CacheWatch {
+            request_id: wid,
+            cache: cache_name(),
+            filter: wire_filter,
+            start,
+            queue_events_max: events_max,
+            queue_bytes_max: bytes_max,
+        }));
+        self.watchers.insert(
+            wid,
+            Watcher {
+                conn,
+                key: (CACHE, shard),
+                filter: filter.clone(),
+                start,
+                answers: Vec::new(),
+            },
+        );
+        let Frame::Cache(asked) = asked else {
+            unreachable!("a watch decodes as one")
+        };
+        let shard = match checks::cache_target(&self.catalog, &asked, 64, false) {
+            Ok((_, Some(s))) => s,
+            Ok((_, None)) => unreachable!("a watch names a shard"),
+            Err(why) => {
+                let wt = self.watchers.get_mut(&wid).expect("inserted");
+                wt.answers.push(Err(why.code.number()));
+                return wid;
+            }
+        };
+        let CacheFrame::CacheWatch {
+            filter: asked_filter,
+            start,
+            queue_events_max: events_max,
+            queue_bytes_max: bytes_max,
+            ..
+        } = asked
+        else {
+            unreachable!("matched above")
+        };
+        let filter = match asked_filter {
+            WatchFilter::Key(k) => Filter::Key(k),
+            WatchFilter::Prefix { prefix, .. } => Filter::Prefix(prefix),
+        };
         let w = Watch {
             conn,
             quic_stream: None,
@@ -384,16 +450,6 @@ impl World {
             events_max,
             bytes_max,
         };
-        self.watchers.insert(
-            wid,
-            Watcher {
-                conn,
-                key: (CACHE, shard),
-                filter,
-                start,
-                answers: Vec::new(),
-            },
-        );
         self.with_watches(core, |h, _, ctx| h.open(wid, w, req, ctx));
         self.drain_inbox(core);
         wid

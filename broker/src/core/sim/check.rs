@@ -298,6 +298,9 @@ fn expected_refusal(code: ErrorCode) -> bool {
     matches!(
         code,
         ErrorCode::PublishTimeout
+            // A publish to a stream deleted before it was sent: the connection side no
+            // longer knows the name (one in flight at the deletion gets stream_deleted).
+            | ErrorCode::UnknownStream
             | ErrorCode::StreamDeleted
             | ErrorCode::NotLeader
             | ErrorCode::Unavailable

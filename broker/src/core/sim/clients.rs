@@ -1,11 +1,15 @@
-//! What the simulation's stream clients do: publish, subscribe, unsubscribe, stall.
+//! What the simulation's stream clients do: publish, subscribe, unsubscribe, stall. A
+//! request enters as a session hands it to the core: its frame encoded and decoded
+//! (`super::wire`), then the connection side's checks (`conn::checks`) choose its shard or
+//! refuse it.
 
 use super::{Client, Pub, World, PUBLISH_TIMEOUT_MS};
+use crate::core::conn::checks;
 use crate::core::conn::subs::Sub;
 use crate::core::{MeshMsg, Origin, PublishReq, ShardKey, ToOwner};
 use crate::fanout::SubQueue;
 use bytes::Bytes;
-use felix_quic::wire::{ErrorCode, QueuePolicy, Records, StartAt};
+use felix_quic::wire::{ErrorCode, Frame, QueuePolicy, Records, ShardSelector, StartAt};
 use std::time::Duration;
 
 impl World {
@@ -52,10 +56,44 @@ impl World {
             p.answers.push(Err(ErrorCode::ShuttingDown));
             return id;
         }
+        let frame = super::wire(&Frame::Publish {
+            request_id: id,
+            stream: self.catalog.slot(key.0).def.name(),
+            shard: ShardSelector::Shard(key.1),
+            ack: true,
+            records,
+        });
+        let Frame::Publish {
+            stream,
+            shard,
+            records,
+            ..
+        } = frame
+        else {
+            unreachable!("a publish decodes as one")
+        };
+        let target = checks::publish_target(
+            &self.catalog,
+            1 << 20,
+            &mut self.rr,
+            &stream,
+            shard,
+            &records,
+        );
+        let (idx, shard) = match target {
+            Ok(t) => t,
+            Err(why) => {
+                self.note(format!("publish #{id} refused: {why}"));
+                let p = self.pubs.get_mut(&id).expect("inserted");
+                p.answers.push(Err(why.code));
+                return id;
+            }
+        };
+        assert_eq!((idx, shard), key, "the shard the publish named");
         let req = PublishReq {
             origin,
-            stream: key.0,
-            shard: key.1,
+            stream: idx,
+            shard,
             records,
             deadline,
         };
@@ -92,12 +130,42 @@ impl World {
                 life: self.life,
             },
         );
+        let frame = super::wire(&Frame::Subscribe {
+            request_id: sid,
+            stream: self.catalog.slot(key.0).def.name(),
+            shard: key.1,
+            start,
+            policy,
+            queue_records_max: records_max as u32,
+            queue_bytes_max: 1 << 20,
+        });
+        let Frame::Subscribe {
+            stream,
+            shard,
+            start,
+            policy,
+            queue_records_max,
+            queue_bytes_max,
+            ..
+        } = frame
+        else {
+            unreachable!("a subscribe decodes as one")
+        };
+        let idx = match checks::subscribe_target(&self.catalog, &stream, shard) {
+            Ok(idx) => idx,
+            Err(why) => {
+                self.note(format!("subscribe #{sid} refused: {why}"));
+                let cl = self.clients.get_mut(&sid).expect("inserted");
+                cl.answer = Some(Err(why.code.number()));
+                return sid;
+            }
+        };
         let sub = Sub {
             conn: sid,
             quic_stream: sid,
-            stream: key.0,
-            shard: key.1,
-            queue: SubQueue::new(policy, records_max, 1 << 20),
+            stream: idx,
+            shard,
+            queue: SubQueue::new(policy, queue_records_max as u64, queue_bytes_max),
             next_offset: None,
             request_id: sid,
             reply_stream: 0,

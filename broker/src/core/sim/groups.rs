@@ -265,7 +265,7 @@ impl World {
                         cl.held.extend(claims.iter().map(|c| (key, *c)));
                     }
                 }
-                r.answers.push(frame);
+                r.answers.push(super::wire(&frame));
             }
             other => return Some(other),
         }
@@ -413,10 +413,22 @@ impl World {
             request_id: rid,
             frame_bytes_max: 1 << 20,
         };
+        // As a session hands it over: the frame through the wire, the connection side's checks.
+        let Frame::Group(frame) = super::wire(&Frame::Group(frame)) else {
+            unreachable!("a group frame decodes as one")
+        };
+        let stream = match crate::core::conn::checks::group_target(&self.catalog, &frame) {
+            Ok((idx, _)) => idx,
+            Err(why) => {
+                let r = self.greqs.get_mut(&rid).expect("inserted");
+                r.answers.push(why.frame(rid));
+                return;
+            }
+        };
         let owner = self.ctx(core).owner_core(key);
         let msg = MeshMsg::Owner(ToOwner::Group {
             origin,
-            stream: key.0,
+            stream,
             frame,
         });
         self.send(core, owner, msg);

@@ -168,6 +168,8 @@ pub(crate) struct World {
     pub gclients: BTreeMap<u64, groups::GClient>,
     pub greqs: BTreeMap<u64, groups::GReq>,
     pub gclaims: groups::Claims,
+    /// The round-robin counters of the connection side's shard choice.
+    rr: std::collections::HashMap<u32, u32>,
     next_id: u64,
     /// Broker restarts so far (ephemeral shards start again at offset 0 after one).
     pub life: u32,
@@ -211,6 +213,7 @@ impl World {
             gclients: BTreeMap::new(),
             greqs: BTreeMap::new(),
             gclaims: Default::default(),
+            rr: Default::default(),
             next_id: 1,
             life: 0,
             draining: false,
@@ -361,7 +364,7 @@ impl World {
                 let Some(cl) = self.clients.get_mut(&conn) else {
                     return;
                 };
-                match frame {
+                match wire(&frame) {
                     Frame::SubscribeOk { next_offset, .. } if qs == 0 => {
                         assert!(cl.answer.is_none(), "one answer per subscribe");
                         cl.answer = Some(Ok(next_offset));
@@ -801,6 +804,23 @@ impl World {
         }
         check::at_rest(self)
     }
+}
+
+/// `f` as a session hands it over: encoded, then decoded from those bytes (the simulation's
+/// cut is at frames in and out of a session).
+pub(crate) fn wire(f: &Frame) -> Frame {
+    let b = f.encode();
+    let h: &[u8; felix_quic::wire::HEADER_LEN] = b[..felix_quic::wire::HEADER_LEN]
+        .try_into()
+        .expect("a frame has a header");
+    let (kind, flags, len) = felix_quic::wire::decode_header(h, usize::MAX).expect("a header");
+    assert_eq!(
+        felix_quic::wire::HEADER_LEN + len,
+        b.len(),
+        "one whole frame"
+    );
+    felix_quic::wire::decode_body(kind, flags, b.slice(felix_quic::wire::HEADER_LEN..))
+        .expect("what the code encodes decodes")
 }
 
 /// A message's name, for the trace.
