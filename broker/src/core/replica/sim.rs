@@ -272,6 +272,47 @@ impl World {
         x.offset_ms + self.true_ms * x.rate_ppm / 1_000_000
     }
 
+    /// Send `msg` from `n` to `to`, as a driver does: the records a shipment names are read
+    /// from `n`'s log (and must be there).
+    fn ship(&mut self, n: NodeId, to: NodeId, msg: Msg) -> Result<(), String> {
+        let node = &self.nodes[&n];
+        let ids = match &msg {
+            Msg::Ship { start, gens, .. } => {
+                let s = *start as usize;
+                let on_disk = node.disk_log.get(s..s + gens.len());
+                if on_disk.is_none_or(|d| !d.iter().map(|e| e.gen).eq(gens.iter().copied())) {
+                    return Err(format!(
+                        "ship_from_disk: node {n} ships {gens:?} from {start}, its disk holds {on_disk:?}"
+                    ));
+                }
+                on_disk.unwrap().iter().map(|e| e.id).collect()
+            }
+            _ => Vec::new(),
+        };
+        check::wire_round_trip(&msg, &ids)?;
+        self.net.push((n, to, Wire::Peer(msg, ids)));
+        Ok(())
+    }
+
+    /// `n` was elected leader of generation `gen`.
+    fn elected(&mut self, n: NodeId, gen: u64) -> Result<(), String> {
+        if let Some(&other) = self.elected.get(&gen) {
+            if other != n {
+                return Err(format!(
+                    "OneLeaderPerGeneration: nodes {other} and {n} both lead generation {gen}"
+                ));
+            }
+        }
+        self.elected.insert(gen, n);
+        if self.acked.values().any(|(e, by)| e.gen < gen && *by != n) {
+            self.reached.acked_then_failover = true;
+        }
+        if self.elected.len() >= 2 {
+            self.reached.two_generations_elected = true;
+        }
+        Ok(())
+    }
+
     /// Carry out `n`'s effects in order; with `crash_after`, crash it after that many.
     fn carry_out(&mut self, n: NodeId, crash_after: Option<usize>) -> Result<(), String> {
         let effects = self.nodes.get_mut(&n).unwrap().r.drain_effects();
@@ -340,48 +381,14 @@ impl World {
                     let new = gens.iter().zip(ids).map(|(&gen, id)| Entry { gen, id });
                     node.disk_log.extend(new);
                 }
-                Effect::Send { to, msg } => {
-                    // A driver reads the records a shipment names from its log.
-                    let ids = match &msg {
-                        Msg::Ship { start, gens, .. } => {
-                            let s = *start as usize;
-                            let on_disk = node.disk_log.get(s..s + gens.len());
-                            if on_disk
-                                .is_none_or(|d| !d.iter().map(|e| e.gen).eq(gens.iter().copied()))
-                            {
-                                return Err(format!(
-                                    "ship_from_disk: node {n} ships {gens:?} from {start}, its disk holds {on_disk:?}"
-                                ));
-                            }
-                            on_disk.unwrap().iter().map(|e| e.id).collect()
-                        }
-                        _ => Vec::new(),
-                    };
-                    check::wire_round_trip(&msg, &ids)?;
-                    self.net.push((n, to, Wire::Peer(msg, ids)))
-                }
+                Effect::Send { to, msg } => self.ship(n, to, msg)?,
                 Effect::Report(r) => self.net.push((n, PLACEMENT, Wire::Report(r))),
                 Effect::Ack { from, below } => {
                     self.answered(n, from, below);
                     self.acknowledge(n, from, below)?
                 }
                 Effect::CannotVouch { from, below } => self.answered(n, from, below),
-                Effect::Elected { gen } => {
-                    if let Some(&other) = self.elected.get(&gen) {
-                        if other != n {
-                            return Err(format!(
-                                "OneLeaderPerGeneration: nodes {other} and {n} both lead generation {gen}"
-                            ));
-                        }
-                    }
-                    self.elected.insert(gen, n);
-                    if self.acked.values().any(|(e, by)| e.gen < gen && *by != n) {
-                        self.reached.acked_then_failover = true;
-                    }
-                    if self.elected.len() >= 2 {
-                        self.reached.two_generations_elected = true;
-                    }
-                }
+                Effect::Elected { gen } => self.elected(n, gen)?,
                 Effect::SteppedDown { .. } => {}
             }
         }
@@ -752,32 +759,6 @@ impl World {
 }
 
 /// One seeded run; `Err` names the broken invariant, the seed and the last steps.
-/// What the world may do besides the usual faults.
-#[derive(Clone, Copy, Debug)]
-struct Mix {
-    racing: bool,
-    partitions: bool,
-    idle: bool,
-    crashy: bool,
-    eager: bool,
-    replace: bool,
-}
-
-impl Mix {
-    /// The positive run covers every mix the twins use: bits of the seed pick it (one seed
-    /// in four is idle, one in two crashy, one in two with an eager placement).
-    fn of_seed(seed: u64) -> Mix {
-        Mix {
-            racing: seed & 1 == 1,
-            partitions: seed & 2 == 2,
-            idle: seed & 12 == 12,
-            crashy: seed & 16 == 16,
-            eager: seed & 32 == 32,
-            replace: seed & 64 == 64,
-        }
-    }
-}
-
 fn run(seed: u64, mix: Mix) -> Result<Reached, String> {
     let mut w = World::new(seed, mix);
     for i in 0..=STEPS {
@@ -896,6 +877,9 @@ fn trace_n() -> usize {
 }
 
 mod check;
+mod mix;
+use mix::Mix;
+
 /// Rule 11 in the simulated world: the catalog reaching brokers, replacements, splits.
 mod replace;
 /// The negative twins: each breaks one rule and must be caught.
