@@ -120,7 +120,7 @@ impl CoreState {
             ring_bytes_max: settings.cfg.ring_bytes_max,
             publish_timeout_ms: settings.cfg.publish_timeout_ms,
         });
-        let caches = CacheHost::new(CacheHostCfg::of(&settings.cfg, settings.cores));
+        let caches = CacheHost::new(CacheHostCfg::of(&settings.cfg));
         let settings_cfg = settings.cfg.clone();
         let state = Rc::new(RefCell::new(CoreState {
             id,

@@ -30,7 +30,7 @@ use crate::core::conn::checks;
 
 mod owner;
 mod watch;
-use crate::cache::{CacheLimits, Filter, WatchQueue};
+use crate::cache::{CacheLimits, Filter};
 use bytes::Bytes;
 use felix_quic::wire::{CacheFrame, WatchFilter, WatchStart};
 
@@ -82,7 +82,7 @@ pub struct WatchReq {
     pub bytes_max: u64,
 }
 
-fn filter_of(f: &WatchFilter) -> Filter {
+pub(in crate::core) fn filter_of(f: &WatchFilter) -> Filter {
     match f {
         WatchFilter::Key(k) => Filter::Key(k.clone()),
         WatchFilter::Prefix { prefix, .. } => Filter::Prefix(prefix.clone()),
@@ -252,33 +252,17 @@ impl CoreState {
         self.next_sub += 1;
         session.watches.push(wid);
         let mux = session.features & features::WATCH_MUX != 0;
-        let f = filter_of(&filter);
-        let w = crate::core::conn::watches::Watch {
-            conn: key,
-            quic_stream: None,
-            cache,
-            shard,
-            filter: f.clone(),
-            request_id,
-            reply_stream,
-            live_from: None,
-            state: VecDeque::new(),
-            queue: WatchQueue::new(events_max as usize, bytes_max),
-            frames: VecDeque::new(),
-            end: None,
-            resume_at: 0,
-            mux,
-        };
         let req = WatchReq {
             core: self.id,
             watch: wid,
             cache,
             shard,
-            filter: f,
+            filter: filter_of(&filter),
             start,
             events_max,
             bytes_max,
         };
+        let w = crate::core::conn::watches::Watch::new(key, &req, request_id, reply_stream, mux);
         self.with_watches(|h, _, ctx| h.open(wid, w, req, ctx));
         Ok(())
     }

@@ -8,9 +8,8 @@ use crate::core::shard::caches::{event_frame, CacheEffect, CacheHost, CacheHostC
 use crate::core::shard::Ctx;
 
 impl CacheHostCfg {
-    pub(in crate::core) fn of(cfg: &Config, cores: u8) -> Self {
+    pub(in crate::core) fn of(cfg: &Config) -> Self {
         CacheHostCfg {
-            cores: cores as usize,
             limits: CacheLimits {
                 key_bytes_max: cfg.cache_key_bytes_max as usize,
                 value_bytes_max: cfg.max_payload_bytes as usize,

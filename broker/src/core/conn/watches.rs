@@ -51,6 +51,35 @@ pub(crate) struct Watch {
     pub mux: bool,
 }
 
+impl Watch {
+    /// A watch of connection `conn` as its request asked (`req`), not answered by its owner
+    /// yet; its answer goes to `reply_stream` under `request_id`.
+    pub(crate) fn new(
+        conn: ConnKey,
+        req: &WatchReq,
+        request_id: u64,
+        reply_stream: u64,
+        mux: bool,
+    ) -> Watch {
+        Watch {
+            conn,
+            quic_stream: None,
+            cache: req.cache,
+            shard: req.shard,
+            filter: req.filter.clone(),
+            request_id,
+            reply_stream,
+            live_from: None,
+            state: VecDeque::new(),
+            queue: crate::cache::WatchQueue::new(req.events_max as usize, req.bytes_max),
+            frames: VecDeque::new(),
+            end: None,
+            resume_at: 0,
+            mux,
+        }
+    }
+}
+
 /// The value a connection's mux stream has in the session's stream → subscription map.
 pub(crate) const MUX_SID: u64 = u64::MAX;
 

@@ -37,7 +37,6 @@ const EXPIRE_RETRY_MS: u64 = 100;
 /// What the host is configured with (from the broker's config).
 #[derive(Debug, Clone)]
 pub(crate) struct CacheHostCfg {
-    pub cores: usize,
     pub limits: CacheLimits,
     /// Counters one shard may hold.
     pub counters_max: usize,
@@ -231,8 +230,13 @@ impl OwnedCache {
         !self.pending.is_empty() || !self.pending_counters.is_empty()
     }
 
-    fn watch_cores(&self) -> impl Iterator<Item = u8> + '_ {
-        self.watches.iter().map(|r| r.core)
+    /// The cores with a watch whose filter `pick` takes.
+    fn watch_cores(&self, pick: impl Fn(&Filter) -> bool) -> std::collections::BTreeSet<u8> {
+        self.watches
+            .iter()
+            .filter(|r| pick(&r.filter))
+            .map(|r| r.core)
+            .collect()
     }
 
     /// Record a change in the replay ring (evicting past its bounds).
@@ -518,26 +522,16 @@ impl CacheHost {
             frame,
         });
         let (entries_max, bytes_max) = (self.cfg.replay_entries_max, self.cfg.replay_bytes_max);
-        let mut to = vec![false; self.cfg.cores];
         let oc = self.open_mut(key).expect("emit on an owned shard");
         oc.record(ev.clone(), entries_max, bytes_max);
-        for r in &oc.watches {
-            if r.filter.matches(&ev.key) {
-                to[r.core as usize] = true;
-            }
-        }
-        for (core, yes) in to.into_iter().enumerate() {
-            if yes {
-                self.send(
-                    core as u8,
-                    MeshMsg::Conn(ToConn::CacheChange {
-                        cache: key.0,
-                        shard: key.1,
-                        ev: ev.clone(),
-                    }),
-                );
-            }
-        }
+        let cores = oc.watch_cores(|f| f.matches(&ev.key));
+        self.send_to_cores(cores, || {
+            MeshMsg::Conn(ToConn::CacheChange {
+                cache: key.0,
+                shard: key.1,
+                ev: ev.clone(),
+            })
+        });
     }
 
     /// A snapshot is due for a log-backed shard: the driver writes it and compacts.
@@ -593,21 +587,20 @@ impl CacheHost {
         if !notify {
             return;
         }
-        let mut cores = vec![false; self.cfg.cores];
-        for core in oc.watch_cores() {
-            cores[core as usize] = true;
-        }
-        for (core, yes) in cores.into_iter().enumerate() {
-            if yes {
-                self.send(
-                    core as u8,
-                    MeshMsg::Conn(ToConn::WatchesEnded {
-                        cache: key.0,
-                        shard: key.1,
-                        why: err.clone(),
-                    }),
-                );
-            }
+        let cores = oc.watch_cores(|_| true);
+        self.send_to_cores(cores, || {
+            MeshMsg::Conn(ToConn::WatchesEnded {
+                cache: key.0,
+                shard: key.1,
+                why: err.clone(),
+            })
+        });
+    }
+
+    /// One message to each of `cores` (each once, in core order).
+    fn send_to_cores(&mut self, cores: std::collections::BTreeSet<u8>, msg: impl Fn() -> MeshMsg) {
+        for core in cores {
+            self.send(core, msg());
         }
     }
 

@@ -343,11 +343,7 @@ impl<L: ShardLog> GroupHost<L> {
             return self.reply(origin, Frame::error(rid, ErrorCode::Unavailable, msg));
         }
         let now = self.now_ms(ctx);
-        let Some(slot) = self
-            .groups
-            .get_mut(&key)
-            .and_then(|g| g.groups.get_mut(&name))
-            .filter(|s| s.deleting.is_none())
+        let Some(slot) = slot_in(&mut self.groups, key, &name).filter(|s| s.deleting.is_none())
         else {
             let msg = format!(
                 "no consumer group {name} on shard {} of {}",
@@ -399,6 +395,16 @@ impl<L: ShardLog> GroupHost<L> {
         let tail = streams.tail(key).expect("a durable shard has state");
         Some((oldest, tail))
     }
+}
+
+/// Group `name` of shard `key`, if it exists (taking only the map, so the rest of the host
+/// stays free to answer while the slot is held).
+fn slot_in<'a>(
+    groups: &'a mut BTreeMap<ShardKey, ShardGroups>,
+    key: ShardKey,
+    name: &str,
+) -> Option<&'a mut GroupSlot> {
+    groups.get_mut(&key).and_then(|g| g.groups.get_mut(name))
 }
 
 fn ok(request_id: u64) -> Frame {

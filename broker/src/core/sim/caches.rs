@@ -20,7 +20,7 @@
 //! - `watcher_end_last`: nothing follows a watch's end; a refused watch got nothing.
 
 use super::World;
-use crate::cache::{CacheLimits, Filter, WatchQueue};
+use crate::cache::{CacheLimits, Filter};
 use crate::core::conn::checks;
 use crate::core::conn::watches::{StreamOpened, Watch, WatchEffect, WatchHost};
 use crate::core::shard::caches::{CacheEffect, CacheHost, CacheHostCfg};
@@ -31,7 +31,7 @@ use felix_quic::wire::{
     decode_body, decode_header, CacheFrame, ErrorCode, EventKind, Frame, StreamName, WatchFilter,
     WatchStart, WriteCond, HEADER_LEN,
 };
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 
 /// The cache of the simulations' catalog (slot 0): two in-memory shards.
 pub(crate) const CACHE: u32 = 0;
@@ -42,7 +42,6 @@ const STREAM_ROOM_BYTES: usize = 240;
 
 pub(super) fn host_cfg() -> CacheHostCfg {
     CacheHostCfg {
-        cores: super::CORES as usize,
         limits: CacheLimits {
             key_bytes_max: 64,
             value_bytes_max: 1024,
@@ -420,36 +419,17 @@ impl World {
         else {
             unreachable!("matched above")
         };
-        let filter = match asked_filter {
-            WatchFilter::Key(k) => Filter::Key(k),
-            WatchFilter::Prefix { prefix, .. } => Filter::Prefix(prefix),
-        };
-        let w = Watch {
-            conn,
-            quic_stream: None,
-            cache: CACHE,
-            shard,
-            filter: filter.clone(),
-            request_id: wid,
-            reply_stream: 0,
-            live_from: None,
-            state: VecDeque::new(),
-            queue: WatchQueue::new(events_max as usize, bytes_max),
-            frames: VecDeque::new(),
-            end: None,
-            resume_at: 0,
-            mux,
-        };
         let req = WatchReq {
             core,
             watch: wid,
             cache: CACHE,
             shard,
-            filter: filter.clone(),
+            filter: crate::core::caches::filter_of(&asked_filter),
             start,
             events_max,
             bytes_max,
         };
+        let w = Watch::new(conn, &req, wid, 0, mux);
         self.with_watches(core, |h, _, ctx| h.open(wid, w, req, ctx));
         self.drain_inbox(core);
         wid

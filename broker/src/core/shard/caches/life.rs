@@ -97,14 +97,7 @@ impl CacheHost {
         r: Result<(CacheLogs, CacheShard, Counters), String>,
         ctx: &Ctx,
     ) {
-        let held = match self.shards.remove(&key) {
-            Some(Life::Opening { deferred }) => deferred,
-            Some(other) => {
-                self.shards.insert(key, other);
-                Vec::new()
-            }
-            None => Vec::new(),
-        };
+        let held = self.take_waiting(key, false);
         let still_served = ctx.catalog.cache_serve_check(key.0, key.1).is_ok();
         match r {
             Ok((logs, shard, counters)) if still_served && !self.closing => {
@@ -226,15 +219,22 @@ impl CacheHost {
             };
             self.reply(origin, frame);
         }
-        let waiting = match self.shards.remove(&key) {
-            Some(Life::Closing { waiting }) => waiting,
-            Some(other) => {
+        let waiting = self.take_waiting(key, true);
+        self.effects.push(CacheEffect::Requeue(waiting));
+    }
+
+    /// End `key`'s open (or, with `closing`, its close): the messages that waited for it.
+    /// A shard in any other state is left as it is.
+    fn take_waiting(&mut self, key: ShardKey, closing: bool) -> Vec<MeshMsg> {
+        match (self.shards.remove(&key), closing) {
+            (Some(Life::Opening { deferred }), false) => deferred,
+            (Some(Life::Closing { waiting }), true) => waiting,
+            (Some(other), _) => {
                 self.shards.insert(key, other);
                 Vec::new()
             }
-            None => Vec::new(),
-        };
-        self.effects.push(CacheEffect::Requeue(waiting));
+            (None, _) => Vec::new(),
+        }
     }
 
     /// A log-backed cache's shard was deleted: if it is not open, opening or closing here,

@@ -89,11 +89,7 @@ impl<L: ShardLog> GroupHost<L> {
 
     /// Queue `reply` behind a write of the group's current state.
     pub(super) fn persist(&mut self, key: ShardKey, name: &str, reply: Option<Reply>) {
-        let slot = self
-            .groups
-            .get_mut(&key)
-            .and_then(|g| g.groups.get_mut(name))
-            .expect("persisted group exists");
+        let slot = slot_in(&mut self.groups, key, name).expect("persisted group exists");
         if slot.deleting.is_some() {
             if let Some((o, _)) = reply {
                 let msg = format!("consumer group {name} was deleted");
@@ -109,11 +105,7 @@ impl<L: ShardLog> GroupHost<L> {
     }
 
     fn start_write(&mut self, key: ShardKey, name: String) {
-        let slot = self
-            .groups
-            .get_mut(&key)
-            .and_then(|g| g.groups.get_mut(&name))
-            .expect("written group exists");
+        let slot = slot_in(&mut self.groups, key, &name).expect("written group exists");
         let bytes = gfile::encode(slot.group.config(), &slot.group.snapshot());
         let replies = std::mem::take(&mut slot.queued);
         slot.dirty = false;
@@ -154,11 +146,7 @@ impl<L: ShardLog> GroupHost<L> {
             };
             self.reply(origin, f);
         }
-        let Some(slot) = self
-            .groups
-            .get_mut(&key)
-            .and_then(|g| g.groups.get_mut(&name))
-        else {
+        let Some(slot) = slot_in(&mut self.groups, key, &name) else {
             return;
         };
         slot.writing = false;
@@ -176,11 +164,7 @@ impl<L: ShardLog> GroupHost<L> {
 
     /// Remove a deleted group's file (then its state, then answer the delete: `on_removed`).
     pub(super) fn finish_delete(&mut self, key: ShardKey, name: String) {
-        if let Some(slot) = self
-            .groups
-            .get_mut(&key)
-            .and_then(|g| g.groups.get_mut(&name))
-        {
+        if let Some(slot) = slot_in(&mut self.groups, key, &name) {
             // No write may start (or rename over the removal) while the file is removed.
             slot.writing = true;
         }

@@ -9,10 +9,7 @@ use felix_quic::wire::{AnswerOp, ClaimRef, DeadLetterAction, DeadLetterRef, Grou
 
 impl<L: ShardLog> GroupHost<L> {
     fn slot_mut(&mut self, key: ShardKey, name: &str) -> &mut GroupSlot {
-        self.groups
-            .get_mut(&key)
-            .and_then(|g| g.groups.get_mut(name))
-            .expect("checked by on_group")
+        slot_in(&mut self.groups, key, name).expect("checked by on_group")
     }
 
     /// Apply a request to an existing group (not a create).
@@ -79,11 +76,7 @@ impl<L: ShardLog> GroupHost<L> {
 
     /// Lapse claims past their deadline; persist what became a dead letter.
     pub(super) fn expire(&mut self, key: ShardKey, name: &str, now: u64, ctx: &Ctx) {
-        let Some(slot) = self
-            .groups
-            .get_mut(&key)
-            .and_then(|g| g.groups.get_mut(name))
-        else {
+        let Some(slot) = slot_in(&mut self.groups, key, name) else {
             return;
         };
         let expired = slot.group.expire(now);
@@ -119,11 +112,7 @@ impl<L: ShardLog> GroupHost<L> {
         };
         loop {
             let draining = self.draining;
-            let Some(slot) = self
-                .groups
-                .get_mut(&key)
-                .and_then(|g| g.groups.get_mut(name))
-            else {
+            let Some(slot) = slot_in(&mut self.groups, key, name) else {
                 return;
             };
             if slot.deleting.is_some() {
@@ -217,11 +206,7 @@ impl<L: ShardLog> GroupHost<L> {
             .max_frame_bytes
             .min(origin.frame_bytes_max as usize);
         let budget = frame_max - (10 + 8 + 4 + 8 + 4 + 8);
-        let Some(slot) = self
-            .groups
-            .get_mut(&key)
-            .and_then(|g| g.groups.get_mut(name))
-        else {
+        let Some(slot) = slot_in(&mut self.groups, key, name) else {
             let msg = format!("consumer group {name} was deleted");
             return self.reply(
                 origin,
