@@ -844,6 +844,8 @@ pub(crate) mod breaks {
     /// A watch without a state phase goes live one offset late: the change at its join is
     /// neither in its start nor among its changes (the gap a watch must never have).
     pub(crate) static GAP_AT_JOIN: AtomicBool = AtomicBool::new(false);
+    /// A state phase leaves out one retained value (and counts what it sent).
+    pub(crate) static STATE_DROPS_ONE: AtomicBool = AtomicBool::new(false);
 
     pub(crate) use crate::core::shard::stream::breaks::on;
 }

@@ -471,3 +471,16 @@ fn restore(
     snap.dead_letters.retain(|d| d.offset < tail);
     Group::restore(cfg, &snap, tail).map_err(|e| e.to_string())
 }
+
+/// Test-build switches that break one rule each, so the simulator's negative twins show its
+/// checks catch the break (`core/sim`).
+#[cfg(test)]
+pub(crate) mod breaks {
+    use std::sync::atomic::AtomicBool;
+    /// An ack is answered at once, before a write of the group covers it.
+    pub(crate) static ACK_NOT_WRITTEN: AtomicBool = AtomicBool::new(false);
+    /// A claim is answered with the payload of the record after it (from the ring).
+    pub(crate) static PAYLOAD_SHIFTED: AtomicBool = AtomicBool::new(false);
+
+    pub(crate) use crate::core::shard::stream::breaks::on;
+}

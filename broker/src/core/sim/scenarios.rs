@@ -783,6 +783,33 @@ fn negative_twin_claim_lapsing_early_is_caught() {
     );
 }
 
+#[test]
+fn negative_twin_state_phase_missing_a_value_is_caught() {
+    negative_twin(
+        &crate::core::shard::caches::breaks::STATE_DROPS_ONE,
+        cache_watch_joins_under_concurrent_writers,
+        "watcher_state_exact",
+    );
+}
+
+#[test]
+fn negative_twin_ack_answered_before_its_write_is_caught() {
+    negative_twin(
+        &crate::core::shard::groups::breaks::ACK_NOT_WRITTEN,
+        group_claims_expire_and_redeliver,
+        "acked_stays_acked",
+    );
+}
+
+#[test]
+fn negative_twin_claim_with_another_records_payload_is_caught() {
+    negative_twin(
+        &crate::core::shard::groups::breaks::PAYLOAD_SHIFTED,
+        group_claims_expire_and_redeliver,
+        "claim_is_the_log",
+    );
+}
+
 /// A seed replays exactly: the same events in the same order (what `FELIX_SIM_SEED` relies
 /// on). Hash maps the hosts iterate use fixed hashing for this.
 #[test]

@@ -19,7 +19,8 @@ pub(super) fn state_phase(
     now: u64,
 ) -> Result<(Vec<Bytes>, Bytes), Refusal> {
     let ws = oc.shard.watch_start(&req.filter, now);
-    let frames: Vec<Bytes> = ws
+    #[allow(unused_mut)]
+    let mut frames: Vec<Bytes> = ws
         .retained
         .into_iter()
         .map(|(k, e)| {
@@ -32,6 +33,10 @@ pub(super) fn state_phase(
             )
         })
         .collect();
+    #[cfg(test)]
+    if super::breaks::on(&super::breaks::STATE_DROPS_ONE) {
+        frames.pop(); // broken on purpose: one retained value left out
+    }
     let bytes: u64 = frames.iter().map(|f| f.len() as u64).sum();
     if frames.len() > req.events_max as usize || bytes > req.bytes_max {
         return Err(Refusal::new(

@@ -161,7 +161,12 @@ impl<L: ShardLog> GroupHost<L> {
     ) {
         CoreCounters::add(&ctx.counters.group_claims, claims.len() as u64);
         let ring = streams.ring(key).expect("owner state of a durable shard");
-        let payloads: Vec<Option<Bytes>> = claims.iter().map(|c| ring.get(c.offset)).collect();
+        #[cfg(test)]
+        let shift = u64::from(super::breaks::on(&super::breaks::PAYLOAD_SHIFTED));
+        #[cfg(not(test))]
+        let shift = 0;
+        let payloads: Vec<Option<Bytes>> =
+            claims.iter().map(|c| ring.get(c.offset + shift)).collect();
         if payloads.iter().all(Option::is_some) {
             let p = payloads
                 .into_iter()
@@ -447,6 +452,11 @@ fn answer_claims(
         let r = match op {
             AnswerOp::Ack => group.ack(id, now).map(|_| {
                 CoreCounters::inc(&c.group_acks);
+                // Broken on purpose in the twin: the ack is answered before any write.
+                #[cfg(test)]
+                if super::breaks::on(&super::breaks::ACK_NOT_WRITTEN) {
+                    return false;
+                }
                 true
             }),
             AnswerOp::Nack { delay_ms } => group.nack(id, delay_ms, now).map(|f| match f {
