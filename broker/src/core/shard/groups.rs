@@ -194,13 +194,14 @@ impl<L: ShardLog> GroupHost<L> {
             .all(|s| !s.writing && s.queued.is_empty() && s.waiters.is_empty())
     }
 
-    /// How long until the group timers must run, if anything is timed.
-    pub(crate) fn next_due(&self, ctx: &Ctx) -> Option<std::time::Duration> {
+    /// How long from `now` until the group timers must run, if anything is timed.
+    pub(crate) fn next_due(&self, now: Instant) -> Option<std::time::Duration> {
         if self.due_ms == u64::MAX {
             return None;
         }
+        let now_ms = now.saturating_duration_since(self.epoch).as_millis() as u64;
         Some(std::time::Duration::from_millis(
-            self.due_ms.saturating_sub(self.now_ms(ctx)),
+            self.due_ms.saturating_sub(now_ms),
         ))
     }
 
