@@ -378,16 +378,43 @@ impl ReplicaStore {
             ));
         }
         let mut out: Vec<Carried> = Vec::with_capacity(gens.len());
-        // Bounded: every read returns at least one record or fails.
+        // Bounded: every round takes the rest from memory, or reads at least one record, or
+        // fails.
         while out.len() < gens.len() {
             let at = start + out.len() as u64;
             let want = gens.len() - out.len();
+            // The rest may be just appended and not yet acknowledged, which the log does not
+            // read back (a new leader's generation-start record shipped at once to a
+            // follower catching up from below it): the newest records are in memory.
+            if let Some(recs) = self.recent_range(at, want) {
+                for (k, r) in recs.iter().enumerate() {
+                    if r.gen != gens[out.len() + k] {
+                        return Err(format!(
+                            "the newest record at {} is of generation {}, the machine names {}",
+                            at + k as u64,
+                            r.gen,
+                            gens[out.len() + k]
+                        ));
+                    }
+                }
+                out.extend(recs);
+                break;
+            }
             let got = match self.log.read(at, want, 1 << 20).await {
                 Ok(got) => got,
                 Err(LogError::BelowRetention { .. }) => return Ok(None),
                 Err(e) => return Err(format!("read the shipment at {at}: {e}")),
             };
             if got.is_empty() {
+                // Appended, not yet acknowledged, and no longer among the newest in memory
+                // (more unwritten than memory keeps): wait until the log holds it.
+                if at < self.log.next_offset() && self.log.acked() <= at {
+                    self.log
+                        .wait_acked(at + 1)
+                        .await
+                        .map_err(|e| format!("wait for the shipment at {at}: {e}"))?;
+                    continue;
+                }
                 return Err(format!("nothing to ship at {at}"));
             }
             for r in got.into_iter().take(want) {

@@ -808,3 +808,38 @@ fn a_shipment_larger_than_a_commit_is_appended_in_several() {
         assert_eq!(store.read_shipment(0, &gens).await.unwrap().unwrap(), recs);
     });
 }
+
+/// A shipment that starts in what is written and ends in what was just appended (a new
+/// leader's generation-start record, shipped at once to a follower catching up from the
+/// start) is read whole: the old part from the log, the new part from memory. It once failed
+/// the replica ("nothing to ship at 7") because the log reads only what it acknowledged.
+#[test]
+fn a_shipment_across_written_and_just_appended_records_is_read_whole() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("n");
+    run(move || async move {
+        let rec = |gen: u64, p: u8| Carried {
+            gen,
+            ts_ms: 5,
+            flags: 0,
+            payload: Bytes::from(vec![p; 16]),
+        };
+        let (mut store, _, _) = ReplicaStore::open(&dir, log_cfg()).await.unwrap();
+        let old: Vec<Carried> = (0..7).map(|k| rec(1, k)).collect();
+        store.append(0, &[1; 7], &old).await.unwrap();
+        store.settle().await.unwrap();
+        store.log().close().await.unwrap();
+        // Reopened: nothing is among the newest in memory.
+        let (mut store, _, _) = ReplicaStore::open(&dir, log_cfg()).await.unwrap();
+        let start = records_for(Source::Start, &[2], &[], &[], 9).unwrap();
+        store.append(7, &[2], &start).await.unwrap();
+        let mut gens = vec![1; 7];
+        gens.push(2);
+        let got = store.read_shipment(0, &gens).await.unwrap().unwrap();
+        let mut want = old.clone();
+        want.extend(start);
+        assert_eq!(got, want);
+        store.settle().await.unwrap();
+        store.log().close().await.unwrap();
+    });
+}
