@@ -399,6 +399,11 @@ impl SubQueue {
         (item, had_parked && self.parked.is_empty())
     }
 
+    /// The next item to send, left in place.
+    pub fn peek(&self) -> Option<&Item> {
+        self.items.front()
+    }
+
     pub fn is_parked(&self) -> bool {
         !self.parked.is_empty()
     }

@@ -228,6 +228,13 @@ fn broker_frames() -> Vec<Frame> {
             code: 0,
             message: String::new(),
         },
+        Frame::SubMux {
+            subscription_ids: vec![1],
+            frame: Box::new(Frame::Lag {
+                from_offset: 0,
+                lost: 1,
+            }),
+        },
         Frame::StreamInfo {
             request_id: 1,
             shards: 1,
@@ -448,6 +455,7 @@ async fn conformance_table() {
     groups_served(&mut s).await;
     caches_served(&mut s).await;
     watch_mux_served(&mut s).await;
+    sub_mux_served(&mut s).await;
     peer_max(&mut s).await;
     let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/protocol.md"))
         .unwrap();
@@ -1433,6 +1441,85 @@ async fn watch_mux_served(s: &mut Suite) {
     }
     c.assert_no_bad();
     s.cover(&["CacheMux"]);
+}
+
+/// The subscription mux: asked for, every drop_new subscription of the connection is
+/// delivered on one stream opened silently with the first; a record for two of them is one
+/// `SubMux` naming both; a Block subscription keeps a stream of its own; an unsubscribe is
+/// answered with a wrapped `SubEnd`.
+async fn sub_mux_served(s: &mut Suite) {
+    let mut c = s.conn().await;
+    match c
+        .hello_with(Frame::Hello {
+            features: features::ALL & !features::WATCH_MUX,
+            max_frame_bytes: FRAME_MAX as u32,
+            client: "raw-sub-mux".into(),
+        })
+        .await
+    {
+        Frame::HelloOk { features: f, .. } => assert_ne!(f & features::SUB_MUX, 0),
+        other => panic!("{other:?}"),
+    }
+    let mut sids = Vec::new();
+    for rid in [801, 802] {
+        c.send(0, &subscribe(rid, 2, StartAt::Latest, 0, 0));
+        match c.next_on(0).await {
+            Frame::SubscribeOk {
+                request_id,
+                subscription_id,
+                ..
+            } if request_id == rid => sids.push(subscription_id),
+            other => panic!("{other:?}"),
+        }
+    }
+    c.send(4, &publish(803, events(), 2, true, &[b"m1"]));
+    let offset = match c.next_on(4).await {
+        Frame::PublishAck { first_offset, .. } => first_offset,
+        other => panic!("{other:?}"),
+    };
+    let (ms, first) = c.next_server_uni().await;
+    match first {
+        Frame::SubMux {
+            mut subscription_ids,
+            frame,
+        } => {
+            subscription_ids.sort();
+            assert_eq!(subscription_ids, sids, "one frame names both");
+            assert!(
+                matches!(*frame, Frame::Delivery { shard: 2, first_offset, .. } if first_offset == offset)
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // Block: a stream of its own, announced with SubStream.
+    let mut block = subscribe(804, 2, StartAt::Latest, 0, 0);
+    if let Frame::Subscribe { policy, .. } = &mut block {
+        *policy = QueuePolicy::Block;
+    }
+    c.send(0, &block);
+    let (bs, first) = c.next_server_uni().await;
+    assert_ne!(bs, ms);
+    assert!(matches!(first, Frame::SubStream { .. }), "{first:?}");
+    assert!(matches!(c.next_on(0).await, Frame::SubscribeOk { .. }));
+    c.send(
+        0,
+        &Frame::Unsubscribe {
+            request_id: 805,
+            subscription_id: sids[0],
+        },
+    );
+    match c.next_on(ms).await {
+        Frame::SubMux {
+            subscription_ids,
+            frame,
+        } => {
+            assert_eq!(subscription_ids, vec![sids[0]]);
+            assert!(matches!(*frame, Frame::SubEnd { code: 0, .. }), "{frame:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    c.assert_no_bad();
+    s.cover(&["SubMux"]);
 }
 
 async fn peer_max(s: &mut Suite) {

@@ -724,7 +724,10 @@ fn queue_gauges_show_a_stalled_subscriber_and_open_watches() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let b = start(tempfile::tempdir().unwrap(), &[]);
     rt.block_on(async {
-        let c = b.client().await;
+        // Its own stream (no subscription mux), so the broker's queue fills behind it.
+        let mut cfg = b.client_config();
+        cfg.sub_mux = false;
+        let c = felix_client::Client::connect(cfg).await.unwrap();
         let stalled = SubscribeOptions {
             buffer_events: 1,
             ..from(StartAt::Latest)

@@ -262,9 +262,13 @@ async fn routing_keys_pick_shards_and_whole_stream_subscribe_merges_them() {
 
 /// A subscriber that will not read: a tiny QUIC window and client buffer, so the broker's
 /// queue (8 records) fills after a few dozen records.
-async fn stalled(b: &Broker, policy: QueuePolicy) -> (Client, Subscription) {
+/// A subscriber that reads nothing. `mux`: on the subscription mux (drop_new only), where the
+/// client keeps reading the connection's one stream and applies drop_new itself; else on a
+/// stream of its own with a small window, so the broker's queue for it fills.
+async fn stalled(b: &Broker, policy: QueuePolicy, mux: bool) -> (Client, Subscription) {
     let mut cfg = b.client_config();
     cfg.transport.max_stream_data_uni_bytes = 2048;
+    cfg.sub_mux = mux;
     let c = Client::connect(cfg).await.unwrap();
     let opts = SubscribeOptions {
         policy,
@@ -292,9 +296,9 @@ async fn fast_pair(b: &Broker) -> (Vec<Client>, Vec<Subscription>) {
     (cs, ss)
 }
 
-async fn drop_policy_case(policy: QueuePolicy) {
+async fn drop_policy_case(policy: QueuePolicy, mux: bool) {
     let b = Broker::start(2, &[]);
-    let (_sc, mut slow) = stalled(&b, policy).await;
+    let (_sc, mut slow) = stalled(&b, policy, mux).await;
     let (_fc, mut fast) = fast_pair(&b).await;
     let publisher = b.client().await;
     const N: u64 = 1500;
@@ -367,6 +371,12 @@ async fn drop_policy_case(policy: QueuePolicy) {
         }
         QueuePolicy::Block => unreachable!(),
     }
+    if mux {
+        // Dropped in the client, which never stopped reading the mux stream: the broker's
+        // queue for it never filled.
+        assert_eq!(b.total("records_dropped"), 0, "the broker dropped nothing");
+        return;
+    }
     assert_eq!(
         b.total("records_dropped"),
         lost,
@@ -388,12 +398,19 @@ async fn drop_policy_case(policy: QueuePolicy) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drop_new_isolates_a_stalled_subscriber_and_keeps_the_oldest() {
-    drop_policy_case(QueuePolicy::DropNew).await;
+    drop_policy_case(QueuePolicy::DropNew, false).await;
+}
+
+/// The same on the subscription mux: the client applies drop_new to the subscriber whose
+/// buffer is full, with one exact notice, and its fast neighbours lose nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drop_new_on_the_mux_isolates_a_stalled_subscriber_in_the_client() {
+    drop_policy_case(QueuePolicy::DropNew, true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drop_old_isolates_a_stalled_subscriber_and_keeps_the_newest() {
-    drop_policy_case(QueuePolicy::DropOld).await;
+    drop_policy_case(QueuePolicy::DropOld, false).await;
 }
 
 /// Publish `n` records one per acked publish in a task; reports each acked offset.
@@ -440,7 +457,7 @@ async fn wait_until_held(acked: &mut tokio::sync::watch::Receiver<u64>, quiet: D
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn block_holds_the_publisher_only_on_the_stalled_subscriber() {
     let b = Broker::start(2, &["--publish-timeout-ms", "60000"]);
-    let (_sc, mut slow) = stalled(&b, QueuePolicy::Block).await;
+    let (_sc, mut slow) = stalled(&b, QueuePolicy::Block, false).await;
     let (_fc, mut fast) = fast_pair(&b).await;
     const N: u64 = 400;
     let (pubh, mut acked) = spawn_publisher(b.client().await, N);
@@ -484,7 +501,7 @@ async fn held_publish_times_out_unappended_and_inflight_cap_refuses_before_queue
         1,
         &["--publish-timeout-ms", "400", "--conn-unacked-max", "2"],
     );
-    let (_sc, mut slow) = stalled(&b, QueuePolicy::Block).await;
+    let (_sc, mut slow) = stalled(&b, QueuePolicy::Block, false).await;
     let publisher = b.client().await;
     // Fill the stalled subscriber until a publish is held and times out.
     let mut next = 0u64;
@@ -704,7 +721,7 @@ async fn shutdown_with_a_held_publish_is_forced_by_a_second_signal_or_the_deadli
                     "4000",
                 ],
             );
-            let (_sc, _slow) = stalled(&b, QueuePolicy::Block).await;
+            let (_sc, _slow) = stalled(&b, QueuePolicy::Block, false).await;
             let (_pubh, mut acked) = spawn_publisher(b.client().await, 400);
             let held_at = wait_until_held(&mut acked, Duration::from_millis(700)).await;
             assert!(held_at < 400, "a publish is held");

@@ -602,6 +602,7 @@ impl Client {
                 paused: paused.clone(),
                 shard,
                 watch: true,
+                mux: false,
             };
             self.inner.send(Cmd::Subscribe {
                 frame,

@@ -35,6 +35,7 @@ mod cluster_watch;
 mod group;
 mod lanes;
 mod mux;
+mod submux;
 pub use cache::{
     CacheEntry, CacheInfo, CacheWatch, CounterValue, Deleted, WatchItem, WatchOptions, Written,
 };
@@ -109,6 +110,10 @@ pub struct ClientConfig {
     /// Ask for the watch mux (every watch of the connection on one stream; docs/protocol.md,
     /// "Watch mux"). Off: one stream per watch, paused when its buffer is full.
     pub watch_mux: bool,
+    /// Ask for the subscription mux (every drop_new subscription of the connection on one
+    /// stream; docs/protocol.md, "Subscription mux"). Off: one stream per subscription,
+    /// paused when its buffer is full.
+    pub sub_mux: bool,
     /// Ping the broker this often (`None`: never). With an idle timeout
     /// (`transport.idle_timeout_ms`) a few times longer, a broker that died or froze is
     /// noticed within the idle timeout even on a connection that only receives (a
@@ -178,6 +183,7 @@ impl ClientConfig {
             display_addr: addr.to_string(),
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
             watch_mux: true,
+            sub_mux: true,
             keepalive: None,
             token: None,
         }
@@ -366,6 +372,8 @@ struct SubSlot {
     shard: u32,
     /// A cache watch (on the mux stream when the connection negotiated it).
     watch: bool,
+    /// A subscription on the subscription mux stream (set when its Subscribe is sent).
+    mux: bool,
 }
 
 #[derive(Default)]
@@ -403,6 +411,8 @@ struct ConnHandler {
     features: u64,
     /// The watch mux's state (`mux.rs`).
     mux: mux::MuxState,
+    /// The subscription mux's state (`submux.rs`).
+    submux: submux::SubMuxState,
     keepalive: Option<Duration>,
     /// Why the connection closed, kept for requests made after it: they would otherwise
     /// only see their channel gone ("connection task ended") and lose the broker's reason.
@@ -506,6 +516,14 @@ impl ConnHandler {
             self.on_mux(c, watch_ids, *frame);
             return;
         }
+        if let Frame::SubMux {
+            subscription_ids,
+            frame,
+        } = frame
+        {
+            self.on_sub_mux(subscription_ids, *frame);
+            return;
+        }
         if let Frame::SubStream { subscription_id } = frame {
             self.stream_sub.insert(stream, subscription_id);
             return;
@@ -581,6 +599,7 @@ impl Handler for ConnHandler {
             // Each side sends at most the other's maximum.
             c.set_peer_max_frame_bytes(limits.max_frame_bytes as usize);
             self.mux.on = features & self.features & features::WATCH_MUX != 0;
+            self.submux.on = features & self.features & features::SUB_MUX != 0;
             if let Some(h) = self.hello.take() {
                 let _ = h.send(Ok(frame));
             }
@@ -623,6 +642,7 @@ impl Handler for ConnHandler {
                         (Some(ev), Some(st)) => self.deliver(c, st, &slot, ev),
                         // Held from the mux stream until this answer.
                         (Some(ev), None) if slot.watch => self.deliver_mux(c, sid, &slot, ev),
+                        (Some(ev), None) if slot.mux => self.deliver_sub_mux(sid, &slot, ev),
                         _ => {}
                     }
                 }
@@ -703,8 +723,12 @@ impl Handler for ConnHandler {
                 frame,
                 request_id,
                 reply,
-                slot,
+                mut slot,
             } => {
+                // The broker puts drop_new subscriptions on the mux stream.
+                if let Frame::Subscribe { policy, .. } = &frame {
+                    slot.mux = self.submux.on && *policy == QueuePolicy::DropNew;
+                }
                 self.pending.insert(request_id, reply);
                 self.pending_subs.insert(request_id, slot);
                 c.send_frame(0, &frame);
@@ -714,6 +738,7 @@ impl Handler for ConnHandler {
                 request_id,
             } => {
                 let removed = self.subs.remove(&subscription_id);
+                self.sub_mux_unsubscribed(subscription_id, removed.as_ref());
                 self.mux_unsubscribed(subscription_id, removed);
                 // Frames still in flight on its stream (its end included) are dropped, not
                 // kept as "early" frames of a subscription that never comes.
@@ -790,6 +815,7 @@ impl Handler for ConnHandler {
             }
         }
         self.drain_mux_blocked();
+        self.drain_sub_mux_blocked();
         let streams: Vec<u64> = self.blocked.keys().copied().collect();
         for stream in streams {
             let Some(&sid) = self.stream_sub.get(&stream) else {
@@ -1078,12 +1104,15 @@ impl Client {
             flushing: Vec::new(),
             fire_backlog: fire_backlog.clone(),
             max_frame_bytes: cfg.max_frame_bytes,
-            features: if cfg.watch_mux {
-                features::ALL
-            } else {
-                features::ALL & !features::WATCH_MUX
-            },
+            features: features::ALL
+                & !(if cfg.watch_mux {
+                    0
+                } else {
+                    features::WATCH_MUX
+                })
+                & !(if cfg.sub_mux { 0 } else { features::SUB_MUX }),
             mux: Default::default(),
+            submux: Default::default(),
             keepalive: cfg.keepalive,
         };
         let tx = spawn_client(
@@ -1389,6 +1418,7 @@ impl Client {
                 paused: paused.clone(),
                 shard,
                 watch: false,
+                mux: false,
             };
             // On failure `sub` is dropped, which unsubscribes the shards already opened.
             let (sid, start) = self.subscribe_on(stream, shard, &opts, slot).await?;

@@ -229,6 +229,10 @@ struct Args {
     /// `--watch-mux false` gives one stream per watch, for before/after runs.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     watch_mux: bool,
+    /// Ask for the subscription mux (every drop_new subscription of a connection on one
+    /// stream). `--sub-mux false` gives one stream per subscription, for before/after runs.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    sub_mux: bool,
     /// Brokers of a cluster, HOST:PORT,... (ingest, group): requests go through the
     /// ClusterClient, each to its shard's owner (ingest publishes round robin over every
     /// shard; group loads and consumes every shard at its owner); --broker and --shard are not
@@ -275,6 +279,7 @@ fn cfg(a: &Args) -> ClientConfig {
     c.verify = Verify::CaFile(a.ca.clone());
     c.transport.udp_payload_max_bytes = a.udp_payload_max_bytes;
     c.watch_mux = a.watch_mux;
+    c.sub_mux = a.sub_mux;
     c.token = token(a);
     c
 }
@@ -462,6 +467,7 @@ fn emit(a: &Args, mut v: serde_json::Value) {
             a.udp_payload_max_bytes.into(),
         );
         o.insert("watch_mux".into(), a.watch_mux.into());
+        o.insert("sub_mux".into(), a.sub_mux.into());
         o.insert("machine".into(), machine_facts());
         o.insert("git_rev".into(), git_rev().into());
         o.insert(

@@ -158,6 +158,9 @@ struct Session {
     subs: Vec<u64>,
     /// Subscription stream id → subscription id.
     sub_streams: IdMap<u64, u64>,
+    /// The subscription mux stream (`SUB_MUX`), opened with the first mux subscription and
+    /// kept while the connection lives.
+    sub_mux_stream: Option<u64>,
     /// Every publisher and one-way stream a publish was admitted on, until the client
     /// finishes or resets it (a revocation ends them all).
     pub_streams: HashMap<u64, PubStream>,

@@ -278,7 +278,7 @@ impl Raw {
 /// the per-watch layout is written; `hello_with` asks for the mux).
 pub fn hello_frame(max_frame_bytes: u32) -> Frame {
     Frame::Hello {
-        features: features::ALL & !features::WATCH_MUX,
+        features: features::ALL & !features::WATCH_MUX & !features::SUB_MUX,
         max_frame_bytes,
         client: "raw-test".into(),
     }

@@ -19,6 +19,7 @@ pub mod hash;
 pub mod peer;
 pub mod replica;
 pub mod streams;
+pub mod submux;
 
 pub use auth::AuthFrame;
 pub use cache::{CacheFrame, EventKind, WatchFilter, WatchStart, WriteCond};
@@ -67,8 +68,12 @@ pub mod features {
     /// `PublishAck` names the broker that owns the shard and wrote the records (`owner`), so
     /// a client of a cluster learns where to send that shard's publishes next.
     pub const OWNER_IN_ACK: u64 = 1 << 3;
+    /// Every drop_new subscription of a connection on one stream, each frame naming its
+    /// subscription ids (`SubMux`); negotiated: a broker uses it only when the client's Hello
+    /// asks for it.
+    pub const SUB_MUX: u64 = 1 << 4;
     /// Every feature this build implements.
-    pub const ALL: u64 = BATCH | LAG_NOTICE | WATCH_MUX | OWNER_IN_ACK;
+    pub const ALL: u64 = BATCH | LAG_NOTICE | WATCH_MUX | OWNER_IN_ACK | SUB_MUX;
 }
 
 /// Frame kinds. Numbers are stable.
@@ -90,7 +95,9 @@ pub mod kind {
     /// After the peer kinds (45..=47).
     pub const DESCRIBE_CLUSTER: u8 = 48;
     pub const CLUSTER_INFO: u8 = 49;
-    pub const LAST: u8 = super::replica::kind::LAST;
+    /// The subscription mux's frame (`submux.rs`).
+    pub const SUB_MUX: u8 = 53;
+    pub const LAST: u8 = SUB_MUX;
 }
 
 /// A decode failure. Every malformed input maps to one of these; decoding never panics.
@@ -459,6 +466,12 @@ pub enum Frame {
         code: u16,
         message: String,
     },
+    /// On the connection's subscription mux stream (`features::SUB_MUX`): `frame` (a
+    /// `Delivery`, `Lag` or `SubEnd`) for each subscription named, in order.
+    SubMux {
+        subscription_ids: Vec<u64>,
+        frame: Box<Frame>,
+    },
     DescribeStream {
         request_id: u64,
         stream: StreamName,
@@ -571,6 +584,7 @@ impl Frame {
             Frame::Lag { .. } => kind::LAG,
             Frame::Unsubscribe { .. } => kind::UNSUBSCRIBE,
             Frame::SubEnd { .. } => kind::SUB_END,
+            Frame::SubMux { .. } => kind::SUB_MUX,
             Frame::DescribeStream { .. } => kind::DESCRIBE_STREAM,
             Frame::StreamInfo { .. } => kind::STREAM_INFO,
             Frame::DescribeCluster { .. } => kind::DESCRIBE_CLUSTER,
@@ -833,6 +847,10 @@ impl Frame {
                 }
             }
             Frame::Group(g) => g.encode_body(&mut body),
+            Frame::SubMux {
+                subscription_ids,
+                frame,
+            } => submux::encode_body(&mut body, subscription_ids, frame),
             Frame::Cache(c) => c.encode_body(&mut body),
             Frame::Peer(p) => p.encode_body(&mut body),
             Frame::Auth(a) => a.encode_body(&mut body),
@@ -863,6 +881,13 @@ struct Reader {
 }
 
 impl Reader {
+    /// Everything not read yet.
+    fn rest(&mut self) -> Bytes {
+        let out = self.buf.slice(self.pos..);
+        self.pos = self.buf.len();
+        out
+    }
+
     fn take(&mut self, n: usize, field: &'static str) -> Result<Bytes, WireError> {
         let left = self.buf.len() - self.pos;
         if left < n {
@@ -1140,6 +1165,7 @@ pub fn decode_body(kind_: u8, flags: u16, body: Bytes) -> Result<Frame, WireErro
         k @ cache::kind::FIRST..=cache::kind::LAST => Frame::Cache(CacheFrame::decode(k, &mut r)?),
         k @ peer::kind::FIRST..=peer::kind::LAST => Frame::Peer(PeerFrame::decode(k, &mut r)?),
         k @ auth::kind::FIRST..=auth::kind::LAST => Frame::Auth(AuthFrame::decode(k, &mut r)?),
+        kind::SUB_MUX => submux::decode_body(&mut r)?,
         replica::kind::REPLICATE => {
             let (shard, msg, records) = replica::decode_body(&mut r)?;
             Frame::Replicate {

@@ -166,6 +166,7 @@ pub const KINDS: &[(u8, &str, Placement)] = &[
     ),
     (cache::kind::CACHE_INFO, "CacheInfo", Placement::BrokerOnly),
     (cache::kind::CACHE_MUX, "CacheMux", Placement::BrokerOnly),
+    (kind::SUB_MUX, "SubMux", Placement::BrokerOnly),
     (peer::kind::PEER_HELLO, "PeerHello", Placement::PeerLink),
     (
         peer::kind::PEER_HELLO_OK,

@@ -86,6 +86,17 @@ fn vector_frames() -> Vec<(&'static str, Frame)> {
             },
         ),
         (
+            "sub_mux_delivery",
+            Frame::SubMux {
+                subscription_ids: vec![3, 4],
+                frame: Box::new(Frame::Delivery {
+                    shard: 1,
+                    first_offset: 100,
+                    records: Records::encode([&b"a"[..], &b"bc"[..]]),
+                }),
+            },
+        ),
+        (
             "cache_mux_event",
             Frame::Cache(CacheFrame::CacheMux {
                 watch_ids: vec![1, 2],
@@ -1186,6 +1197,7 @@ fn request_id_is_known_for_exactly_the_kinds_that_start_with_one() {
                 | kind::DELIVERY
                 | kind::LAG
                 | kind::SUB_END
+                | kind::SUB_MUX
         ) && !matches!(
             *k,
             cache::kind::CACHE_EVENT

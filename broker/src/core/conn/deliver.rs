@@ -2,10 +2,11 @@
 //! host stepped with this core's context and the state of its QUIC streams, its effects
 //! written onto those streams, and the flush that refills subscription streams as they drain.
 
-use super::subs::{SubEffect, SubHost, Writable};
+use super::subs::{self, SubEffect, SubHost, Writable};
 use super::*;
 use crate::core::owner::step_ctx;
 use crate::core::shard::Ctx;
+use felix_quic::wire::submux;
 
 impl CoreState {
     /// Answer a publish. `owner`: the broker that owns the shard (0: this one), named in the
@@ -94,6 +95,28 @@ impl CoreState {
                     self.ep.mark_dirty(conn);
                 }
             }
+            SubEffect::MuxBatch(conn, qs, shard, ids, b) => {
+                if let Some(e) = self.ep.get(conn) {
+                    // The mux head (the ids) counts against the peer's frame maximum too.
+                    let room = e
+                        .conn
+                        .peer_max_frame_bytes()
+                        .saturating_sub(submux::overhead_bytes(ids.len()));
+                    for piece in b.split_to_fit(shard, room) {
+                        e.conn
+                            .send_bytes(qs, submux::encode_head(&ids, &piece.head));
+                        e.conn.send_bytes(qs, piece.region);
+                    }
+                    self.ep.mark_dirty(conn);
+                }
+            }
+            SubEffect::MuxFrame(conn, qs, ids, frame) => {
+                if let Some(e) = self.ep.get(conn) {
+                    e.conn
+                        .send_bytes(qs, submux::encode_head(&ids, &frame.encode()));
+                    self.ep.mark_dirty(conn);
+                }
+            }
             SubEffect::Finish(conn, qs) => {
                 if let Some(e) = self.ep.get(conn) {
                     e.conn.finish(qs);
@@ -107,7 +130,10 @@ impl CoreState {
             } => {
                 if let Some(session) = self.sessions.get_mut(&conn) {
                     session.subs.retain(|s| *s != sid);
-                    session.sub_streams.remove(&quic_stream);
+                    // The mux stream stays for the connection's other and later subscriptions.
+                    if session.sub_mux_stream != Some(quic_stream) {
+                        session.sub_streams.remove(&quic_stream);
+                    }
                 }
             }
         }
@@ -158,6 +184,10 @@ impl CoreState {
             for sid in refill {
                 if sid == crate::core::conn::watches::MUX_SID {
                     sent |= self.pump_mux(key);
+                    continue;
+                }
+                if sid == subs::SUB_MUX_SID {
+                    sent |= self.with_subs(|h, w, ctx| h.pump_mux(key, w, ctx));
                     continue;
                 }
                 if self.watches.contains(sid) {

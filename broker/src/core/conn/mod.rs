@@ -708,23 +708,40 @@ impl CoreState {
         let records_max = queue_bound(queue_records_max as u64, cfg.sub_queue_records_max as u64);
         let bytes_max = queue_bound(queue_bytes_max, cfg.sub_queue_bytes_max);
         let e = self.ep.get(key).expect("session has a connection");
-        if !e.conn.can_open_uni() {
+        // Only drop_new subscriptions share the mux: a client that cannot take more for one of
+        // them drops the newest and announces it, which is drop_new exactly. A Block or
+        // drop_old subscription keeps a stream of its own, whose flow control brings its policy
+        // to the broker's queue for it alone.
+        let mux = session.features & features::SUB_MUX != 0 && policy == QueuePolicy::DropNew;
+        let open_new = !mux || session.sub_mux_stream.is_none();
+        if open_new && !e.conn.can_open_uni() {
             return Err(Refusal::new(
                 ErrorCode::TooManySubscriptions,
                 "the client's unidirectional stream limit is exhausted",
             ));
         }
-        let qs = e.conn.open_uni();
         let sid = ((self.id as u64) << 48) | self.next_sub;
         self.next_sub += 1; // subscription and watch ids share this space
-        e.conn.send_frame(
-            qs,
-            &Frame::SubStream {
-                subscription_id: sid,
-            },
-        );
+        let qs = match (mux, session.sub_mux_stream) {
+            (true, Some(qs)) => qs,
+            (true, None) => {
+                // The mux stream carries nothing but `SubMux` frames (no `SubStream`).
+                let qs = e.conn.open_uni();
+                session.sub_mux_stream = Some(qs);
+                session.sub_streams.insert(qs, subs::SUB_MUX_SID);
+                qs
+            }
+            (false, _) => {
+                let qs = e.conn.open_uni();
+                let first = Frame::SubStream {
+                    subscription_id: sid,
+                };
+                e.conn.send_frame(qs, &first);
+                session.sub_streams.insert(qs, sid);
+                qs
+            }
+        };
         session.subs.push(sid);
-        session.sub_streams.insert(qs, sid);
         let sub = subs::Sub {
             conn: key,
             quic_stream: qs,
@@ -735,6 +752,7 @@ impl CoreState {
             request_id,
             reply_stream,
             catch_up: None,
+            mux,
         };
         self.with_subs(|h, _, ctx| h.open(sid, sub, start, ctx));
         Ok(())

@@ -238,6 +238,13 @@ pub(super) fn at_rest(w: &World) -> Result<(), String> {
     super::groups::at_rest(w)?;
     let acked = acked(w)?;
     let stands = subscribers_in_order(w, &acked)?;
+    for (conn, m) in &w.mux_conns {
+        if !m.unread.is_empty() {
+            return Err(format!(
+                "nothing_forgotten: mux connection {conn:#x} has unread frames at rest"
+            ));
+        }
+    }
     for (sid, c) in &w.clients {
         if c.lost {
             continue;

@@ -113,8 +113,10 @@ impl World {
         records_max: u64,
     ) -> u64 {
         let sid = self.id();
+        let mux = self.sub_mux && policy == QueuePolicy::DropNew;
         self.note(format!(
-            "subscribe #{sid} on core {core} to {key:?} from {start:?}, {policy:?} {records_max}"
+            "subscribe #{sid} on core {core} to {key:?} from {start:?}, {policy:?} {records_max}{}",
+            if mux { ", mux" } else { "" }
         ));
         self.clients.insert(
             sid,
@@ -128,6 +130,7 @@ impl World {
                 answer: None,
                 lost: false,
                 life: self.life,
+                mux,
             },
         );
         let frame = super::wire(&Frame::Subscribe {
@@ -160,9 +163,14 @@ impl World {
                 return sid;
             }
         };
+        let conn = if mux {
+            super::submux::mux_conn(core)
+        } else {
+            sid
+        };
         let sub = Sub {
-            conn: sid,
-            quic_stream: sid,
+            conn,
+            quic_stream: conn,
             stream: idx,
             shard,
             queue: SubQueue::new(policy, queue_records_max as u64, queue_bytes_max),
@@ -170,6 +178,7 @@ impl World {
             request_id: sid,
             reply_stream: 0,
             catch_up: None,
+            mux,
         };
         self.with_subs(core, |h, _, ctx| h.open(sid, sub, start, ctx));
         self.drain_inbox(core);
@@ -185,9 +194,15 @@ impl World {
         self.drain_inbox(core);
     }
 
+    /// Client `sid` stops (or starts again) reading. A mux client's connection stops as a
+    /// whole (the real client never stops its mux stream for one subscription).
     pub(crate) fn set_stalled(&mut self, sid: u64, stalled: bool) {
         if let Some(c) = self.clients.get_mut(&sid) {
             c.stalled = stalled;
+            if c.mux {
+                let conn = super::submux::mux_conn(c.core);
+                self.mux_conns.entry(conn).or_default().stalled = stalled;
+            }
         }
     }
 }

@@ -23,6 +23,7 @@ mod cluster;
 pub(in crate::core) mod disk;
 mod groups;
 mod scenarios;
+mod submux;
 
 use crate::catalog::Catalog;
 use crate::core::conn::subs::{SubEffect, SubHost};
@@ -133,6 +134,8 @@ pub(crate) struct Client {
     pub lost: bool,
     /// The broker life it subscribed in.
     pub life: u32,
+    /// On its core's mux connection (`submux.rs`).
+    pub mux: bool,
 }
 
 /// A publish and the answers it got (exactly one is owed).
@@ -157,6 +160,9 @@ pub(crate) struct World {
     io: Vec<Io>,
     pub disk: BTreeMap<ShardKey, Rc<RefCell<Stored>>>,
     pub clients: BTreeMap<u64, Client>,
+    /// Drop_new subscriptions share their core's mux connection (odd seeds).
+    pub sub_mux: bool,
+    pub mux_conns: BTreeMap<u64, submux::MuxConn>,
     pub pubs: BTreeMap<u64, Pub>,
     /// Cache writes, watch connections and watches (`caches`).
     pub cache_writes: BTreeMap<u64, caches::CacheWrite>,
@@ -205,6 +211,8 @@ impl World {
             io: Vec::new(),
             disk: BTreeMap::new(),
             clients: BTreeMap::new(),
+            sub_mux: seed % 2 == 1,
+            mux_conns: BTreeMap::new(),
             pubs: BTreeMap::new(),
             cache_writes: BTreeMap::new(),
             wconns: BTreeMap::new(),
@@ -342,10 +350,14 @@ impl World {
         f: impl FnOnce(&mut SubHost, &dyn Fn(u64, u64) -> bool, &Ctx) -> R,
     ) -> R {
         let mut subs = std::mem::take(&mut self.cores[c as usize].subs);
-        let clients = &self.clients;
+        let (clients, muxes) = (&self.clients, &self.mux_conns);
         // A subscription stream is writable once its client read everything on it.
-        let writable =
-            |conn: u64, _qs: u64| clients.get(&conn).is_some_and(|cl| cl.unread.is_empty());
+        let writable = |conn: u64, _qs: u64| {
+            if submux::is_mux_conn(conn) {
+                return muxes.get(&conn).is_none_or(|m| m.unread.is_empty());
+            }
+            clients.get(&conn).is_some_and(|cl| cl.unread.is_empty())
+        };
         let r = f(&mut subs, &writable, &self.ctx(c));
         let effects = subs.drain_effects();
         self.cores[c as usize].subs = subs;
@@ -361,10 +373,21 @@ impl World {
             // Connection `conn` is client `conn`; its subscription stream is stream `conn`
             // and its request stream is 0.
             SubEffect::Frame(conn, qs, frame) => {
-                let Some(cl) = self.clients.get_mut(&conn) else {
+                let frame = wire(&frame);
+                // A mux subscription's answers go to its connection: the client is the
+                // request's.
+                let client = match &frame {
+                    Frame::SubscribeOk { request_id, .. } | Frame::Error { request_id, .. }
+                        if submux::is_mux_conn(conn) =>
+                    {
+                        *request_id
+                    }
+                    _ => conn,
+                };
+                let Some(cl) = self.clients.get_mut(&client) else {
                     return;
                 };
-                match wire(&frame) {
+                match frame {
                     Frame::SubscribeOk { next_offset, .. } if qs == 0 => {
                         assert!(cl.answer.is_none(), "one answer per subscribe");
                         cl.answer = Some(Ok(next_offset));
@@ -394,6 +417,7 @@ impl World {
                     records,
                 });
             }
+            e @ (SubEffect::MuxBatch(..) | SubEffect::MuxFrame(..)) => self.on_mux_effect(e),
             SubEffect::Finish(..) | SubEffect::Removed { .. } => {}
         }
     }
@@ -545,6 +569,7 @@ impl World {
         self.cache_writes.clear();
         self.wconns.clear();
         self.watchers.clear();
+        self.mux_conns.clear();
         self.life += 1;
         self.draining = false;
         self.boot();
@@ -613,6 +638,7 @@ impl World {
             2 => self.disk_progress(),
             3 => self.complete_io(),
             5 => self.watch_client_reads(),
+            6 => self.mux_conn_reads(),
             _ => {
                 let ms = 1 + self.rng.below(50);
                 self.advance(ms);
@@ -646,6 +672,9 @@ impl World {
         }
         if self.watch_readable().next().is_some() {
             options.extend([5, 5]);
+        }
+        if self.mux_readable().next().is_some() {
+            options.extend([6, 6]);
         }
         options
     }
@@ -787,6 +816,9 @@ impl World {
         }
         for c in self.wconns.values_mut() {
             c.stalled = false;
+        }
+        for m in self.mux_conns.values_mut() {
+            m.stalled = false;
         }
         for _ in 0..20 {
             for _ in 0..100_000 {

@@ -267,6 +267,50 @@ fn block_holds_under_stalled_subscriber(w: &mut World) -> Result<(), String> {
     w.quiesce()
 }
 
+/// The subscription mux: drop_new subscribers of one core share its mux connection (some
+/// from the start, some from now, with small and large queues, some unsubscribing), the
+/// connection reads in fits and starts, and several shards publish: each subscriber still
+/// sees its log in order with every gap one exact lag notice, though one frame names many of
+/// them.
+fn mux_subscribers_share_frames(w: &mut World) -> Result<(), String> {
+    w.sub_mux = true;
+    w.run(20)?;
+    let stream = if w.rng.chance(50) { EPH } else { DUR };
+    let c = w.any_core();
+    let mut subs = Vec::new();
+    for _ in 0..(3 + w.rng.below(4)) {
+        let key = w.any_shard(stream);
+        let start = if w.rng.chance(50) {
+            StartAt::Earliest
+        } else {
+            StartAt::Latest
+        };
+        let bound = if w.rng.chance(50) {
+            1 + w.rng.below(3)
+        } else {
+            64
+        };
+        subs.push(w.subscribe(c, key, start, QueuePolicy::DropNew, bound));
+    }
+    for _ in 0..12 {
+        let sid = subs[w.rng.below(subs.len() as u64) as usize];
+        let stall = w.rng.chance(50);
+        w.set_stalled(sid, stall);
+        let n = 1 + w.rng.below(3);
+        w.some_publishes(stream, n)?;
+        if w.rng.chance(10) {
+            let sid = subs.remove(w.rng.below(subs.len() as u64) as usize);
+            w.unsubscribe(sid);
+            if subs.is_empty() {
+                break;
+            }
+        }
+        let k = w.rng.below(8);
+        w.run(k)?;
+    }
+    w.quiesce()
+}
+
 /// drop_new and drop_old subscribers with small queues, reading in fits and starts: each gap
 /// is one exact lag notice (the checker), and publishers are never held.
 fn drop_policies_announce_every_gap(w: &mut World) -> Result<(), String> {
@@ -714,6 +758,7 @@ mod run {
         everything_at_once => [publishes_held, lag_notices, history_reads, durable_shards_failed],
         cache_watch_joins_under_concurrent_writers => [cache_writes, cache_watches_opened, cache_watches_lagged, cache_watch_events],
         group_claims_expire_and_redeliver => [group_claims, group_redeliveries, group_acks, group_dead_letters, group_stale_answers, group_writes],
+        mux_subscribers_share_frames => [lag_notices, records_dropped_new, subscriptions_closed],
     );
 }
 
@@ -734,6 +779,15 @@ fn negative_twin_skipped_lag_notice_is_caught() {
     negative_twin(
         &crate::fanout::BREAK_SKIP_LAG_NOTICE,
         drop_policies_announce_every_gap,
+        "subscriber_sees_log_in_order",
+    );
+}
+
+#[test]
+fn negative_twin_mux_frame_naming_only_its_lead_is_caught() {
+    negative_twin(
+        &crate::core::conn::subs::breaks::MUX_NAMES_ONLY_LEAD,
+        mux_subscribers_share_frames,
         "subscriber_sees_log_in_order",
     );
 }
