@@ -1453,11 +1453,21 @@ async fn fanout_scale(a: &Args) -> Result<(), felix_client::Error> {
             let h = hists[i % conns_n].clone();
             let (accounted, ended) = (accounted.clone(), ended.clone());
             let progress = ticker.counters();
+            // Every delivery and notice must start where the last one ended, from the
+            // subscription's start: with frames naming many subscriptions, a count could pass
+            // where the offsets do not.
+            let mut next = s.start_offsets[0].1;
             tokio::spawn(async move {
                 let mut st = SubStat::default();
                 while let Some(ev) = s.next().await {
                     match ev {
-                        Event::Records { records, .. } => {
+                        Event::Records {
+                            records,
+                            first_offset,
+                            ..
+                        } => {
+                            st.out_of_order += u64::from(first_offset != next);
+                            next = first_offset + u64::from(records.count());
                             if let Some(p) = records.iter().next() {
                                 let t = u64::from_le_bytes(p[..8].try_into().unwrap());
                                 let now = epoch.elapsed().as_micros() as u64;
@@ -1469,7 +1479,13 @@ async fn fanout_scale(a: &Args) -> Result<(), felix_client::Error> {
                                 p.delivered.fetch_add(k, Ordering::Relaxed);
                             }
                         }
-                        Event::Lag { lost: l, .. } => {
+                        Event::Lag {
+                            lost: l,
+                            from_offset,
+                            ..
+                        } => {
+                            st.out_of_order += u64::from(from_offset != next);
+                            next = from_offset + l;
                             st.lost += l;
                             st.lag_notices += 1;
                             if let Some(p) = &progress {
@@ -1495,6 +1511,10 @@ async fn fanout_scale(a: &Args) -> Result<(), felix_client::Error> {
     // Publisher: every millisecond, whatever the rate says is due.
     let publisher = Client::connect(cfg(a)).await?;
     let start = Instant::now();
+    let cpu0 = (
+        cpu_used_secs(None),
+        a.broker_pid.and_then(|p| cpu_used_secs(Some(p))),
+    );
     let mut tick = tokio::time::interval(Duration::from_millis(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let total = a.rate * a.secs;
@@ -1528,21 +1548,35 @@ async fn fanout_scale(a: &Args) -> Result<(), felix_client::Error> {
     {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    // The delivery phase ends here: its time does not include closing the connections.
+    // The delivery phase ends here: its time and CPU do not include closing the connections.
     let elapsed = start.elapsed().as_secs_f64();
+    let cpu1 = (
+        cpu_used_secs(None),
+        a.broker_pid.and_then(|p| cpu_used_secs(Some(p))),
+    );
     for c in std::mem::take(&mut clients) {
         let _ = c.close().await;
     }
-    let (mut delivered, mut complete) = (0u64, 0usize);
+    let (mut delivered, mut complete, mut unordered) = (0u64, 0usize, 0usize);
     let mut min_got = u64::MAX;
     let mut stats = Vec::with_capacity(subs_n);
     for r in readers {
         let st = r.await.unwrap();
         delivered += st.got;
         min_got = min_got.min(st.got);
-        complete += usize::from(st.got == n);
+        // Complete: every record, each where the last ended (none missing, repeated or out
+        // of order).
+        complete += usize::from(st.got == n && st.out_of_order == 0);
+        unordered += usize::from(st.out_of_order > 0);
         stats.push(st);
     }
+    // In cores over the delivery phase: a saturated load core measures the client.
+    let cores =
+        |x: Option<f64>, y: Option<f64>| Some(((y? - x?) / elapsed * 100.0).round() / 100.0);
+    let client_us_per_delivery = match (cpu0.0, cpu1.0) {
+        (Some(x), Some(y)) if delivered > 0 => Some((y - x) * 1e6 / delivered as f64),
+        _ => None,
+    };
     drop(ticker);
     let mut hist = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000, 2).unwrap();
     for h in &hists {
@@ -1562,6 +1596,9 @@ async fn fanout_scale(a: &Args) -> Result<(), felix_client::Error> {
         "delivered": delivered, "delivered_per_s": delivered as f64 / elapsed,
         "expected": n * subs_n as u64, "min_per_sub": min_got,
         "subs_complete": complete, "lossless": complete == subs_n,
+        "subs_out_of_order": unordered,
+        "delivery_phase_cpu": {"client_cores": cores(cpu0.0, cpu1.0),
+            "broker_cores": cores(cpu0.1, cpu1.1), "client_us_per_delivery": client_us_per_delivery},
         "queue_policy": a.queue_policy.name(), "load1": load,
         "broker_rss_before": rss0, "broker_rss_after_subscribe": rss1,
         "broker_rss_per_sub_bytes": per_sub, "unit": "us",
