@@ -1608,6 +1608,70 @@ async fn peer_max(s: &mut Suite) {
         other => panic!("{other:?}"),
     }
     small.assert_no_bad();
+    // On the subscription mux too: each piece, ids and all, under the peer's maximum.
+    let mut mux = Raw::connect(s.b.quic, &s.b.ca(), PEER_FLOOR as usize, WINDOW).await;
+    mux.hello_with(Frame::Hello {
+        features: features::ALL & !features::WATCH_MUX,
+        max_frame_bytes: PEER_FLOOR,
+        client: "raw-small-mux".into(),
+    })
+    .await;
+    let mut sids = Vec::new();
+    for rid in [705, 706] {
+        mux.send(0, &subscribe(rid, 3, StartAt::Latest, 0, 0));
+        match mux.next_on(0).await {
+            Frame::SubscribeOk {
+                subscription_id, ..
+            } => sids.push(subscription_id),
+            other => panic!("{other:?}"),
+        }
+    }
+    c.send(
+        4,
+        &publish(707, events(), 3, true, &[&rec, &rec, &rec, &rec]),
+    );
+    let first = match c.next_on(4).await {
+        Frame::PublishAck { first_offset, .. } => first_offset,
+        other => panic!("{other:?}"),
+    };
+    let (ms, mut f) = mux.next_server_uni().await;
+    let mut got: std::collections::BTreeMap<u64, Vec<u64>> = Default::default();
+    let mut frames = 0;
+    loop {
+        match f {
+            Frame::SubMux {
+                subscription_ids,
+                frame,
+            } => {
+                frames += 1;
+                let Frame::Delivery {
+                    first_offset,
+                    records,
+                    ..
+                } = *frame
+                else {
+                    panic!("{frame:?}")
+                };
+                for id in subscription_ids {
+                    let offsets = got.entry(id).or_default();
+                    offsets.extend(first_offset..first_offset + u64::from(records.count()));
+                }
+            }
+            other => panic!("{other:?}"),
+        }
+        if got.values().all(|o| o.len() == 4) && got.len() == 2 {
+            break;
+        }
+        f = mux.next_on(ms).await;
+    }
+    for id in &sids {
+        assert_eq!(got[id], (first..first + 4).collect::<Vec<_>>());
+    }
+    assert!(
+        frames >= 3,
+        "the batch came in pieces under the peer's maximum"
+    );
+    mux.assert_no_bad();
     s.cover(&["peer-max"]);
 }
 

@@ -98,14 +98,19 @@ impl CoreState {
             SubEffect::MuxBatch(conn, qs, shard, ids, b) => {
                 if let Some(e) = self.ep.get(conn) {
                     // The mux head (the ids) counts against the peer's frame maximum too.
-                    let room = e
-                        .conn
-                        .peer_max_frame_bytes()
-                        .saturating_sub(submux::overhead_bytes(ids.len()));
+                    let max = e.conn.peer_max_frame_bytes();
+                    let room = max.saturating_sub(submux::overhead_bytes(ids.len()));
                     for piece in b.split_to_fit(shard, room) {
-                        e.conn
-                            .send_bytes(qs, submux::encode_head(&ids, &piece.head));
-                        e.conn.send_bytes(qs, piece.region);
+                        // A single record too large to share a frame with every id goes to
+                        // fewer ids a frame (a peer takes at least max_payload + 1 KiB: room
+                        // for over 100 ids beside the largest record).
+                        let used = piece.bytes() as usize + submux::overhead_bytes(0);
+                        let ids_max = (max.saturating_sub(used) / 8).max(1);
+                        for some in ids.chunks(ids_max) {
+                            e.conn
+                                .send_bytes(qs, submux::encode_head(some, &piece.head));
+                            e.conn.send_bytes(qs, piece.region.clone());
+                        }
                     }
                     self.ep.mark_dirty(conn);
                 }

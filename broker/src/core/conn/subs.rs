@@ -78,7 +78,6 @@ pub(crate) struct SubHost {
 mod mux;
 pub(crate) use mux::SUB_MUX_SID;
 
-
 impl SubHost {
     pub(crate) fn drain_effects(&mut self) -> Vec<SubEffect> {
         std::mem::take(&mut self.effects)
