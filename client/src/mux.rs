@@ -181,20 +181,26 @@ impl ConnHandler {
 
     /// Move blocked mux items into their buffers as the application makes room.
     pub(crate) fn drain_mux_blocked(&mut self) {
-        self.mux.blocked.retain(|_, (slot, q)| {
-            while let Some(ev) = q.pop_front() {
-                match slot.events.try_send(ev) {
-                    Ok(()) => {}
-                    Err(mpsc::error::TrySendError::Full(ev)) => {
-                        q.push_front(ev);
-                        // Wake this side again after the application's next read.
-                        slot.paused.store(true, Ordering::Release);
-                        return true;
-                    }
-                    Err(mpsc::error::TrySendError::Closed(_)) => return false,
-                }
-            }
-            false
-        });
+        drain_waiting(&mut self.mux.blocked);
     }
+}
+
+/// Move what waits for each of `blocked` (a watch's or a subscription's items, in order) into
+/// its buffer while it has room; forget those whose application is gone.
+pub(crate) fn drain_waiting(blocked: &mut IdMap<u64, (SubSlot, VecDeque<Event>)>) {
+    blocked.retain(|_, (slot, q)| {
+        while let Some(ev) = q.pop_front() {
+            match slot.events.try_send(ev) {
+                Ok(()) => {}
+                Err(mpsc::error::TrySendError::Full(ev)) => {
+                    q.push_front(ev);
+                    // Wake this side again after the application's next read.
+                    slot.paused.store(true, Ordering::Release);
+                    return true;
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => return false,
+            }
+        }
+        false
+    });
 }

@@ -129,20 +129,7 @@ impl ConnHandler {
 
     /// Move what waits into the buffers as the application makes room.
     pub(crate) fn drain_sub_mux_blocked(&mut self) {
-        self.submux.blocked.retain(|_, (slot, q)| {
-            while let Some(ev) = q.pop_front() {
-                match slot.events.try_send(ev) {
-                    Ok(()) => {}
-                    Err(mpsc::error::TrySendError::Full(ev)) => {
-                        q.push_front(ev);
-                        slot.paused.store(true, Ordering::Release);
-                        return true;
-                    }
-                    Err(mpsc::error::TrySendError::Closed(_)) => return false,
-                }
-            }
-            false
-        });
+        super::mux::drain_waiting(&mut self.submux.blocked);
     }
 }
 

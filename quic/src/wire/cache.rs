@@ -694,26 +694,7 @@ impl CacheFrame {
                 }
             }
             kind::CACHE_MUX => {
-                let count = r.u32("watch_count")? as usize;
-                if count == 0 {
-                    return Err(WireError::InvalidValue {
-                        field: "watch_count",
-                        value: 0,
-                    });
-                }
-                // Bounded by the bytes present before anything is allocated.
-                let ids = r.take(count.saturating_mul(8), "watch_ids")?;
-                let watch_ids: Vec<u64> = ids
-                    .chunks_exact(8)
-                    .map(|c| u64::from_le_bytes(c.try_into().expect("8-byte chunk")))
-                    .collect();
-                let mut seen = std::collections::HashSet::with_capacity(count);
-                if let Some(dup) = watch_ids.iter().find(|id| !seen.insert(**id)) {
-                    return Err(WireError::InvalidValue {
-                        field: "watch_ids",
-                        value: *dup,
-                    });
-                }
+                let watch_ids = r.distinct_ids("watch_count", "watch_ids")?;
                 let inner = r.u8("inner_kind")?;
                 if !matches!(
                     inner,

@@ -881,6 +881,35 @@ struct Reader {
 }
 
 impl Reader {
+    /// A mux frame's ids: a count u32 (at least one), then that many u64, none twice.
+    fn distinct_ids(
+        &mut self,
+        count_field: &'static str,
+        ids_field: &'static str,
+    ) -> Result<Vec<u64>, WireError> {
+        let count = self.u32(count_field)? as usize;
+        if count == 0 {
+            return Err(WireError::InvalidValue {
+                field: count_field,
+                value: 0,
+            });
+        }
+        // Bounded by the bytes present before anything is allocated.
+        let raw = self.take(count.saturating_mul(8), ids_field)?;
+        let ids: Vec<u64> = raw
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8-byte chunk")))
+            .collect();
+        let mut seen = std::collections::HashSet::with_capacity(count);
+        if let Some(dup) = ids.iter().find(|id| !seen.insert(**id)) {
+            return Err(WireError::InvalidValue {
+                field: ids_field,
+                value: *dup,
+            });
+        }
+        Ok(ids)
+    }
+
     /// Everything not read yet.
     fn rest(&mut self) -> Bytes {
         let out = self.buf.slice(self.pos..);

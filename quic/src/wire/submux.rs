@@ -59,26 +59,7 @@ pub(super) fn encode_body(b: &mut BytesMut, ids: &[u64], inner: &Frame) {
 
 /// Decode a `SubMux` body: at least one id, no id twice, a wrapped kind the mux carries.
 pub(super) fn decode_body(r: &mut Reader) -> Result<Frame, WireError> {
-    let count = r.u32("subscription_count")? as usize;
-    if count == 0 {
-        return Err(WireError::InvalidValue {
-            field: "subscription_count",
-            value: 0,
-        });
-    }
-    // Bounded by the bytes present before anything is allocated.
-    let raw = r.take(count.saturating_mul(8), "subscription_ids")?;
-    let ids: Vec<u64> = raw
-        .chunks_exact(8)
-        .map(|c| u64::from_le_bytes(c.try_into().expect("8-byte chunk")))
-        .collect();
-    let mut seen = std::collections::HashSet::with_capacity(count);
-    if let Some(dup) = ids.iter().find(|id| !seen.insert(**id)) {
-        return Err(WireError::InvalidValue {
-            field: "subscription_ids",
-            value: *dup,
-        });
-    }
+    let ids = r.distinct_ids("subscription_count", "subscription_ids")?;
     let inner = r.u8("inner_kind")?;
     if !wraps(inner) {
         return Err(WireError::InvalidValue {

@@ -877,6 +877,7 @@ fn a_seed_replays_exactly() {
         crash_and_restart_keeps_acknowledged,
         cache_watch_joins_under_concurrent_writers,
         group_claims_expire_and_redeliver,
+        mux_subscribers_share_frames,
     ]
     .into_iter()
     .enumerate()
