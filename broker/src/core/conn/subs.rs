@@ -76,7 +76,7 @@ pub(crate) struct SubHost {
 }
 
 mod mux;
-pub(crate) use mux::SUB_MUX_SID;
+pub(crate) use mux::{SUB_MUX_IDS_MAX, SUB_MUX_SID};
 
 impl SubHost {
     pub(crate) fn drain_effects(&mut self) -> Vec<SubEffect> {

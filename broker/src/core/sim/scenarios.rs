@@ -864,6 +864,53 @@ fn negative_twin_claim_with_another_records_payload_is_caught() {
     );
 }
 
+/// A batch taken by more subscriptions of one connection than a frame may name leaves in
+/// frames of at most `SUB_MUX_IDS_MAX` ids, and every subscription gets it (docs/protocol.md,
+/// "Subscription mux").
+#[test]
+fn a_mux_frame_names_at_most_its_bound_of_subscriptions() {
+    use crate::core::conn::subs::SUB_MUX_IDS_MAX;
+    // Steps without the per-step checks (4,000 subscribers make them slow; the scenarios run
+    // them), then the at-rest check.
+    fn settle(w: &mut World) {
+        for _ in 0..1_000_000 {
+            if !w.step() {
+                return;
+            }
+        }
+        panic!("never at rest");
+    }
+    let mut w = World::new(1, base());
+    w.sub_mux = true;
+    settle(&mut w);
+    let key = (EPH, 0);
+    let subs: Vec<u64> = (0..SUB_MUX_IDS_MAX + 10)
+        .map(|_| w.subscribe(0, key, StartAt::Latest, QueuePolicy::DropNew, 64))
+        .collect();
+    settle(&mut w);
+    // The connection reads nothing: one frame is written, then the stream is full.
+    w.set_stalled(subs[0], true);
+    w.publish(1, key, 1);
+    settle(&mut w);
+    let frames = &w.mux_conns[&super::submux::mux_conn(0)].unread;
+    assert_eq!(
+        frames.len(),
+        1,
+        "one frame while the connection reads nothing"
+    );
+    assert_eq!(frames[0].0.len(), SUB_MUX_IDS_MAX);
+    w.set_stalled(subs[0], false);
+    settle(&mut w);
+    check::at_rest(&w).unwrap();
+    for sid in subs {
+        let got = &w.clients[&sid].read;
+        assert!(
+            got.iter().any(|g| matches!(g, Got::Batch { .. })),
+            "#{sid}: {got:?}"
+        );
+    }
+}
+
 /// A seed replays exactly: the same events in the same order (what `FELIX_SIM_SEED` relies
 /// on). Hash maps the hosts iterate use fixed hashing for this.
 #[test]
