@@ -76,7 +76,9 @@ pub(crate) struct SubHost {
 }
 
 mod mux;
-pub(crate) use mux::{SUB_MUX_IDS_MAX, SUB_MUX_SID};
+#[cfg(test)]
+pub(crate) use mux::SUB_MUX_IDS_MAX;
+pub(crate) use mux::SUB_MUX_SID;
 
 impl SubHost {
     pub(crate) fn drain_effects(&mut self) -> Vec<SubEffect> {
