@@ -253,32 +253,28 @@ impl SubHost {
             return false;
         }
         let (item, unparked) = sub.queue.pop();
-        let c = ctx.counters;
         let sent = item.is_some();
+        if let Some(item) = &item {
+            count_sent(ctx.counters, item);
+        }
         match item {
-            Some(Item::Batch(b)) => {
-                CoreCounters::inc(&c.batches_delivered);
-                CoreCounters::add(&c.records_delivered, b.count as u64);
-                CoreCounters::add(&c.bytes_delivered, b.bytes());
-                self.effects.push(SubEffect::Batch(conn, qs, key.1, b));
-            }
-            Some(Item::Lag(l)) => {
-                CoreCounters::inc(&c.lag_notices);
-                let lag = Frame::Lag {
-                    from_offset: l.from_offset,
-                    lost: l.lost,
-                };
-                self.effects.push(SubEffect::Frame(conn, qs, lag));
-            }
+            Some(Item::Batch(b)) => self.effects.push(SubEffect::Batch(conn, qs, key.1, b)),
+            Some(Item::Lag(l)) => self.effects.push(SubEffect::Frame(conn, qs, lag_frame(l))),
             None => {}
         }
+        self.after_pop(sid, key, unparked, ctx);
+        sent
+    }
+
+    /// After an item of `sid` (on shard `key`) left: release a parked hold it ended, and ask
+    /// for the next history chunk when its queue is empty.
+    fn after_pop(&mut self, sid: u64, key: ShardKey, unparked: bool, ctx: &Ctx) {
         if unparked {
             self.unparked(key, ctx);
         }
         if self.queue_empty(sid) {
             self.maybe_fetch(sid, ctx);
         }
-        sent
     }
 
     pub(crate) fn on_attach_result(
@@ -437,6 +433,25 @@ impl SubHost {
         for sid in self.on_shard(key) {
             self.remove(sid, Some((why.code.number(), why.message.clone())), ctx);
         }
+    }
+}
+
+/// Count an item as sent to one subscriber (per subscriber, on its own stream or the mux).
+fn count_sent(c: &CoreCounters, item: &Item) {
+    match item {
+        Item::Batch(b) => {
+            CoreCounters::inc(&c.batches_delivered);
+            CoreCounters::add(&c.records_delivered, b.count as u64);
+            CoreCounters::add(&c.bytes_delivered, b.bytes());
+        }
+        Item::Lag(_) => CoreCounters::inc(&c.lag_notices),
+    }
+}
+
+fn lag_frame(l: crate::fanout::Lag) -> Frame {
+    Frame::Lag {
+        from_offset: l.from_offset,
+        lost: l.lost,
     }
 }
 

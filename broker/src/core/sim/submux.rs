@@ -6,7 +6,7 @@
 //! clients stalls the whole connection: the real client never stops reading the mux stream
 //! for one subscription, so the broker's queues fill only when the connection falls behind.
 
-use super::{wire, Got, World};
+use super::{Got, World};
 use crate::core::conn::subs::SubEffect;
 use felix_quic::wire::{submux, Frame, Records};
 
@@ -44,13 +44,13 @@ impl World {
             _ => unreachable!("only mux effects"),
         };
         assert!(is_mux_conn(conn), "a mux frame on a mux connection");
-        let frame = felix_quic::wire::decode_frame(&bytes, usize::MAX >> 1)
+        // What the client reads is what it decodes from the bytes the host wrote.
+        let decoded = felix_quic::wire::decode_frame(&bytes, usize::MAX >> 1)
             .expect("a SubMux the host wrote decodes");
-        // Through the wire once more: what the client reads is what it decodes.
         let Frame::SubMux {
             subscription_ids,
             frame,
-        } = wire(&frame)
+        } = decoded
         else {
             panic!("a mux stream carries only SubMux frames")
         };

@@ -9,9 +9,7 @@
 use super::{SubEffect, SubHost, Writable};
 use crate::core::shard::Ctx;
 use crate::fanout::Item;
-use crate::metrics::CoreCounters;
 use felix_quic::server::ConnKey;
-use felix_quic::wire::Frame;
 
 /// The `sub_streams` entry of a connection's subscription mux stream (no subscription has
 /// this id: ids are the core's number shifted left by 48, then a count).
@@ -78,27 +76,15 @@ impl SubHost {
         };
         let n = m.subs.len();
         self.muxes.get_mut(&conn).expect("looked up above").next = (lead_at + 1) % n;
-        let c = ctx.counters;
         let mut first: Option<(u32, Item)> = None;
         for &sid in &ids {
             let sub = self.subs.get_mut(&sid).expect("a mux subscription is live");
             let key = (sub.stream, sub.shard);
             let (item, unparked) = sub.queue.pop();
             let item = item.expect("grouped by its head item");
-            if let Item::Batch(b) = &item {
-                CoreCounters::inc(&c.batches_delivered);
-                CoreCounters::add(&c.records_delivered, b.count as u64);
-                CoreCounters::add(&c.bytes_delivered, b.bytes());
-            } else {
-                CoreCounters::inc(&c.lag_notices);
-            }
+            super::count_sent(ctx.counters, &item);
             first.get_or_insert((key.1, item));
-            if unparked {
-                self.unparked(key, ctx);
-            }
-            if self.queue_empty(sid) {
-                self.maybe_fetch(sid, ctx);
-            }
+            self.after_pop(sid, key, unparked, ctx);
         }
         let (shard, item) = first.expect("a group names at least one subscription");
         #[cfg(test)]
@@ -109,13 +95,7 @@ impl SubHost {
         };
         self.effects.push(match item {
             Item::Batch(b) => SubEffect::MuxBatch(conn, qs, shard, ids, b),
-            Item::Lag(l) => {
-                let lag = Frame::Lag {
-                    from_offset: l.from_offset,
-                    lost: l.lost,
-                };
-                SubEffect::MuxFrame(conn, qs, ids, lag)
-            }
+            Item::Lag(l) => SubEffect::MuxFrame(conn, qs, ids, super::lag_frame(l)),
         });
         true
     }
