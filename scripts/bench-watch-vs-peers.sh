@@ -11,7 +11,8 @@
 # summary (scripts/watch-summary.py): medians, each Felix/etcd ratio, client and server CPU,
 # memory per watcher, and runs whose load core was saturated marked invalid.
 # Usage: scripts/bench-watch-vs-peers.sh OUT.jsonl [ROUNDS=3] [CASES] ; env SYSTEMS="felix etcd nats-kv"
-# ("felix-nomux" is Felix with --watch-mux false: a stream per watch, for the lever's share).
+# ("felix-nomux" is Felix with --watch-mux false: a stream per watch; "felix-task" is Felix read
+# by a task per watch instead of a WatchSet per connection: each for its lever's share).
 # Needs: release felix-broker + felix-loadgen; peer-bench built at $PEER_BENCH (default
 # /var/cache/peer-bench-target/release/peer-bench) with etcd and nats-server installed (its
 # README lists the packages).
@@ -23,12 +24,12 @@ SYSTEMS=${SYSTEMS:-"felix etcd nats-kv"}
 PB="${PEER_BENCH:-/var/cache/peer-bench-target/release/peer-bench}"
 . scripts/bench-lib.sh
 label() { echo "w$1-r$2-p$3"; }
-felix() { # SYSTEM MUX W R P
-  local S=$1 MUX=$2; shift 2
+felix() { # SYSTEM MUX READER W R P
+  local S=$1 MUX=$2 READER=$3; shift 3
   local C; C=$(label "$@")
   felix_run "$OUT" "$S $C" -- --max-secs 90 --mode cache --count 10000 --subscribers "$1" \
     --rate "$2" --connections $(( ($1 + $3 - 1) / $3 )) --secs 5 --payload 256 --broker-pid '{pid}' \
-    --watch-mux "$MUX"
+    --watch-mux "$MUX" --watch-reader "$READER"
 }
 peer() { # SYSTEM MODE W R P
   local S=$1 M=$2 C; C=$(label "$3" "$4" "$5")
@@ -51,8 +52,9 @@ for i in $(seq 1 "$ROUNDS"); do
     echo "round $i/$ROUNDS $(label "$W" "$R" "$P") $(date -u +%T)" >&2
     for s in "${order[@]}"; do
       case $s in
-        felix) felix felix true "$W" "$R" "$P" ;;
-        felix-nomux) felix felix-nomux false "$W" "$R" "$P" ;;
+        felix) felix felix true set "$W" "$R" "$P" ;;
+        felix-nomux) felix felix-nomux false set "$W" "$R" "$P" ;;
+        felix-task) felix felix-task true task "$W" "$R" "$P" ;;
         etcd) peer etcd etcd-watch "$W" "$R" "$P" ;;
         nats-kv) peer nats-kv kv-watch "$W" "$R" "$P" ;;
       esac

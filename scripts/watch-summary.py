@@ -51,7 +51,7 @@ def main():
         runs[(case, system)].append(r)
     cases = sorted({c for c, _ in runs} | {c for c, _ in invalid})
     present = {s for _, s in runs} | {s for _, s in invalid}
-    systems = [s for s in ["felix", "felix-nomux", "etcd", "nats-kv"] if s in present]
+    systems = [s for s in ["felix", "felix-task", "felix-nomux", "etcd", "nats-kv"] if s in present]
     print("| case | system | runs (invalid) | puts/s | events/s | p50 / p99 ms | complete (each run) | client / server cores | bytes per watcher |")
     print("|---|---|---|---|---|---|---|---|---|")
     meds = {}
@@ -66,17 +66,17 @@ def main():
             print(f'| {c} | {s} | {len(rs)} ({invalid.get((c, s), 0)}) | {fmt(m["puts_s"])} | {fmt(m["events_s"], 0)} | '
                   f'{fmt(m["p50_ms"])} / {fmt(m["p99_ms"])} | {comp} | {fmt(m["client"], 2)} / {fmt(m["server"], 2)} | {fmt(m["rss_w"], 0)} |')
     print()
-    print("| case | Felix / etcd events/s | Felix / etcd p99 | mux / no mux events/s |")
-    print("|---|---|---|---|")
+    print("| case | Felix / etcd events/s | Felix / etcd p99 | mux / no mux events/s | set / task reader events/s |")
+    print("|---|---|---|---|---|")
+
+    def over(a, b):
+        return a["events_s"] / b["events_s"] if a and b and a["events_s"] and b["events_s"] else None
+
     for c in cases:
-        f, e, n = meds.get((c, "felix")), meds.get((c, "etcd")), meds.get((c, "felix-nomux"))
-        ratio = p99 = mux = None
-        if f and e and f["events_s"] and e["events_s"]:
-            ratio = f["events_s"] / e["events_s"]
-            p99 = f["p99_ms"] / e["p99_ms"] if f["p99_ms"] and e["p99_ms"] else None
-        if f and n and f["events_s"] and n["events_s"]:
-            mux = f["events_s"] / n["events_s"]
-        print(f'| {c} | **{fmt(ratio, 2)}** | {fmt(p99, 2)} | {fmt(mux, 2)} |')
+        f, e = meds.get((c, "felix")), meds.get((c, "etcd"))
+        n, t = meds.get((c, "felix-nomux")), meds.get((c, "felix-task"))
+        p99 = f["p99_ms"] / e["p99_ms"] if f and e and f["p99_ms"] and e["p99_ms"] else None
+        print(f'| {c} | **{fmt(over(f, e), 2)}** | {fmt(p99, 2)} | {fmt(over(f, n), 2)} | {fmt(over(f, t), 2)} |')
     if "--png" in sys.argv:
         try:
             import matplotlib

@@ -242,6 +242,33 @@ fn every_mode_runs_and_accounts_for_every_record() {
     assert!(kv["first_offset_mismatch"].is_null(), "{kv}");
     assert_eq!(kv["put_latency_under_fanout"]["samples"], 100, "{kv}");
     assert_eq!(kv["change_to_watcher_latency"]["samples"], 100 * 30, "{kv}");
+    assert_eq!(kv["watch_reader"], "set", "{kv}");
+    // The same with a task per watch instead of a WatchSet per connection.
+    let kt = loadgen(
+        &b,
+        &[
+            "--mode",
+            "cache",
+            "--count",
+            "10",
+            "--subscribers",
+            "30",
+            "--connections",
+            "3",
+            "--rate",
+            "100",
+            "--secs",
+            "1",
+            "--payload",
+            "64",
+            "--watch-reader",
+            "task",
+        ],
+    );
+    assert_eq!(kt["watch_reader"], "task", "{kt}");
+    assert_eq!(kt["delivered"], 100 * 30, "{kt}");
+    assert_eq!(kt["watchers_exact_offsets"], 30, "{kt}");
+    assert_eq!(kt["change_to_watcher_latency"]["samples"], 100 * 30, "{kt}");
 
     assert_eq!(ing["mode"], "ingest");
     assert_eq!(ing["count"], 200);

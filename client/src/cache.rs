@@ -11,6 +11,8 @@
 //! - Counters are at least once: an add retried after a lost answer counts twice.
 
 use super::*;
+use crate::sink::{SharedSink, Sink};
+use std::sync::atomic::AtomicUsize;
 
 /// A key's live value.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -155,10 +157,10 @@ impl Default for WatchOptions {
 
 /// A live watch of one or more shards. Dropping it ends the watches at the broker.
 pub struct CacheWatch {
-    sub: Subscription,
+    pub(crate) sub: Subscription,
     /// `(shard, live_from)` of each shard watched, as the broker answered.
     pub live_from: Vec<(u32, u64)>,
-    open: usize,
+    pub(crate) open: usize,
     /// Shards whose end was returned (a second end, e.g. from a connection close, is not).
     ended: std::collections::HashSet<u32>,
     /// Per shard: the offset after the last change received (where a resume would start).
@@ -193,7 +195,7 @@ impl CacheWatch {
         Ok(None)
     }
 
-    fn item(&mut self, ev: Event) -> Option<WatchItem> {
+    pub(crate) fn item(&mut self, ev: Event) -> Option<WatchItem> {
         let it = match ev {
             Event::Watch(it) => it,
             Event::End {
@@ -555,6 +557,23 @@ impl Client {
         specs: Vec<(WatchFilter, WatchStart)>,
         opts: WatchOptions,
     ) -> Result<CacheWatch, Error> {
+        self.watch_into(cache, specs, opts, None).await
+    }
+
+    /// Open the watches of `specs` as one [`CacheWatch`]. Its items go to a channel of its
+    /// own, or, given `shared` (a set's channel and this member's tag and count), to that
+    /// channel; the returned watch then has no receiver and the set reads for it.
+    pub(crate) async fn watch_into(
+        &self,
+        cache: &StreamName,
+        specs: Vec<(WatchFilter, WatchStart)>,
+        opts: WatchOptions,
+        shared: Option<(
+            mpsc::UnboundedSender<crate::sink::Tagged>,
+            u64,
+            Arc<AtomicUsize>,
+        )>,
+    ) -> Result<CacheWatch, Error> {
         if opts.buffer_items == 0 {
             return Err(Error::InvalidArgument(
                 "buffer_items must be positive".into(),
@@ -564,7 +583,21 @@ impl Client {
             let (WatchFilter::Key(k) | WatchFilter::Prefix { prefix: k, .. }) = f;
             self.key_fits(k)?;
         }
-        let (tx, rx) = mpsc::channel(opts.buffer_items);
+        let (sink, rx) = match shared {
+            None => {
+                let (tx, rx) = mpsc::channel(opts.buffer_items);
+                (Sink::Own(tx), Some(rx))
+            }
+            Some((tx, tag, held)) => (
+                Sink::Shared(SharedSink {
+                    tx,
+                    tag,
+                    held,
+                    cap: opts.buffer_items,
+                }),
+                None,
+            ),
+        };
         let paused = Arc::new(AtomicBool::new(false));
         let mut w = CacheWatch {
             sub: Subscription {
@@ -598,7 +631,7 @@ impl Client {
             };
             let (reply, rx) = oneshot::channel();
             let slot = SubSlot {
-                events: tx.clone(),
+                events: sink.clone(),
                 paused: paused.clone(),
                 shard,
                 watch: true,

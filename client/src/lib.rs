@@ -35,7 +35,9 @@ mod cluster_watch;
 mod group;
 mod lanes;
 mod mux;
+mod sink;
 mod submux;
+mod watchset;
 pub use cache::{
     CacheEntry, CacheInfo, CacheWatch, CounterValue, Deleted, WatchItem, WatchOptions, Written,
 };
@@ -48,6 +50,7 @@ pub use felix_quic::wire::{
     WatchStart, WriteCond,
 };
 pub use group::{DeadLetterPage, GroupConsumer, GroupOptions, GroupRecord};
+pub use watchset::{WatchId, WatchSet};
 
 /// Everything a client call can fail with.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -367,7 +370,7 @@ enum Cmd {
 
 #[derive(Clone)]
 struct SubSlot {
-    events: mpsc::Sender<Event>,
+    events: sink::Sink,
     paused: Arc<AtomicBool>,
     shard: u32,
     /// A cache watch (on the mux stream when the connection negotiated it).
@@ -871,7 +874,7 @@ impl Handler for ConnHandler {
         }
         self.mux = Default::default();
         for (_, slot) in self.subs.drain() {
-            let _ = slot.events.try_send(Event::End {
+            slot.events.send_end(Event::End {
                 shard: slot.shard,
                 code: u16::MAX,
                 message: format!("connection closed: {reason}"),
@@ -1014,7 +1017,8 @@ impl Publisher {
 
 /// A live subscription (one shard, or every shard of a stream merged).
 pub struct Subscription {
-    rx: mpsc::Receiver<Event>,
+    /// None for a member of a [`WatchSet`], whose items come through the set's channel.
+    rx: Option<mpsc::Receiver<Event>>,
     paused: Arc<AtomicBool>,
     inner: Arc<Inner>,
     /// `(shard, subscription id)` per shard covered.
@@ -1027,13 +1031,16 @@ pub struct Subscription {
 impl Subscription {
     /// The next event; `None` once the connection is gone and everything was read.
     pub async fn next(&mut self) -> Option<Event> {
-        let ev = self.rx.recv().await;
+        let ev = self.rx.as_mut()?.recv().await;
         self.after_recv(&ev);
         ev
     }
     /// The next event if one arrives within `timeout`.
     pub async fn next_timeout(&mut self, timeout: Duration) -> Result<Option<Event>, Error> {
-        match tokio::time::timeout(timeout, self.rx.recv()).await {
+        let Some(rx) = self.rx.as_mut() else {
+            return Ok(None);
+        };
+        match tokio::time::timeout(timeout, rx.recv()).await {
             Ok(ev) => {
                 self.after_recv(&ev);
                 Ok(ev)
@@ -1049,7 +1056,9 @@ impl Subscription {
         if let Some(Event::End { shard, .. } | Event::Watch(WatchItem::End { shard, .. })) = ev {
             self.ids.retain(|(s, _)| s != shard);
         }
-        if self.paused.swap(false, Ordering::AcqRel) {
+        // A load first: the swap is a locked write, and it runs once per item per
+        // subscription while the flag is almost never set.
+        if self.paused.load(Ordering::Acquire) && self.paused.swap(false, Ordering::AcqRel) {
             let _ = self.inner.send(Cmd::Resume);
         }
     }
@@ -1405,7 +1414,7 @@ impl Client {
         let (tx, rx) = mpsc::channel(opts.buffer_events);
         let paused = Arc::new(AtomicBool::new(false));
         let mut sub = Subscription {
-            rx,
+            rx: Some(rx),
             paused: paused.clone(),
             inner: self.inner.clone(),
             ids: Vec::new(),
@@ -1414,7 +1423,7 @@ impl Client {
         };
         for &shard in shards {
             let slot = SubSlot {
-                events: tx.clone(),
+                events: sink::Sink::Own(tx.clone()),
                 paused: paused.clone(),
                 shard,
                 watch: false,

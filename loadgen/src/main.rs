@@ -45,6 +45,7 @@
 mod connect;
 mod report;
 mod stats;
+mod watch;
 
 use bytes::Bytes;
 use clap::{Parser, ValueEnum};
@@ -233,6 +234,10 @@ struct Args {
     /// stream). `--sub-mux false` gives one stream per subscription, for before/after runs.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     sub_mux: bool,
+    /// How cache mode reads its watchers: `set` (a WatchSet per connection, read by one task,
+    /// the way peer-bench reads etcd's watch streams) or `task` (a task per watch).
+    #[arg(long, value_enum, default_value_t = watch::WatchReader::Set)]
+    watch_reader: watch::WatchReader,
     /// Brokers of a cluster, HOST:PORT,... (ingest, group): requests go through the
     /// ClusterClient, each to its shard's owner (ingest publishes round robin over every
     /// shard; group loads and consumes every shard at its owner); --broker and --shard are not
@@ -677,7 +682,7 @@ async fn run(mut a: Args) {
         Mode::Connect => connect::connect(&a).await,
         Mode::Group => group(&a).await,
         Mode::FanoutScale => fanout_scale(&a).await,
-        Mode::Cache => cache(&a).await,
+        Mode::Cache => watch::run(&a).await,
         Mode::Summarize => {
             let Some(p) = &a.input else {
                 usage("--mode summarize needs --input FILE.jsonl");
@@ -1612,228 +1617,6 @@ async fn fanout_scale(a: &Args) -> Result<(), felix_client::Error> {
 }
 
 use stats::pct;
-
-async fn cache(a: &Args) -> Result<(), felix_client::Error> {
-    use felix_client::{EventKind, WatchFilter, WatchItem, WatchOptions, WatchStart};
-    use std::sync::Mutex;
-    let watchers_n = a.subscribers;
-    let count = a.count.unwrap_or(10_000);
-    if watchers_n == 0 || watchers_n > 10_000 || a.rate == 0 || a.rate > 100_000 || a.secs == 0 {
-        return Err(felix_client::Error::InvalidArgument(
-            "need 1..=10000 watchers (--subscribers), rate 1..=100000, secs >= 1".into(),
-        ));
-    }
-    let cache = StreamName::new("default", "default", &a.cache);
-    let load = load1();
-    let writer = Client::connect(cfg(a)).await?;
-    let deadline = Instant::now() + Duration::from_secs(a.bound_secs);
-    let new_hist = || hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000, 2).unwrap();
-    let value = Bytes::from(vec![b'v'; a.payload]);
-    let (mut put_h, mut get_h) = (new_hist(), new_hist());
-    let mut puts = 0u64;
-    for i in 0..count {
-        if Instant::now() > deadline {
-            break;
-        }
-        let t = Instant::now();
-        writer
-            .cache_put(&cache, format!("bench/k{}", i % 1000), value.clone(), None)
-            .await?;
-        put_h.record(t.elapsed().as_micros().max(1) as u64).unwrap();
-        puts += 1;
-    }
-    for i in 0..puts {
-        let t = Instant::now();
-        writer
-            .cache_get(&cache, format!("bench/k{}", i % 1000))
-            .await?;
-        get_h.record(t.elapsed().as_micros().max(1) as u64).unwrap();
-    }
-    // Watch fanout on one key.
-    let conns_n = a
-        .connections
-        .unwrap_or(watchers_n.div_ceil(100))
-        .clamp(1, watchers_n);
-    let rss0 = a.broker_pid.and_then(rss_bytes);
-    let mut clients = Vec::new();
-    for _ in 0..conns_n {
-        clients.push(Client::connect(cfg(a)).await?);
-    }
-    let key = Bytes::from_static(b"bench/watched");
-    let mut watches = Vec::with_capacity(watchers_n);
-    for i in 0..watchers_n {
-        watches.push(
-            clients[i % conns_n]
-                .cache_watch(
-                    &cache,
-                    WatchFilter::Key(key.clone()),
-                    WatchStart::Latest,
-                    WatchOptions::default(),
-                )
-                .await?,
-        );
-    }
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let rss1 = a.broker_pid.and_then(rss_bytes);
-    let epoch = Instant::now();
-    let hists: Vec<_> = (0..conns_n)
-        .map(|_| Arc::new(Mutex::new(new_hist())))
-        .collect();
-    let drain_end = Duration::from_secs(a.secs + 10).min(Duration::from_secs(a.bound_secs));
-    // Each watcher's count so far, and how many readers ended: the main task closes the
-    // connections once every watcher has what the writer sent (or the drain time is up), which
-    // ends the readers. A reader waits on its watch alone: a timeout per read would register a
-    // timer per event per watcher, which was most of the load core's work at 10k watchers.
-    let progress: Arc<Vec<AtomicU64>> =
-        Arc::new((0..watchers_n).map(|_| AtomicU64::new(0)).collect());
-    let ended = Arc::new(AtomicU64::new(0));
-    let readers: Vec<_> = watches
-        .into_iter()
-        .enumerate()
-        .map(|(i, mut w)| {
-            let h = hists[i % conns_n].clone();
-            let (progress, ended) = (progress.clone(), ended.clone());
-            tokio::spawn(async move {
-                // Every offset this watcher saw, in arrival order: checked against the
-                // writer's acknowledged offsets at the end (a count could pass a gap plus a
-                // duplicate).
-                let mut offsets: Vec<u64> = Vec::new();
-                let (mut got, mut lagged) = (0u64, false);
-                while let Some(item) = w.next().await {
-                    match item {
-                        WatchItem::Event {
-                            kind: EventKind::Put,
-                            value,
-                            offset,
-                            ..
-                        } => {
-                            offsets.push(offset);
-                            let t = u64::from_le_bytes(value[..8].try_into().unwrap());
-                            let now = epoch.elapsed().as_micros() as u64;
-                            let _ = h.lock().unwrap().record(now.saturating_sub(t).max(1));
-                            got += 1;
-                            progress[i].store(got, Ordering::Release);
-                        }
-                        // u16::MAX: the connection closed (the run is over), not a lag end.
-                        WatchItem::End { code, .. } => {
-                            lagged = code != u16::MAX;
-                            break;
-                        }
-                        _ => {}
-                    }
-                }
-                ended.fetch_add(1, Ordering::AcqRel);
-                (got, lagged, offsets)
-            })
-        })
-        .collect();
-    let start = Instant::now();
-    let cpu0 = (
-        cpu_used_secs(None),
-        a.broker_pid.and_then(|p| cpu_used_secs(Some(p))),
-    );
-    let mut tick = tokio::time::interval(Duration::from_millis(1));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let total = a.rate * a.secs;
-    let pad = vec![b'x'; a.payload.saturating_sub(8)];
-    let mut n = 0u64;
-    let mut acked: Vec<u64> = Vec::with_capacity(total as usize);
-    let mut put_live_h = new_hist();
-    while n < total && Instant::now() < deadline {
-        tick.tick().await;
-        let due = ((start.elapsed().as_secs_f64() * a.rate as f64) as u64 + 1).min(total);
-        while n < due {
-            let mut v = Vec::with_capacity(8 + pad.len());
-            v.extend_from_slice(&(epoch.elapsed().as_micros() as u64).to_le_bytes());
-            v.extend_from_slice(&pad);
-            let t = Instant::now();
-            let w = writer.cache_put(&cache, key.clone(), v, None).await?;
-            // An acked put's latency under the fanout load is part of the result.
-            put_live_h
-                .record(t.elapsed().as_micros().max(1) as u64)
-                .unwrap();
-            acked.push(w.version);
-            n += 1;
-        }
-    }
-    let write_secs = start.elapsed().as_secs_f64();
-    // Bounded: until every watcher has the n changes, every reader ended, or the drain time.
-    while epoch.elapsed() < drain_end
-        && ended.load(Ordering::Acquire) < watchers_n as u64
-        && progress.iter().any(|p| p.load(Ordering::Acquire) < n)
-    {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    // The watch phase ends here: its time and CPU do not include closing the connections.
-    let elapsed = start.elapsed().as_secs_f64();
-    let cpu1 = (
-        cpu_used_secs(None),
-        a.broker_pid.and_then(|p| cpu_used_secs(Some(p))),
-    );
-    for c in std::mem::take(&mut clients) {
-        let _ = c.close().await;
-    }
-    let (mut delivered, mut lagged, mut complete) = (0u64, 0usize, 0usize);
-    let (mut exact, mut wrong) = (0usize, None::<String>);
-    for (i, r) in readers.into_iter().enumerate() {
-        let (g, l, offsets) = r.await.unwrap();
-        delivered += g;
-        lagged += usize::from(l);
-        // Complete means exactly the writer's acknowledged offsets, in order: none missing,
-        // none repeated, none out of order.
-        let ok = offsets == acked;
-        complete += usize::from(g == n && ok);
-        exact += usize::from(ok);
-        if !ok && !l && wrong.is_none() {
-            let at = offsets.iter().zip(&acked).position(|(x, y)| x != y);
-            wrong = Some(format!(
-                "watcher {i}: {} offsets, the writer acknowledged {}; first difference at index {:?}",
-                offsets.len(),
-                acked.len(),
-                at
-            ));
-        }
-    }
-    let rss_per_watcher = match (rss0, rss1) {
-        (Some(r0), Some(r1)) => Some(r1.saturating_sub(r0) as f64 / watchers_n as f64),
-        _ => None,
-    };
-    // CPU over the watch phase, in cores: a saturated load core measures the client, not
-    // the broker (the load core decrypts QUIC for every watcher).
-    let cores =
-        |x: Option<f64>, y: Option<f64>| Some(((y? - x?) / elapsed * 100.0).round() / 100.0);
-    let client_cores = cores(cpu0.0, cpu1.0);
-    let broker_cores = cores(cpu0.1, cpu1.1);
-    let client_us_per_event = match (cpu0.0, cpu1.0) {
-        (Some(x), Some(y)) if delivered > 0 => Some((y - x) * 1e6 / delivered as f64),
-        _ => None,
-    };
-    let mut hist = new_hist();
-    for h in &hists {
-        hist.add(&*h.lock().unwrap()).unwrap();
-    }
-    emit(
-        a,
-        serde_json::json!({
-            "tool": "felix-loadgen", "mode": "cache", "cache": a.cache, "payload": a.payload,
-            "unit": "us", "secs": a.secs, "max_secs": a.bound_secs, "truncated": puts < count,
-            "puts": puts, "put_latency": pct(&put_h), "get_latency": pct(&get_h),
-            "watchers": watchers_n, "connections": conns_n, "rate_target": a.rate,
-            "write_rate": n as f64 / write_secs, "changes": n, "delivered": delivered,
-            "delivered_per_s": delivered as f64 / elapsed, "expected": n * watchers_n as u64,
-            "watches_ended": lagged, "watchers_complete": complete,
-            "lossless": complete == watchers_n, "load1": load,
-            "watchers_exact_offsets": exact, "first_offset_mismatch": wrong,
-            "put_latency_under_fanout": pct(&put_live_h),
-            "broker_rss_per_watcher_bytes": rss_per_watcher,
-            "watch_phase_cpu": {"client_cores": client_cores, "broker_cores": broker_cores,
-                "client_us_per_event": client_us_per_event},
-            "change_to_watcher_latency": pct(&hist),
-        }),
-    );
-    let _ = writer.close().await;
-    Ok(())
-}
 
 fn load_nanos() -> u128 {
     std::time::SystemTime::now()
