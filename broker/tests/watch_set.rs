@@ -15,15 +15,7 @@ use std::time::{Duration, Instant};
 const WAIT: Duration = Duration::from_secs(30);
 
 fn start() -> Broker {
-    let dir = tempfile::tempdir().unwrap();
-    let cat = dir.path().join("catalog.yaml");
-    std::fs::write(
-        &cat,
-        "caches:\n  - {tenant: default, namespace: default, cache: one, shards: 1}\n",
-    )
-    .unwrap();
-    let cat = cat.display().to_string();
-    Broker::start_in(dir, 2, &["--catalog", &cat])
+    Broker::start_with_cache_one()
 }
 
 fn one() -> StreamName {

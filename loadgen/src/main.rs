@@ -1383,6 +1383,32 @@ fn cpu_used_secs(pid: Option<u32>) -> Option<f64> {
     (per_s > 0).then(|| ticks as f64 / per_s as f64)
 }
 
+/// CPU seconds used so far by this process and by the broker (`--broker-pid`), if known.
+fn cpu_mark(a: &Args) -> (Option<f64>, Option<f64>) {
+    (
+        cpu_used_secs(None),
+        a.broker_pid.and_then(|p| cpu_used_secs(Some(p))),
+    )
+}
+
+/// Wait, until `drain_end` after `epoch` at most, for every one of `readers_n` readers to
+/// end (`ended`) or every count in `counts` to reach `n`.
+async fn drain(
+    epoch: Instant,
+    drain_end: Duration,
+    ended: &AtomicU64,
+    readers_n: usize,
+    counts: &[AtomicU64],
+    n: u64,
+) {
+    while epoch.elapsed() < drain_end
+        && ended.load(Ordering::Acquire) < readers_n as u64
+        && counts.iter().any(|c| c.load(Ordering::Acquire) < n)
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 fn rss_bytes(pid: u32) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let kb: u64 = s
@@ -1516,10 +1542,7 @@ async fn fanout_scale(a: &Args) -> Result<(), felix_client::Error> {
     // Publisher: every millisecond, whatever the rate says is due.
     let publisher = Client::connect(cfg(a)).await?;
     let start = Instant::now();
-    let cpu0 = (
-        cpu_used_secs(None),
-        a.broker_pid.and_then(|p| cpu_used_secs(Some(p))),
-    );
+    let cpu0 = cpu_mark(a);
     let mut tick = tokio::time::interval(Duration::from_millis(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let total = a.rate * a.secs;
@@ -1547,18 +1570,10 @@ async fn fanout_scale(a: &Args) -> Result<(), felix_client::Error> {
     let pub_secs = start.elapsed().as_secs_f64();
     // Bounded: until every subscription accounted for the n records, every reader ended, or
     // the drain time.
-    while epoch.elapsed() < drain_end
-        && ended.load(Ordering::Acquire) < subs_n as u64
-        && accounted.iter().any(|c| c.load(Ordering::Acquire) < n)
-    {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    drain(epoch, drain_end, &ended, subs_n, &accounted, n).await;
     // The delivery phase ends here: its time and CPU do not include closing the connections.
     let elapsed = start.elapsed().as_secs_f64();
-    let cpu1 = (
-        cpu_used_secs(None),
-        a.broker_pid.and_then(|p| cpu_used_secs(Some(p))),
-    );
+    let cpu1 = cpu_mark(a);
     for c in std::mem::take(&mut clients) {
         let _ = c.close().await;
     }

@@ -35,14 +35,37 @@ struct Watcher {
     offsets: Vec<u64>,
 }
 
+/// What an item meant to its watcher.
+enum Seen {
+    /// A change, with its latency from the writer's stamp in the value, µs.
+    Put(u64),
+    /// The watch's end.
+    End,
+    Other,
+}
+
 impl Watcher {
-    /// A put: its offset, and the latency from the writer's stamp in the value, µs.
-    fn put(&mut self, offset: u64, value: &[u8], epoch: Instant) -> u64 {
-        self.offsets.push(offset);
-        self.got += 1;
-        let t = u64::from_le_bytes(value[..8].try_into().unwrap());
-        let now = epoch.elapsed().as_micros() as u64;
-        now.saturating_sub(t).max(1)
+    fn on(&mut self, item: WatchItem, epoch: Instant) -> Seen {
+        match item {
+            WatchItem::Event {
+                kind: EventKind::Put,
+                value,
+                offset,
+                ..
+            } => {
+                self.offsets.push(offset);
+                self.got += 1;
+                let t = u64::from_le_bytes(value[..8].try_into().unwrap());
+                let now = epoch.elapsed().as_micros() as u64;
+                Seen::Put(now.saturating_sub(t).max(1))
+            }
+            // u16::MAX: the connection closed (the run is over), not a lag end.
+            WatchItem::End { code, .. } => {
+                self.lagged = code != u16::MAX;
+                Seen::End
+            }
+            _ => Seen::Other,
+        }
     }
 }
 
@@ -103,27 +126,24 @@ pub(crate) async fn run(a: &Args) -> Result<(), felix_client::Error> {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let rss1 = a.broker_pid.and_then(rss_bytes);
     let start = Instant::now();
-    let cpu0 = (
-        cpu_used_secs(None),
-        a.broker_pid.and_then(|p| cpu_used_secs(Some(p))),
-    );
+    let cpu0 = cpu_mark(a);
     let (acked, put_live_h) = write_changes(a, &writer, &cache, epoch, deadline).await?;
     let n = acked.len() as u64;
     let write_secs = start.elapsed().as_secs_f64();
     // Bounded: until every watcher has the n changes, every reader ended, or the drain time.
     let drain_end = Duration::from_secs(a.secs + 10).min(Duration::from_secs(a.bound_secs));
-    while epoch.elapsed() < drain_end
-        && progress.ended.load(Ordering::Acquire) < watchers_n as u64
-        && progress.got.iter().any(|p| p.load(Ordering::Acquire) < n)
-    {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    drain(
+        epoch,
+        drain_end,
+        &progress.ended,
+        watchers_n,
+        &progress.got,
+        n,
+    )
+    .await;
     // The watch phase ends here: its time and CPU do not include closing the connections.
     let elapsed = start.elapsed().as_secs_f64();
-    let cpu1 = (
-        cpu_used_secs(None),
-        a.broker_pid.and_then(|p| cpu_used_secs(Some(p))),
-    );
+    let cpu1 = cpu_mark(a);
     for c in std::mem::take(&mut clients) {
         let _ = c.close().await;
     }
@@ -256,22 +276,15 @@ async fn set_readers(
                 let mut ws: Vec<Watcher> = members.iter().map(|_| Watcher::default()).collect();
                 while let Some((id, item)) = set.next().await {
                     let k = id as usize - 1;
-                    match item {
-                        WatchItem::Event {
-                            kind: EventKind::Put,
-                            value,
-                            offset,
-                            ..
-                        } => {
-                            let _ = h.record(ws[k].put(offset, &value, epoch));
+                    match ws[k].on(item, epoch) {
+                        Seen::Put(us) => {
+                            let _ = h.record(us);
                             progress.got[members[k]].store(ws[k].got, Ordering::Release);
                         }
-                        // u16::MAX: the connection closed (the run is over), not a lag end.
-                        WatchItem::End { code, .. } => {
-                            ws[k].lagged = code != u16::MAX;
+                        Seen::End => {
                             progress.ended.fetch_add(1, Ordering::AcqRel);
                         }
-                        _ => {}
+                        Seen::Other => {}
                     }
                 }
                 (members.into_iter().zip(ws).collect(), Some(h))
@@ -312,22 +325,13 @@ async fn task_readers(
             tokio::spawn(async move {
                 let mut me = Watcher::default();
                 while let Some(item) = w.next().await {
-                    match item {
-                        WatchItem::Event {
-                            kind: EventKind::Put,
-                            value,
-                            offset,
-                            ..
-                        } => {
-                            let us = me.put(offset, &value, epoch);
+                    match me.on(item, epoch) {
+                        Seen::Put(us) => {
                             let _ = h.lock().unwrap().record(us);
                             progress.got[i].store(me.got, Ordering::Release);
                         }
-                        WatchItem::End { code, .. } => {
-                            me.lagged = code != u16::MAX;
-                            break;
-                        }
-                        _ => {}
+                        Seen::End => break,
+                        Seen::Other => {}
                     }
                 }
                 progress.ended.fetch_add(1, Ordering::AcqRel);

@@ -50,6 +50,19 @@ impl Broker {
         Broker::try_start_in(dir, cores, extra).unwrap_or_else(|e| panic!("{e}"))
     }
 
+    /// Two cores, and a catalog declaring cache `default/default/one` with one shard.
+    pub fn start_with_cache_one() -> Broker {
+        let dir = tempfile::tempdir().unwrap();
+        let cat = dir.path().join("catalog.yaml");
+        std::fs::write(
+            &cat,
+            "caches:\n  - {tenant: default, namespace: default, cache: one, shards: 1}\n",
+        )
+        .unwrap();
+        let cat = cat.display().to_string();
+        Broker::start_in(dir, 2, &["--catalog", &cat])
+    }
+
     /// SIGKILL the broker (no shutdown path runs) and hand back its data directory.
     pub fn kill(mut self) -> tempfile::TempDir {
         let _ = self.child.kill();
