@@ -91,8 +91,8 @@ async fn read_until(
 }
 
 /// Members on two connections (one with the mux, one without), read by one task while a
-/// writer changes their keys: each sees exactly its key's changes in order, the `Current`
-/// member its retained value first.
+/// writer changes their keys: each sees exactly its key's (or prefix's) changes in order, the
+/// `Current` member its retained value first.
 #[test]
 fn a_watch_set_reads_each_member_in_order_across_connections() {
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -119,7 +119,11 @@ fn a_watch_set_reads_each_member_in_order_across_connections() {
             .watch(&c1, &one(), key("c"), WatchStart::Current, opts)
             .await
             .unwrap();
-        assert_eq!(set.len(), 3);
+        let pre = set
+            .watch_prefix_shards(&c2, &one(), "c", &[0], WatchStart::Latest, opts)
+            .await
+            .unwrap();
+        assert_eq!(set.len(), 4);
         let (mut la, mut lb, mut lc) = (Vec::new(), Vec::new(), Vec::new());
         for i in 0..300 {
             let (k, log) = match i % 3 {
@@ -129,7 +133,12 @@ fn a_watch_set_reads_each_member_in_order_across_connections() {
             };
             log.extend(put_n(&writer, k, 1).await);
         }
-        let want = [(a, la.len()), (bb, lb.len()), (c, lc.len())];
+        let want = [
+            (a, la.len()),
+            (bb, lb.len()),
+            (c, lc.len()),
+            (pre, lc.len()),
+        ];
         let got = read_until(&mut set, |g| {
             want.iter()
                 .all(|(id, n)| g.get(id).is_some_and(|r| r.changes.len() >= *n))
@@ -139,6 +148,7 @@ fn a_watch_set_reads_each_member_in_order_across_connections() {
         assert_eq!(got[&bb].changes, lb);
         assert_eq!(got[&c].changes, lc);
         assert_eq!(got[&c].retained, ["c"], "retained delivery first");
+        assert_eq!(got[&pre].changes, lc, "a prefix member on shard 0");
         assert!(got[&a].retained.is_empty());
         // Where each would resume: after the last change read.
         assert_eq!(set.resume_offsets(a).unwrap(), [(0, la[99] + 1)]);

@@ -535,20 +535,8 @@ impl Client {
         start: WatchStart,
         opts: WatchOptions,
     ) -> Result<CacheWatch, Error> {
-        let prefix = prefix.into();
-        let specs = shards
-            .iter()
-            .map(|&shard| {
-                (
-                    WatchFilter::Prefix {
-                        prefix: prefix.clone(),
-                        shard,
-                    },
-                    start,
-                )
-            })
-            .collect();
-        self.watch_many(cache, specs, opts).await
+        self.watch_many(cache, prefix_specs(prefix.into(), shards, start), opts)
+            .await
     }
 
     async fn watch_many(
@@ -667,6 +655,19 @@ impl Client {
         }
         Ok(w)
     }
+}
+
+/// One watch of `prefix` per shard, each from `start`.
+pub(crate) fn prefix_specs(
+    prefix: Bytes,
+    shards: &[u32],
+    start: WatchStart,
+) -> Vec<(WatchFilter, WatchStart)> {
+    let filter = |shard| WatchFilter::Prefix {
+        prefix: prefix.clone(),
+        shard,
+    };
+    shards.iter().map(|&shard| (filter(shard), start)).collect()
 }
 
 /// The entry and the answer's change offset.

@@ -81,17 +81,7 @@ impl WatchSet {
         start: WatchStart,
         opts: WatchOptions,
     ) -> Result<WatchId, Error> {
-        let prefix = prefix.into();
-        let specs = shards
-            .iter()
-            .map(|&shard| {
-                let filter = WatchFilter::Prefix {
-                    prefix: prefix.clone(),
-                    shard,
-                };
-                (filter, start)
-            })
-            .collect();
+        let specs = cache::prefix_specs(prefix.into(), shards, start);
         self.add(client, cache, specs, opts).await
     }
 
