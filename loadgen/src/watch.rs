@@ -131,7 +131,12 @@ pub(crate) async fn run(a: &Args) -> Result<(), felix_client::Error> {
     let n = acked.len() as u64;
     let write_secs = start.elapsed().as_secs_f64();
     // Bounded: until every watcher has the n changes, every reader ended, or the drain time.
-    let drain_end = Duration::from_secs(a.secs + 10).min(Duration::from_secs(a.bound_secs));
+    // The writer waits for each put, so it may end later than --secs when the load is heavy:
+    // the watchers get 10 s after its last put (never less than after --secs), within the
+    // run's bound.
+    let drain_end = (epoch.elapsed() + Duration::from_secs(10))
+        .max(Duration::from_secs(a.secs + 10))
+        .min(Duration::from_secs(a.bound_secs));
     drain(
         epoch,
         drain_end,
