@@ -12,7 +12,6 @@
 
 use super::*;
 use crate::sink::{SharedSink, Sink};
-use std::sync::atomic::AtomicUsize;
 
 /// A key's live value.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -549,18 +548,14 @@ impl Client {
     }
 
     /// Open the watches of `specs` as one [`CacheWatch`]. Its items go to a channel of its
-    /// own, or, given `shared` (a set's channel and this member's tag and count), to that
-    /// channel; the returned watch then has no receiver and the set reads for it.
+    /// own, or, given `shared` (its place in a set's channel, bounded at `opts.buffer_items`),
+    /// to that channel; the returned watch then has no receiver and the set reads for it.
     pub(crate) async fn watch_into(
         &self,
         cache: &StreamName,
         specs: Vec<(WatchFilter, WatchStart)>,
         opts: WatchOptions,
-        shared: Option<(
-            mpsc::UnboundedSender<crate::sink::Tagged>,
-            u64,
-            Arc<AtomicUsize>,
-        )>,
+        shared: Option<SharedSink>,
     ) -> Result<CacheWatch, Error> {
         if opts.buffer_items == 0 {
             return Err(Error::InvalidArgument(
@@ -576,15 +571,10 @@ impl Client {
                 let (tx, rx) = mpsc::channel(opts.buffer_items);
                 (Sink::Own(tx), Some(rx))
             }
-            Some((tx, tag, held)) => (
-                Sink::Shared(SharedSink {
-                    tx,
-                    tag,
-                    held,
-                    cap: opts.buffer_items,
-                }),
-                None,
-            ),
+            Some(s) => {
+                debug_assert_eq!(s.cap, opts.buffer_items, "a member's bound is its buffer");
+                (Sink::Shared(s), None)
+            }
         };
         let paused = Arc::new(AtomicBool::new(false));
         let mut w = CacheWatch {

@@ -13,7 +13,7 @@
 //! reads `None` once no member is open.
 
 use super::*;
-use crate::sink::Tagged;
+use crate::sink::{SharedSink, Tagged};
 use felix_quic::idmap::IdMap;
 use std::sync::atomic::AtomicUsize;
 
@@ -114,9 +114,13 @@ impl WatchSet {
         let id = self.next_id;
         self.next_id += 1;
         let held = Arc::new(AtomicUsize::new(0));
-        let watch = client
-            .watch_into(cache, specs, opts, Some((tx, id, held.clone())))
-            .await?;
+        let sink = SharedSink {
+            tx,
+            tag: id,
+            held: held.clone(),
+            cap: opts.buffer_items,
+        };
+        let watch = client.watch_into(cache, specs, opts, Some(sink)).await?;
         self.members.insert(id, Member { watch, held });
         // The members' slots now hold the channel open.
         self.adding = None;
