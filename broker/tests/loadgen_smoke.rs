@@ -195,14 +195,14 @@ fn every_mode_runs_and_accounts_for_every_record() {
     assert!(fs["broker_rss_per_sub_bytes"].is_number(), "{fs}");
     assert!(fs["latency_sampled"]["samples"].as_u64().unwrap() > 0);
 
-    // Cache: put/get latency, then 30 watchers on one key over 3 connections.
-    let kv = loadgen(
-        &b,
-        &[
+    // Cache: put/get latency (COUNT puts), then 30 watchers on one key over 3 connections,
+    // read as READER says.
+    let cache = |count: &str, reader: &str| {
+        let args = [
             "--mode",
             "cache",
             "--count",
-            "100",
+            count,
             "--subscribers",
             "30",
             "--connections",
@@ -213,8 +213,12 @@ fn every_mode_runs_and_accounts_for_every_record() {
             "1",
             "--payload",
             "64",
-        ],
-    );
+            "--watch-reader",
+            reader,
+        ];
+        loadgen(&b, &args)
+    };
+    let kv = cache("100", "set");
     assert_eq!(kv["mode"], "cache");
     // Every result line carries what makes it comparable later.
     for line in [&fs, &kv] {
@@ -244,27 +248,7 @@ fn every_mode_runs_and_accounts_for_every_record() {
     assert_eq!(kv["change_to_watcher_latency"]["samples"], 100 * 30, "{kv}");
     assert_eq!(kv["watch_reader"], "set", "{kv}");
     // The same with a task per watch instead of a WatchSet per connection.
-    let kt = loadgen(
-        &b,
-        &[
-            "--mode",
-            "cache",
-            "--count",
-            "10",
-            "--subscribers",
-            "30",
-            "--connections",
-            "3",
-            "--rate",
-            "100",
-            "--secs",
-            "1",
-            "--payload",
-            "64",
-            "--watch-reader",
-            "task",
-        ],
-    );
+    let kt = cache("10", "task");
     assert_eq!(kt["watch_reader"], "task", "{kt}");
     assert_eq!(kt["delivered"], 100 * 30, "{kt}");
     assert_eq!(kt["watchers_exact_offsets"], 30, "{kt}");

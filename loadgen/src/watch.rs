@@ -84,10 +84,6 @@ type ReaderOut = (Vec<(usize, Watcher)>, Option<Histogram<u64>>);
 /// The latency histograms of the `task` readers, one per connection.
 type SharedHists = Vec<Arc<Mutex<Histogram<u64>>>>;
 
-fn watch_opts() -> WatchOptions {
-    WatchOptions::default()
-}
-
 pub(crate) async fn run(a: &Args) -> Result<(), felix_client::Error> {
     let watchers_n = a.subscribers;
     let count = a.count.unwrap_or(10_000);
@@ -115,6 +111,7 @@ pub(crate) async fn run(a: &Args) -> Result<(), felix_client::Error> {
         got: (0..watchers_n).map(|_| AtomicU64::new(0)).collect(),
         ended: AtomicU64::new(0),
     });
+    // The time base of the writer's stamps and the readers' latencies.
     let epoch = Instant::now();
     let (readers, hists) = match a.watch_reader {
         WatchReader::Set => {
@@ -265,7 +262,7 @@ async fn set_readers(
                 cache,
                 filter,
                 WatchStart::Latest,
-                watch_opts(),
+                WatchOptions::default(),
             )
             .await?;
         // Ids count from 1 in the order members are added.
@@ -312,7 +309,7 @@ async fn task_readers(
     for i in 0..watchers_n {
         let filter = WatchFilter::Key(Bytes::from_static(KEY));
         let w = clients[i % conns_n]
-            .cache_watch(cache, filter, WatchStart::Latest, watch_opts())
+            .cache_watch(cache, filter, WatchStart::Latest, WatchOptions::default())
             .await?;
         watches.push(w);
     }
