@@ -23,6 +23,8 @@ pub mod config;
 #[cfg(feature = "server")]
 pub mod https;
 #[cfg(feature = "server")]
+pub mod linger;
+#[cfg(feature = "server")]
 pub mod raft;
 #[cfg(feature = "server")]
 pub mod server;

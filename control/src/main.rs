@@ -1,6 +1,7 @@
 //! `felix-controlplane`: the Felix control plane process.
 
 use felix_control::config::{Config, LogFormat, StoreKind};
+use felix_control::linger::LingerListener;
 use felix_control::server::{serve, AppState};
 use felix_control::store::memory::MemoryStore;
 use felix_control::store::MetadataStore;
@@ -106,14 +107,16 @@ async fn run(cfg: Arc<Config>) -> i32 {
             .unwrap_or_default()
     );
     let r = match tls {
-        None => serve(listener, st, extra, stop_rx).await,
+        // Every connection closes lingering: a refusal before the body was read must reach a
+        // client that is still sending it (control/src/linger.rs).
+        None => serve(LingerListener(listener), st, extra, stop_rx).await,
         Some(server) => {
             let limits = felix_control::https::HandshakeLimits {
                 timeout: std::time::Duration::from_millis(cfg.tls_handshake_timeout_ms),
                 in_flight_max: cfg.tls_handshakes_max,
             };
             match felix_control::https::TlsListener::new(listener, server, limits) {
-                Ok(l) => serve(l, st, extra, stop_rx).await,
+                Ok(l) => serve(LingerListener(l), st, extra, stop_rx).await,
                 Err(e) => Err(e),
             }
         }
